@@ -1,0 +1,806 @@
+package schema
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Canonical values. Every layer holds XenAPI values in one Go form per type,
+// so that the database, the codecs and the CLI agree without conversions:
+//
+//	string, enum, ref          string (the null ref is NullRef)
+//	int                        int64
+//	float                      float64
+//	bool                       bool
+//	datetime                   time.Time, UTC
+//	set of string/enum/ref     []string
+//	set of int                 []int64
+//	map                        keys as strings (int keys in decimal); values:
+//	                             string/enum/ref -> map[string]string
+//	                             int             -> map[string]int64
+//	                             float           -> map[string]float64
+//	                             set of strings  -> map[string][]string
+//	option                     nil, or the value
+//	record                     map[string]any of canonical values
+//	anything else              []any / map[string]any
+//
+// Empty sets and maps may be nil. Values are treated as immutable once they
+// are handed to another layer: copy before changing.
+
+// NullRef is the null reference.
+const NullRef = "OpaqueRef:NULL"
+
+// TimeLayout is xapi's form of a datetime, on the wire and on disk.
+const TimeLayout = "20060102T15:04:05Z"
+
+// Epoch is the zero datetime as xapi writes it.
+var Epoch = time.Unix(0, 0).UTC()
+
+// TypeError says a value does not fit a type.
+type TypeError struct {
+	Type  *Type
+	Value any
+	Msg   string
+}
+
+func (e *TypeError) Error() string {
+	if e.Msg != "" {
+		return fmt.Sprintf("value %v does not fit type %s: %s", e.Value, e.Type, e.Msg)
+	}
+	return fmt.Sprintf("value %v (%T) does not fit type %s", e.Value, e.Value, e.Type)
+}
+
+// Zero returns the empty value of t: "", 0, 0.0, false, the epoch, the first
+// enum value, the null ref, an empty set or map, a missing option.
+func Zero(t *Type) any {
+	switch t.Kind {
+	case KString:
+		return ""
+	case KInt:
+		return int64(0)
+	case KFloat:
+		return float64(0)
+	case KBool:
+		return false
+	case KDateTime:
+		return Epoch
+	case KEnum:
+		if t.Enum != nil && len(t.Enum.Values) > 0 {
+			return t.Enum.Values[0]
+		}
+		return ""
+	case KRef:
+		return NullRef
+	case KSet:
+		switch {
+		case t.Elem.StringLike():
+			return []string(nil)
+		case t.Elem.Kind == KInt:
+			return []int64(nil)
+		}
+		return []any(nil)
+	case KMap:
+		switch {
+		case t.Elem.StringLike():
+			return map[string]string(nil)
+		case t.Elem.Kind == KInt:
+			return map[string]int64(nil)
+		case t.Elem.Kind == KFloat:
+			return map[string]float64(nil)
+		case t.Elem.Kind == KSet && t.Elem.Elem.StringLike():
+			return map[string][]string(nil)
+		}
+		return map[string]any(nil)
+	case KRecord:
+		return map[string]any(nil)
+	}
+	return nil
+}
+
+// Check reports whether v is a canonical value of t, including enum
+// membership and the shape of refs.
+func Check(t *Type, v any) error {
+	bad := func(msg string) error { return &TypeError{Type: t, Value: v, Msg: msg} }
+	switch t.Kind {
+	case KString:
+		if _, ok := v.(string); !ok {
+			return bad("")
+		}
+	case KEnum:
+		s, ok := v.(string)
+		if !ok {
+			return bad("")
+		}
+		if t.Enum != nil && !t.Enum.Has(s) {
+			return bad("not a value of enum " + t.Name)
+		}
+	case KRef:
+		s, ok := v.(string)
+		if !ok {
+			return bad("")
+		}
+		if !IsRef(s) {
+			return bad("not a reference")
+		}
+	case KInt:
+		if _, ok := v.(int64); !ok {
+			return bad("")
+		}
+	case KFloat:
+		if _, ok := v.(float64); !ok {
+			return bad("")
+		}
+	case KBool:
+		if _, ok := v.(bool); !ok {
+			return bad("")
+		}
+	case KDateTime:
+		if _, ok := v.(time.Time); !ok {
+			return bad("")
+		}
+	case KSet:
+		switch s := v.(type) {
+		case []string:
+			if !t.Elem.StringLike() {
+				return bad("")
+			}
+			for _, e := range s {
+				if err := Check(t.Elem, e); err != nil {
+					return err
+				}
+			}
+		case []int64:
+			if t.Elem.Kind != KInt {
+				return bad("")
+			}
+		case []any:
+			for _, e := range s {
+				if err := Check(t.Elem, e); err != nil {
+					return err
+				}
+			}
+		default:
+			return bad("")
+		}
+	case KMap:
+		switch mv := v.(type) {
+		case map[string]string:
+			if !t.Elem.StringLike() {
+				return bad("")
+			}
+			for k, e := range mv {
+				if err := checkKey(t.Key, k); err != nil {
+					return err
+				}
+				if err := Check(t.Elem, e); err != nil {
+					return err
+				}
+			}
+		case map[string]int64:
+			if t.Elem.Kind != KInt {
+				return bad("")
+			}
+			for k := range mv {
+				if err := checkKey(t.Key, k); err != nil {
+					return err
+				}
+			}
+		case map[string]float64:
+			if t.Elem.Kind != KFloat {
+				return bad("")
+			}
+			for k := range mv {
+				if err := checkKey(t.Key, k); err != nil {
+					return err
+				}
+			}
+		case map[string][]string:
+			if t.Elem.Kind != KSet || !t.Elem.Elem.StringLike() {
+				return bad("")
+			}
+			for k := range mv {
+				if err := checkKey(t.Key, k); err != nil {
+					return err
+				}
+			}
+		case map[string]any:
+			for k, e := range mv {
+				if err := checkKey(t.Key, k); err != nil {
+					return err
+				}
+				if err := Check(t.Elem, e); err != nil {
+					return err
+				}
+			}
+		default:
+			return bad("")
+		}
+	case KOption:
+		if v == nil {
+			return nil
+		}
+		return Check(t.Elem, v)
+	case KRecord:
+		if _, ok := v.(map[string]any); !ok {
+			return bad("")
+		}
+	default:
+		return bad("no values of this kind")
+	}
+	return nil
+}
+
+// checkKey checks a map key held in string form.
+func checkKey(t *Type, k string) error {
+	switch t.Kind {
+	case KInt:
+		if _, err := strconv.ParseInt(k, 10, 64); err != nil {
+			return &TypeError{Type: t, Value: k, Msg: "map key is not an int"}
+		}
+		return nil
+	case KString, KEnum, KRef:
+		return Check(t, k)
+	}
+	return &TypeError{Type: t, Value: k, Msg: "unsupported map key type"}
+}
+
+// IsRef reports whether s looks like a XenAPI reference.
+func IsRef(s string) bool { return strings.HasPrefix(s, "OpaqueRef:") }
+
+// Equal reports whether two canonical values of one type are the same.
+// Empty and nil sets and maps are equal; sets compare in order.
+func Equal(a, b any) bool {
+	switch x := a.(type) {
+	case string:
+		y, ok := b.(string)
+		return ok && x == y
+	case int64:
+		y, ok := b.(int64)
+		return ok && x == y
+	case float64:
+		y, ok := b.(float64)
+		return ok && (x == y || math.IsNaN(x) && math.IsNaN(y))
+	case bool:
+		y, ok := b.(bool)
+		return ok && x == y
+	case time.Time:
+		y, ok := b.(time.Time)
+		return ok && x.Equal(y)
+	case []string:
+		y, ok := b.([]string)
+		if !ok || len(x) != len(y) {
+			return ok && len(x) == 0 && len(y) == 0
+		}
+		for i := range x {
+			if x[i] != y[i] {
+				return false
+			}
+		}
+		return true
+	case []int64:
+		y, ok := b.([]int64)
+		if !ok || len(x) != len(y) {
+			return false
+		}
+		for i := range x {
+			if x[i] != y[i] {
+				return false
+			}
+		}
+		return true
+	case map[string]string:
+		y, ok := b.(map[string]string)
+		if !ok || len(x) != len(y) {
+			return false
+		}
+		for k, v := range x {
+			if w, ok := y[k]; !ok || w != v {
+				return false
+			}
+		}
+		return true
+	case map[string]int64:
+		y, ok := b.(map[string]int64)
+		if !ok || len(x) != len(y) {
+			return false
+		}
+		for k, v := range x {
+			if w, ok := y[k]; !ok || w != v {
+				return false
+			}
+		}
+		return true
+	case map[string]float64:
+		y, ok := b.(map[string]float64)
+		if !ok || len(x) != len(y) {
+			return false
+		}
+		for k, v := range x {
+			if w, ok := y[k]; !ok || !Equal(v, w) {
+				return false
+			}
+		}
+		return true
+	case map[string][]string:
+		y, ok := b.(map[string][]string)
+		if !ok || len(x) != len(y) {
+			return false
+		}
+		for k, v := range x {
+			if w, ok := y[k]; !ok || !Equal(v, w) {
+				return false
+			}
+		}
+		return true
+	case []any:
+		y, ok := b.([]any)
+		if !ok || len(x) != len(y) {
+			return false
+		}
+		for i := range x {
+			if !Equal(x[i], y[i]) {
+				return false
+			}
+		}
+		return true
+	case map[string]any:
+		y, ok := b.(map[string]any)
+		if !ok || len(x) != len(y) {
+			return false
+		}
+		for k, v := range x {
+			if w, ok := y[k]; !ok || !Equal(v, w) {
+				return false
+			}
+		}
+		return true
+	case nil:
+		return b == nil
+	}
+	return false
+}
+
+// FormatTime writes a datetime in xapi's form.
+func FormatTime(t time.Time) string { return t.UTC().Format(TimeLayout) }
+
+var timeLayouts = []string{
+	TimeLayout,
+	"20060102T15:04:05",
+	"20060102T150405Z",
+	"20060102T15:04:05.999999999Z",
+	time.RFC3339Nano,
+	"2006-01-02T15:04:05",
+	"2006-01-02T15:04:05Z",
+	"20060102T15:04:05-07:00",
+	"20060102T15:04:05.999999999-07:00",
+}
+
+// ParseTime reads a datetime in xapi's form or RFC 3339 (times without a zone
+// are UTC).
+func ParseTime(s string) (time.Time, error) {
+	for _, l := range timeLayouts {
+		if t, err := time.Parse(l, s); err == nil {
+			return t.UTC(), nil
+		}
+	}
+	return time.Time{}, fmt.Errorf("not a datetime: %q", s)
+}
+
+// FormatFloat writes a float as OCaml's string_of_float does ("%.12g", with a
+// trailing "." when the result looks like an integer): xapi's stored form.
+func FormatFloat(f float64) string {
+	switch {
+	case math.IsNaN(f):
+		return "nan"
+	case math.IsInf(f, 1):
+		return "inf"
+	case math.IsInf(f, -1):
+		return "-inf"
+	}
+	s := strconv.FormatFloat(f, 'g', 12, 64)
+	if !strings.ContainsAny(s, ".e") {
+		s += "."
+	}
+	return s
+}
+
+// ParseFloat reads floats in OCaml's, Go's and C's spellings.
+func ParseFloat(s string) (float64, error) {
+	switch strings.ToLower(s) {
+	case "nan", "-nan":
+		return math.NaN(), nil
+	case "inf", "infinity":
+		return math.Inf(1), nil
+	case "-inf", "-infinity":
+		return math.Inf(-1), nil
+	}
+	return strconv.ParseFloat(strings.TrimSuffix(s, "."), 64)
+}
+
+// FormatDB writes a canonical value in xapi's database string form: scalars
+// as text, sets and maps as S-expressions. The where-expression language
+// compares these strings.
+func FormatDB(t *Type, v any) string {
+	switch x := v.(type) {
+	case string:
+		return x
+	case int64:
+		return strconv.FormatInt(x, 10)
+	case float64:
+		return FormatFloat(x)
+	case bool:
+		if x {
+			return "true"
+		}
+		return "false"
+	case time.Time:
+		return FormatTime(x)
+	case nil:
+		if t.Kind == KSet || t.Kind == KMap {
+			return "()"
+		}
+		return ""
+	}
+	var b strings.Builder
+	writeSexprValue(&b, t, v)
+	return b.String()
+}
+
+func writeSexprValue(b *strings.Builder, t *Type, v any) {
+	switch x := v.(type) {
+	case []string:
+		b.WriteByte('(')
+		for i, e := range x {
+			if i > 0 {
+				b.WriteByte(' ')
+			}
+			writeAtom(b, e)
+		}
+		b.WriteByte(')')
+	case []int64:
+		b.WriteByte('(')
+		for i, e := range x {
+			if i > 0 {
+				b.WriteByte(' ')
+			}
+			writeAtom(b, strconv.FormatInt(e, 10))
+		}
+		b.WriteByte(')')
+	case []any:
+		b.WriteByte('(')
+		for i, e := range x {
+			if i > 0 {
+				b.WriteByte(' ')
+			}
+			writeAtom(b, FormatDB(t.Elem, e))
+		}
+		b.WriteByte(')')
+	case map[string]string:
+		writePairs(b, sortedKeys(x), func(k string) { writeAtom(b, x[k]) })
+	case map[string]int64:
+		writePairs(b, sortedKeys(x), func(k string) { writeAtom(b, strconv.FormatInt(x[k], 10)) })
+	case map[string]float64:
+		writePairs(b, sortedKeys(x), func(k string) { writeAtom(b, FormatFloat(x[k])) })
+	case map[string][]string:
+		writePairs(b, sortedKeys(x), func(k string) { writeSexprValue(b, t.Elem, x[k]) })
+	case map[string]any:
+		writePairs(b, sortedKeys(x), func(k string) {
+			var et *Type = String
+			if t != nil && t.Elem != nil {
+				et = t.Elem
+			}
+			writeAtom(b, FormatDB(et, x[k]))
+		})
+	default:
+		writeAtom(b, fmt.Sprint(v))
+	}
+}
+
+func writePairs(b *strings.Builder, keys []string, val func(k string)) {
+	b.WriteByte('(')
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteByte('(')
+		writeAtom(b, k)
+		b.WriteByte(' ')
+		val(k)
+		b.WriteByte(')')
+	}
+	b.WriteByte(')')
+}
+
+func writeAtom(b *strings.Builder, s string) {
+	b.WriteByte('\'')
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' || s[i] == '\'' {
+			b.WriteByte('\\')
+		}
+		b.WriteByte(s[i])
+	}
+	b.WriteByte('\'')
+}
+
+// SortedKeys returns a map's keys in byte order.
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// SortedKeys returns a map's keys in byte order (the order maps are written
+// in, on the wire and on disk).
+func SortedKeys[V any](m map[string]V) []string { return sortedKeys(m) }
+
+// ParseDB reads a value in xapi's database string form.
+func ParseDB(t *Type, s string) (any, error) {
+	switch t.Kind {
+	case KString, KEnum:
+		return s, nil
+	case KRef:
+		if s == "" {
+			return NullRef, nil
+		}
+		return s, nil
+	case KInt:
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return nil, &TypeError{Type: t, Value: s, Msg: "not an int"}
+		}
+		return n, nil
+	case KFloat:
+		f, err := ParseFloat(s)
+		if err != nil {
+			return nil, &TypeError{Type: t, Value: s, Msg: "not a float"}
+		}
+		return f, nil
+	case KBool:
+		switch strings.ToLower(s) {
+		case "true":
+			return true, nil
+		case "false":
+			return false, nil
+		}
+		return nil, &TypeError{Type: t, Value: s, Msg: "not a bool"}
+	case KDateTime:
+		tm, err := ParseTime(s)
+		if err != nil {
+			return nil, &TypeError{Type: t, Value: s, Msg: "not a datetime"}
+		}
+		return tm, nil
+	case KOption:
+		if s == "" {
+			return nil, nil
+		}
+		return ParseDB(t.Elem, s)
+	case KSet, KMap:
+		n, err := parseSexpr(s)
+		if err != nil {
+			return nil, &TypeError{Type: t, Value: s, Msg: err.Error()}
+		}
+		return fromSexpr(t, n)
+	}
+	return nil, &TypeError{Type: t, Value: s, Msg: "no stored form"}
+}
+
+// fromSexpr turns a parsed S-expression into a canonical set or map.
+func fromSexpr(t *Type, n sexpr) (any, error) {
+	if n.list == nil && !n.isList {
+		return nil, &TypeError{Type: t, Value: n.atom, Msg: "expected a list"}
+	}
+	switch t.Kind {
+	case KSet:
+		atoms := make([]string, 0, len(n.list))
+		for _, e := range n.list {
+			if e.isList {
+				return nil, &TypeError{Type: t, Value: e, Msg: "nested list in a set"}
+			}
+			atoms = append(atoms, e.atom)
+		}
+		return collect(t, atoms, func(et *Type, a string) (any, error) { return ParseDB(et, a) })
+	case KMap:
+		out := Zero(t)
+		for _, p := range n.list {
+			if !p.isList || len(p.list) != 2 || p.list[0].isList {
+				return nil, &TypeError{Type: t, Value: p, Msg: "expected a (key value) pair"}
+			}
+			k := p.list[0].atom
+			if err := checkKey(t.Key, k); err != nil {
+				return nil, err
+			}
+			var val any
+			var err error
+			if t.Elem.Kind == KSet {
+				val, err = fromSexpr(t.Elem, p.list[1])
+			} else if p.list[1].isList {
+				err = &TypeError{Type: t, Value: p, Msg: "unexpected list value"}
+			} else {
+				val, err = ParseDB(t.Elem, p.list[1].atom)
+			}
+			if err != nil {
+				return nil, err
+			}
+			out = MapPut(out, k, val)
+		}
+		return out, nil
+	}
+	return nil, &TypeError{Type: t, Msg: "not a set or map"}
+}
+
+// collect builds a canonical set from element texts.
+func collect(t *Type, elems []string, parse func(*Type, string) (any, error)) (any, error) {
+	switch {
+	case t.Elem.StringLike():
+		out := make([]string, 0, len(elems))
+		for _, e := range elems {
+			v, err := parse(t.Elem, e)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, v.(string))
+		}
+		return out, nil
+	case t.Elem.Kind == KInt:
+		out := make([]int64, 0, len(elems))
+		for _, e := range elems {
+			v, err := parse(t.Elem, e)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, v.(int64))
+		}
+		return out, nil
+	}
+	out := make([]any, 0, len(elems))
+	for _, e := range elems {
+		v, err := parse(t.Elem, e)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// MapPut returns m with k set to v, for any canonical map form; a nil map
+// of the right form is made. The map is changed in place: copy first where
+// it is shared.
+func MapPut(m any, k string, v any) any {
+	switch x := m.(type) {
+	case map[string]string:
+		if x == nil {
+			x = map[string]string{}
+		}
+		x[k] = v.(string)
+		return x
+	case map[string]int64:
+		if x == nil {
+			x = map[string]int64{}
+		}
+		x[k] = v.(int64)
+		return x
+	case map[string]float64:
+		if x == nil {
+			x = map[string]float64{}
+		}
+		x[k] = v.(float64)
+		return x
+	case map[string][]string:
+		if x == nil {
+			x = map[string][]string{}
+		}
+		x[k] = v.([]string)
+		return x
+	case map[string]any:
+		if x == nil {
+			x = map[string]any{}
+		}
+		x[k] = v
+		return x
+	}
+	panic(fmt.Sprintf("schema: MapPut on %T", m))
+}
+
+// ParseDefault reads a default as the datamodel spells it: quoted strings,
+// "Null" for the null ref, "{}" and "{a, b}" sets, "{"k" -> "v"}" maps.
+func ParseDefault(t *Type, s string) (any, error) {
+	switch t.Kind {
+	case KString:
+		if uq, err := strconv.Unquote(s); err == nil {
+			return uq, nil
+		}
+		return s, nil
+	case KRef:
+		if s == "Null" || s == "" {
+			return NullRef, nil
+		}
+		return s, nil
+	case KEnum:
+		if t.Enum != nil && !t.Enum.Has(s) {
+			return nil, &TypeError{Type: t, Value: s, Msg: "default is not an enum value"}
+		}
+		return s, nil
+	case KSet:
+		items, err := splitBraces(s)
+		if err != nil {
+			return nil, err
+		}
+		return collect(t, items, ParseDefault)
+	case KMap:
+		items, err := splitBraces(s)
+		if err != nil {
+			return nil, err
+		}
+		out := Zero(t)
+		if len(items) > 0 {
+			out = emptyMapLike(out)
+		}
+		for _, it := range items {
+			k, v, ok := strings.Cut(it, " -> ")
+			if !ok {
+				return nil, fmt.Errorf("bad map default entry %q", it)
+			}
+			kv, err := ParseDefault(t.Key, strings.TrimSpace(k))
+			if err != nil {
+				return nil, err
+			}
+			vv, err := ParseDefault(t.Elem, strings.TrimSpace(v))
+			if err != nil {
+				return nil, err
+			}
+			out = MapPut(out, FormatDB(t.Key, kv), vv)
+		}
+		return out, nil
+	}
+	return ParseDB(t, s)
+}
+
+func emptyMapLike(m any) any {
+	switch m.(type) {
+	case map[string]string:
+		return map[string]string{}
+	case map[string]int64:
+		return map[string]int64{}
+	case map[string]float64:
+		return map[string]float64{}
+	case map[string][]string:
+		return map[string][]string{}
+	}
+	return map[string]any{}
+}
+
+// splitBraces splits "{a, b}" at top-level commas, respecting quotes.
+func splitBraces(s string) ([]string, error) {
+	s = strings.TrimSpace(s)
+	if !strings.HasPrefix(s, "{") || !strings.HasSuffix(s, "}") {
+		return nil, fmt.Errorf("expected {...}, got %q", s)
+	}
+	inner := strings.TrimSpace(s[1 : len(s)-1])
+	if inner == "" {
+		return nil, nil
+	}
+	var out []string
+	start, quoted := 0, false
+	for i := 0; i < len(inner); i++ {
+		switch inner[i] {
+		case '\\':
+			i++
+		case '"':
+			quoted = !quoted
+		case ',':
+			if !quoted {
+				out = append(out, strings.TrimSpace(inner[start:i]))
+				start = i + 1
+			}
+		}
+	}
+	return append(out, strings.TrimSpace(inner[start:])), nil
+}

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs what the test suites need, from Debian's packages and the npm
+# registry. Safe to run again; skips what is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+need=()
+command -v python3 >/dev/null || need+=(python3)
+[ -f /usr/lib/python3/dist-packages/os_xenapi/client/XenAPI.py ] || need+=(python3-os-xenapi)
+command -v node >/dev/null || need+=(nodejs)
+command -v npm >/dev/null || need+=(npm)
+if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+if [ -f tests/e2e/package.json ] && [ ! -d tests/e2e/node_modules ]; then
+  (cd tests/e2e && npm install --no-audit --no-fund --silent)
+fi
