@@ -403,20 +403,20 @@ func TestWhere(t *testing.T) {
 		return out
 	}
 	cases := map[string][]string{
-		`true`:                               {"a", "b", "c"},
-		`false`:                              nil,
-		`field "power_state" = "Running"`:    {"a"},
-		`field "name__label" = "b"`:          {"b"},
-		`field "name_label" = "b"`:           {"b"},
-		`field "is_a_template" = "true"`:     {"c"},
+		`true`:                                   {"a", "b", "c"},
+		`false`:                                  nil,
+		`field "power_state" = "Running"`:        {"a"},
+		`field "name__label" = "b"`:              {"b"},
+		`field "name_label" = "b"`:               {"b"},
+		`field "is_a_template" = "true"`:         {"c"},
 		`field "other_config" = "(('k' 'v w'))"`: {"a"},
 		`field "power_state" = "Halted" and not (field "is_a_template" = "true")`: {"b"},
 		// and/or have equal precedence, left-associative:
 		// (a or b) and c, not a or (b and c).
 		`field "name__label" = "a" or field "name__label" = "b" and field "is_a_template" = "true"`: nil,
 		`field "name__label" = "c" or field "name__label" = "b" and field "power_state" = "Halted"`: {"b", "c"},
-		`not field "power_state" = "Halted"`:   {"a"},
-		`"x" = "x"`:                           {"a", "b", "c"},
+		`not field "power_state" = "Halted"`: {"a"},
+		`"x" = "x"`:                          {"a", "b", "c"},
 	}
 	for expr, want := range cases {
 		if got := q(expr); !slices.Equal(got, want) {

@@ -54,10 +54,10 @@ func pairLess(a, b pair) bool {
 // table is one class's rows and indexes. Its trees are copy-on-write: a
 // clone is O(1) and later writes copy only the nodes they touch.
 type table struct {
-	class   *schema.Class
-	rows    *btree.BTreeG[*Row]
-	byName  *btree.BTreeG[nameKey] // nil when the class has no name_label
-	byMod   *btree.BTreeG[modKey]
+	class     *schema.Class
+	rows      *btree.BTreeG[*Row]
+	byName    *btree.BTreeG[nameKey] // nil when the class has no name_label
+	byMod     *btree.BTreeG[modKey]
 	deleted   []Deletion // oldest first
 	forgotten uint64     // generation of the newest deletion dropped from deleted
 }
@@ -82,9 +82,9 @@ func (t *table) clone() *table {
 // with readers and a Tx changes privately.
 type state struct {
 	gen    uint64
-	tables []*table                 // by class index; nil for classes not in the database
-	keys   *btree.BTreeG[keyItem]   // every ref and uuid
-	rels   []*btree.BTreeG[pair]    // by relation index: (parent, child) of one-to-many relations
+	tables []*table               // by class index; nil for classes not in the database
+	keys   *btree.BTreeG[keyItem] // every ref and uuid
+	rels   []*btree.BTreeG[pair]  // by relation index: (parent, child) of one-to-many relations
 }
 
 func (s *state) clone() *state {
@@ -114,4 +114,6 @@ func newState(m *schema.Model, relIndex map[*schema.Field]int) *state {
 }
 
 // lowerClass maps a lower-case class name to its class.
-func lowerClass(m *schema.Model, name string) *schema.Class { return m.ClassFold(strings.TrimSpace(name)) }
+func lowerClass(m *schema.Model, name string) *schema.Class {
+	return m.ClassFold(strings.TrimSpace(name))
+}

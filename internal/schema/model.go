@@ -226,9 +226,9 @@ type Model struct {
 	Relations                []Relation
 	Messages                 []*Message // datamodel order, extras after their class's messages
 
-	classByName  map[string]*Class
-	classByLower map[string]*Class
-	enumByName   map[string]*Enum
+	classByName   map[string]*Class
+	classByLower  map[string]*Class
+	enumByName    map[string]*Enum
 	messageByWire map[string]*Message
 }
 

@@ -2456,6 +2456,7 @@ var classSpecs = []schema.ClassSpec{
 			{Name: "short_name", Type: "string", Qualifier: "RO/constructor", Lifecycle: "Published_s"},
 			{Name: "fullname", Type: "string", Qualifier: "RW", Lifecycle: "Published_s"},
 			{Name: "other_config", Type: "(string -> string) map", Qualifier: "RW", Lifecycle: "Published_s", HasDefault: true, Default: "{}"},
+			{Name: "password_hash", Type: "string", Qualifier: "RO/runtime", Lifecycle: "", HasDefault: true, Default: "\"\"", Internal: true},
 		},
 		Messages: []schema.MessageSpec{
 			{Name: "remove_from_other_config", Result: "void", Lifecycle: "Published_s", Implicit: true, Params: []schema.ParamSpec{{Name: "session_id", Type: "session ref", Required: true}, {Name: "self", Type: "user ref", Required: true}, {Name: "key", Type: "string", Required: true}}, Roles: []string{"pool-admin"}},
@@ -2517,7 +2518,7 @@ var classSpecs = []schema.ClassSpec{
 			{Name: "get_all_records_where", Result: "(blob ref -> blob record) map", Lifecycle: "Published_s", Implicit: true, Extra: true, Params: []schema.ParamSpec{{Name: "session_id", Type: "session ref", Required: true}, {Name: "expr", Type: "string", Required: true}}, Roles: []string{"pool-admin", "pool-operator", "vm-power-admin", "vm-admin", "vm-operator", "client-cert", "read-only"}},
 		},
 	},
-	{Name: "message", Lifecycle: "Published_s", Persist: false, GenEvents: true, InDB: false,
+	{Name: "message", Lifecycle: "Published_s", Persist: false, GenEvents: true, InDB: true,
 		Fields: []schema.FieldSpec{
 			{Name: "uuid", Type: "string", Qualifier: "RO/runtime", Lifecycle: "Published_s"},
 			{Name: "name", Type: "string", Qualifier: "RO/runtime", Lifecycle: "Published_s"},

@@ -5972,25 +5972,28 @@ var classUser = Model.Classes[40]
 
 // User is the class user with its fields.
 var User = struct {
-	Class       *schema.Class
-	UUID        *schema.Field
-	ShortName   *schema.Field
-	Fullname    *schema.Field
-	OtherConfig *schema.Field
+	Class        *schema.Class
+	UUID         *schema.Field
+	ShortName    *schema.Field
+	Fullname     *schema.Field
+	OtherConfig  *schema.Field
+	PasswordHash *schema.Field
 }{
-	Class:       classUser,
-	UUID:        classUser.Fields[0],
-	ShortName:   classUser.Fields[1],
-	Fullname:    classUser.Fields[2],
-	OtherConfig: classUser.Fields[3],
+	Class:        classUser,
+	UUID:         classUser.Fields[0],
+	ShortName:    classUser.Fields[1],
+	Fullname:     classUser.Fields[2],
+	OtherConfig:  classUser.Fields[3],
+	PasswordHash: classUser.Fields[4],
 }
 
 // UserRecord is a user as a typed Go value.
 type UserRecord struct {
-	UUID        string            `json:"uuid"`
-	ShortName   string            `json:"short_name"`
-	Fullname    string            `json:"fullname"`
-	OtherConfig map[string]string `json:"other_config"`
+	UUID         string            `json:"uuid"`
+	ShortName    string            `json:"short_name"`
+	Fullname     string            `json:"fullname"`
+	OtherConfig  map[string]string `json:"other_config"`
+	PasswordHash string            `json:"-"`
 }
 
 // FromRow fills r from a database row of canonical values.
@@ -5999,6 +6002,7 @@ func (r *UserRecord) FromRow(row []any) {
 	r.ShortName = as[string](row[1])
 	r.Fullname = as[string](row[2])
 	r.OtherConfig = toMap[string, string](as[map[string]string](row[3]))
+	r.PasswordHash = as[string](row[4])
 }
 
 // Row returns r as a database row of canonical values.
@@ -6008,6 +6012,7 @@ func (r *UserRecord) Row() []any {
 		r.ShortName,
 		r.Fullname,
 		fromMap(r.OtherConfig),
+		r.PasswordHash,
 	}
 }
 

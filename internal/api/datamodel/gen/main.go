@@ -65,6 +65,9 @@ type jsonMessage struct {
 type overlay struct {
 	Namespaces     map[string]map[string][]string `json:"namespaces"`
 	InternalFields map[string][]jsonField         `json:"internal_fields"`
+	ClassOverrides map[string]struct {
+		InDB *bool `json:"in_db"`
+	} `json:"class_overrides"`
 }
 
 func main() {
@@ -128,6 +131,9 @@ func toSpecs(dm *jsonModel, ol *overlay) ([]schema.ClassSpec, []schema.EnumSpec,
 	for _, jc := range dm.Classes {
 		cs := schema.ClassSpec{Name: jc.Name, Lifecycle: jc.Lifecycle, Persist: boolOr(jc.Persist, false),
 			GenEvents: boolOr(jc.GenEvents, false), InDB: boolOr(jc.InDB, false)}
+		if o, ok := ol.ClassOverrides[jc.Name]; ok && o.InDB != nil {
+			cs.InDB = *o.InDB
+		}
 		addField := func(f jsonField, internal bool) {
 			fs := schema.FieldSpec{Name: f.Name, Type: f.Type, Qualifier: f.Qualifier, Lifecycle: f.Lifecycle,
 				Column: column(ol, jc.Name, f.Name), Internal: internal}

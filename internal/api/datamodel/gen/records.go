@@ -20,9 +20,9 @@ func (ids idents) claim(name, what string) string {
 	return name
 }
 
-func enumGo(name string) string  { return goName(name) }
-func refGo(class string) string  { return goName(class) + "Ref" }
-func recGo(class string) string  { return goName(class) + "Record" }
+func enumGo(name string) string   { return goName(name) }
+func refGo(class string) string   { return goName(class) + "Ref" }
+func recGo(class string) string   { return goName(class) + "Record" }
 func tableGo(class string) string { return goName(class) }
 
 // goType is the Go type of a field in a typed record.
