@@ -763,6 +763,10 @@ func ParseDefault(t *Type, s string) (any, error) {
 	return ParseDB(t, s)
 }
 
+// EmptyMap returns a new, empty, non-nil map in the canonical form of map
+// type t.
+func EmptyMap(t *Type) any { return emptyMapLike(Zero(t)) }
+
 func emptyMapLike(m any) any {
 	switch m.(type) {
 	case map[string]string:

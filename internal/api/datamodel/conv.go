@@ -2,6 +2,7 @@ package datamodel
 
 import (
 	"strconv"
+	"time"
 
 	"toolstackd/internal/schema"
 )
@@ -109,6 +110,15 @@ func strKeys[V any](m map[int64]V) map[string]V {
 		out[strconv.FormatInt(k, 10)] = v
 	}
 	return out
+}
+
+// timeOrEpoch maps the zero time of a zero-valued record to xapi's empty
+// datetime, the Unix epoch.
+func timeOrEpoch(t time.Time) time.Time {
+	if t.IsZero() {
+		return schema.Epoch
+	}
+	return t.UTC()
 }
 
 // refOrNull maps the empty ref of a zero-valued record to the null ref.

@@ -124,8 +124,10 @@ func fromCanon(t *schema.Type, v string) string {
 // toCanon is an expression turning record field x into its canonical value.
 func toCanon(t *schema.Type, x string) string {
 	switch t.Kind {
-	case schema.KString, schema.KInt, schema.KFloat, schema.KBool, schema.KDateTime:
+	case schema.KString, schema.KInt, schema.KFloat, schema.KBool:
 		return x
+	case schema.KDateTime:
+		return "timeOrEpoch(" + x + ")"
 	case schema.KEnum:
 		return "string(" + x + ")"
 	case schema.KRef:

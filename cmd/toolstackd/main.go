@@ -1,0 +1,209 @@
+// Command toolstackd is the XenAPI daemon: one per host.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/coreos/go-systemd/v22/activation"
+	"github.com/coreos/go-systemd/v22/daemon"
+	"github.com/gorilla/mux"
+	"github.com/spf13/cobra"
+
+	"toolstackd/internal/api"
+	dm "toolstackd/internal/api/datamodel"
+	"toolstackd/internal/db"
+)
+
+type options struct {
+	dataDir     string
+	listen      string
+	listenHTTPS string
+	socket      string
+	backend     string
+	logLevel    string
+}
+
+func main() {
+	if err := rootCmd().Execute(); err != nil {
+		os.Exit(1)
+	}
+}
+
+func defaultDataDir() string {
+	if d := os.Getenv("XDG_STATE_HOME"); d != "" {
+		return filepath.Join(d, "toolstackd")
+	}
+	if os.Geteuid() == 0 {
+		return "/var/lib/toolstackd"
+	}
+	if h, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(h, ".local", "state", "toolstackd")
+	}
+	return ".toolstackd"
+}
+
+func rootCmd() *cobra.Command {
+	var o options
+	cmd := &cobra.Command{
+		Use:           "toolstackd",
+		Short:         "XenAPI-compatible toolstack daemon for KVM/QEMU hosts",
+		Args:          cobra.NoArgs,
+		SilenceUsage:  true,
+		SilenceErrors: false,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.socket == "" {
+				o.socket = filepath.Join(o.dataDir, "xapi.sock")
+			}
+			return run(cmd.Context(), o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.dataDir, "data-dir", defaultDataDir(), "where the host's state lives")
+	f.StringVar(&o.listen, "listen", "127.0.0.1:8080", "HTTP address for XML-RPC, JSON-RPC and the other endpoints")
+	f.StringVar(&o.listenHTTPS, "listen-https", "", "HTTPS address (self-signed certificate made on first boot); empty: none")
+	f.StringVar(&o.socket, "socket", "", "local Unix socket whose callers are the local superuser (default DATA_DIR/xapi.sock)")
+	f.StringVar(&o.backend, "backend", "simulator", "VM backend: simulator or qemu")
+	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	return cmd
+}
+
+func run(ctx context.Context, o options) error {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	switch o.backend {
+	case "simulator", "qemu":
+	default:
+		return fmt.Errorf("--backend must be simulator or qemu, not %q", o.backend)
+	}
+	if err := os.MkdirAll(o.dataDir, 0o700); err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	cfg := api.DefaultConfig()
+	pw, err := rootPassword(o.dataDir, log)
+	if err != nil {
+		return err
+	}
+	hash, err := api.HashPassword(pw, cfg.PasswordIterations)
+	if err != nil {
+		return err
+	}
+	d := db.New(dm.Model, db.Options{})
+	hostRef, err := api.FirstBoot(d, api.ProbeHost(), api.BootOptions{RootPasswordHash: hash})
+	if err != nil {
+		return fmt.Errorf("first boot: %w", err)
+	}
+	cfg.HostRef = hostRef
+	srv := api.New(d, cfg, log)
+	srv.Start()
+
+	router := mux.NewRouter()
+	srv.Routes(router)
+	var servers []*http.Server
+	var wg sync.WaitGroup
+	serve := func(l net.Listener, h http.Handler, tlsFiles ...string) {
+		hs := &http.Server{Handler: h, ReadHeaderTimeout: 30 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+		servers = append(servers, hs)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var err error
+			if len(tlsFiles) == 2 {
+				err = hs.ServeTLS(l, tlsFiles[0], tlsFiles[1])
+			} else {
+				err = hs.Serve(l)
+			}
+			if err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("serving", "addr", l.Addr(), "err", err)
+			}
+		}()
+	}
+	// Sockets handed over by systemd come first; otherwise listen.
+	if ls, err := activation.Listeners(); err == nil && len(ls) > 0 {
+		for _, l := range ls {
+			serve(l, router)
+			log.Info("serving on socket from systemd", "addr", l.Addr())
+		}
+	} else {
+		l, err := net.Listen("tcp", o.listen)
+		if err != nil {
+			return err
+		}
+		serve(l, router)
+		log.Info("serving XenAPI", "url", "http://"+l.Addr().String())
+	}
+	if o.listenHTTPS != "" {
+		cert, key, err := ensureCertificate(o.dataDir)
+		if err != nil {
+			return fmt.Errorf("certificate: %w", err)
+		}
+		l, err := net.Listen("tcp", o.listenHTTPS)
+		if err != nil {
+			return err
+		}
+		serve(l, router, cert, key)
+		log.Info("serving XenAPI", "url", "https://"+l.Addr().String())
+	}
+	os.Remove(o.socket)
+	ul, err := net.Listen("unix", o.socket)
+	if err != nil {
+		return fmt.Errorf("local socket: %w", err)
+	}
+	os.Chmod(o.socket, 0o600)
+	serve(ul, api.LocalHandler(router))
+	log.Info("serving local superuser socket", "path", o.socket)
+	daemon.SdNotify(false, daemon.SdNotifyReady)
+
+	sig, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	<-sig.Done()
+	log.Info("stopping")
+	daemon.SdNotify(false, daemon.SdNotifyStopping)
+	srv.Close() // ends long polls, so that shutdown does not wait for them
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, hs := range servers {
+		hs.Shutdown(sctx)
+	}
+	wg.Wait()
+	os.Remove(o.socket)
+	return nil
+}
+
+// rootPassword is TOOLSTACKD_ROOT_PASSWORD, or the one generated earlier
+// and kept in DATA_DIR/root-password, or a new one written there.
+func rootPassword(dir string, log *slog.Logger) (string, error) {
+	if pw := os.Getenv("TOOLSTACKD_ROOT_PASSWORD"); pw != "" {
+		return pw, nil
+	}
+	path := filepath.Join(dir, "root-password")
+	if b, err := os.ReadFile(path); err == nil {
+		return strings.TrimSpace(string(b)), nil
+	}
+	raw := make([]byte, 18)
+	if _, err := rand.Read(raw); err != nil {
+		return "", err
+	}
+	pw := base64.RawURLEncoding.EncodeToString(raw)
+	if err := os.WriteFile(path, []byte(pw+"\n"), 0o600); err != nil {
+		return "", err
+	}
+	log.Info("generated root password", "password", pw, "file", path)
+	return pw, nil
+}

@@ -1,0 +1,266 @@
+package api
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	dm "toolstackd/internal/api/datamodel"
+	"toolstackd/internal/db"
+	"toolstackd/internal/schema"
+)
+
+// Version facts toolstackd reports as host.software_version and
+// API_version.
+const (
+	ProductVersion  = "0.1.0"
+	PlatformVersion = "0.1.0"
+	// XapiVersion is the xapi version we answer as; the Go SDK refuses a
+	// host without software_version["xapi"].
+	XapiVersion     = "25.6.0"
+	APIVersionMajor = 2
+	APIVersionMinor = 21
+)
+
+// BootOptions describe the host a first boot creates.
+type BootOptions struct {
+	RootPasswordHash string
+	Hostname         string // default: the machine's
+	Iterations       int
+}
+
+// HostFacts are what first boot learns about the machine.
+type HostFacts struct {
+	Hostname  string
+	Address   string
+	Device    string // management interface
+	MAC       string
+	CPUs      int
+	CPUModel  string
+	CPUVendor string
+	CPUFlags  string
+	MemTotal  int64
+	MemFree   int64
+}
+
+// ProbeHost reads the facts of this machine (best effort: missing facts
+// get neutral values).
+func ProbeHost() HostFacts {
+	f := HostFacts{Hostname: "localhost", Address: "127.0.0.1", Device: "lo", MAC: "00:00:00:00:00:00", CPUs: runtime.NumCPU()}
+	if h, err := os.Hostname(); err == nil && h != "" {
+		f.Hostname = h
+	}
+	if ifs, err := net.Interfaces(); err == nil {
+	search:
+		for _, ifc := range ifs {
+			if ifc.Flags&net.FlagLoopback != 0 || ifc.Flags&net.FlagUp == 0 {
+				continue
+			}
+			addrs, _ := ifc.Addrs()
+			for _, a := range addrs {
+				if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil {
+					f.Address, f.Device, f.MAC = ipn.IP.String(), ifc.Name, ifc.HardwareAddr.String()
+					break search
+				}
+			}
+		}
+	}
+	if fh, err := os.Open("/proc/cpuinfo"); err == nil {
+		sc := bufio.NewScanner(fh)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			k, v, ok := strings.Cut(sc.Text(), ":")
+			if !ok {
+				continue
+			}
+			k, v = strings.TrimSpace(k), strings.TrimSpace(v)
+			switch {
+			case k == "model name" && f.CPUModel == "":
+				f.CPUModel = v
+			case k == "vendor_id" && f.CPUVendor == "":
+				f.CPUVendor = v
+			case k == "flags" && f.CPUFlags == "":
+				f.CPUFlags = v
+			}
+		}
+		fh.Close()
+	}
+	if fh, err := os.Open("/proc/meminfo"); err == nil {
+		sc := bufio.NewScanner(fh)
+		for sc.Scan() {
+			fields := strings.Fields(sc.Text())
+			if len(fields) < 2 {
+				continue
+			}
+			n, _ := strconv.ParseInt(fields[1], 10, 64)
+			switch fields[0] {
+			case "MemTotal:":
+				f.MemTotal = n << 10
+			case "MemAvailable:":
+				f.MemFree = n << 10
+			}
+		}
+		fh.Close()
+	}
+	return f
+}
+
+// FirstBoot fills an empty database with a usable single-host pool: the
+// pool, this host with its metrics and CPUs, the control domain, the
+// management network and PIF, the built-in templates, the seven roles and
+// the root account. It returns the host's ref.
+func FirstBoot(d *db.DB, facts HostFacts, opts BootOptions) (string, error) {
+	if opts.Hostname != "" {
+		facts.Hostname = opts.Hostname
+	}
+	var hostRef string
+	_, err := d.Update(func(tx *db.Tx) error {
+		ins := func(c *schema.Class, row []any) (string, error) { return tx.Insert(c, "", row) }
+		for _, r := range roleNames() {
+			if _, err := ins(dm.Role.Class, (&dm.RoleRecord{NameLabel: r[0], NameDescription: r[1]}).Row()); err != nil {
+				return err
+			}
+		}
+		if _, err := ins(dm.User.Class, (&dm.UserRecord{ShortName: "root", Fullname: "root", OtherConfig: map[string]string{},
+			PasswordHash: opts.RootPasswordHash}).Row()); err != nil {
+			return err
+		}
+		now := time.Now().UTC()
+		metrics, err := ins(dm.HostMetrics.Class, (&dm.HostMetricsRecord{MemoryTotal: facts.MemTotal, MemoryFree: facts.MemFree,
+			Live: true, LastUpdated: now, OtherConfig: map[string]string{}}).Row())
+		if err != nil {
+			return err
+		}
+		cpuInfo := map[string]string{
+			"cpu_count": strconv.Itoa(facts.CPUs), "socket_count": "1", "vendor": facts.CPUVendor,
+			"modelname": facts.CPUModel, "flags": facts.CPUFlags, "speed": "0", "family": "0", "model": "0", "stepping": "0",
+		}
+		host := &dm.HostRecord{
+			NameLabel: facts.Hostname, NameDescription: "Default install",
+			APIVersionMajor: APIVersionMajor, APIVersionMinor: APIVersionMinor, APIVersionVendor: "toolstackd",
+			APIVersionVendorImplementation: map[string]string{}, Enabled: true,
+			SoftwareVersion: map[string]string{
+				"product_version": ProductVersion, "product_version_text": ProductVersion, "product_version_text_short": ProductVersion,
+				"platform_name": "toolstackd", "platform_version": PlatformVersion, "product_brand": "toolstackd",
+				"xapi": XapiVersion, "xapi_build": XapiVersion, "xen": "kvm", "hostname": facts.Hostname,
+				"date": now.Format("2006-01-02"), "build_number": "0", "linux": kernelRelease(),
+			},
+			OtherConfig:  map[string]string{"agent_start_time": fmt.Sprint(now.Unix())},
+			Capabilities: []string{"hvm-3.0-x86_64"}, CPUConfiguration: map[string]string{}, SchedPolicy: "credit",
+			SupportedBootloaders: []string{"pygrub", "eliloader"}, Logging: map[string]string{},
+			Hostname: facts.Hostname, Address: facts.Address, Metrics: dm.HostMetricsRef(metrics),
+			LicenseParams: map[string]string{}, CPUInfo: cpuInfo, Edition: "free", Editions: []string{"free"},
+			MemoryOverhead: 0, BIOSStrings: map[string]string{}, ChipsetInfo: map[string]string{"iommu": "false"},
+			Display: dm.HostDisplayEnabled, NTPMode: dm.HostNTPModeDHCP, Timezone: "UTC",
+		}
+		if hostRef, err = ins(dm.Host.Class, host.Row()); err != nil {
+			return err
+		}
+		for i := 0; i < facts.CPUs; i++ {
+			if _, err := ins(dm.HostCPU.Class, (&dm.HostCPURecord{Host: dm.HostRef(hostRef), Number: int64(i), Vendor: facts.CPUVendor,
+				Modelname: facts.CPUModel, Flags: facts.CPUFlags, Features: "", OtherConfig: map[string]string{}}).Row()); err != nil {
+				return err
+			}
+		}
+		// The control domain: the host OS itself.
+		dom0Metrics, err := ins(dm.VMMetrics.Class, (&dm.VMMetricsRecord{MemoryActual: facts.MemTotal, VCPUsNumber: int64(facts.CPUs),
+			StartTime: now, InstallTime: now, LastUpdated: now, OtherConfig: map[string]string{}}).Row())
+		if err != nil {
+			return err
+		}
+		dom0 := &dm.VMRecord{
+			NameLabel: "Control domain on host: " + facts.Hostname, NameDescription: "The domain which manages physical devices and manages other domains",
+			PowerState: dm.VMPowerStateRunning, IsControlDomain: true, ResidentOn: dm.HostRef(hostRef), Domid: 0,
+			MemoryStaticMax: facts.MemTotal, MemoryDynamicMax: facts.MemTotal, MemoryDynamicMin: facts.MemTotal, MemoryStaticMin: facts.MemTotal,
+			MemoryTarget: facts.MemTotal, VCPUsMax: int64(facts.CPUs), VCPUsAtStartup: int64(facts.CPUs), Metrics: dm.VMMetricsRef(dom0Metrics),
+			DomainType: dm.DomainTypePV, OtherConfig: map[string]string{"storage_driver_domain": ""},
+		}
+		dom0Ref, err := ins(dm.VM.Class, dom0.Row())
+		if err != nil {
+			return err
+		}
+		if err := tx.Set(dm.Host.ControlDomain, hostRef, dom0Ref); err != nil {
+			return err
+		}
+		// The management network and its PIF.
+		bridge := "xenbr0"
+		network, err := ins(dm.Network.Class, (&dm.NetworkRecord{NameLabel: "Pool-wide network associated with " + facts.Device,
+			MTU: 1500, Bridge: bridge, Managed: true, OtherConfig: map[string]string{}, Purpose: []dm.NetworkPurpose{}}).Row())
+		if err != nil {
+			return err
+		}
+		pifMetrics, err := ins(dm.PIFMetrics.Class, (&dm.PIFMetricsRecord{Carrier: true, Speed: 1000, Duplex: true, LastUpdated: now,
+			OtherConfig: map[string]string{}}).Row())
+		if err != nil {
+			return err
+		}
+		if _, err := ins(dm.PIF.Class, (&dm.PIFRecord{Device: facts.Device, Network: dm.NetworkRef(network), Host: dm.HostRef(hostRef),
+			MAC: facts.MAC, MTU: 1500, VLAN: -1, Metrics: dm.PIFMetricsRef(pifMetrics), Physical: true, CurrentlyAttached: true,
+			IPConfigurationMode: dm.IPConfigurationModeDHCP, IP: facts.Address, Management: true, OtherConfig: map[string]string{},
+			Managed: true, Properties: map[string]string{}, Capabilities: []string{}}).Row()); err != nil {
+			return err
+		}
+		for _, t := range builtinTemplates() {
+			if _, err := ins(dm.VM.Class, t.Row()); err != nil {
+				return err
+			}
+		}
+		if _, err := ins(dm.Pool.Class, (&dm.PoolRecord{Master: dm.HostRef(hostRef), OtherConfig: map[string]string{},
+			CPUInfo: cpuInfo, Restrictions: map[string]string{}, GuiConfig: map[string]string{}, HealthCheckConfig: map[string]string{},
+			GuestAgentConfig: map[string]string{}, HAConfiguration: map[string]string{}}).Row()); err != nil {
+			return err
+		}
+		return nil
+	})
+	return hostRef, err
+}
+
+func roleNames() [][2]string {
+	return [][2]string{
+		{"pool-admin", "The Pool Administrator role has full access to all features and settings"},
+		{"pool-operator", "The Pool Operator role manages host- and pool-wide resources"},
+		{"vm-power-admin", "The VM Power Administrator role has full access to VM and template management"},
+		{"vm-admin", "The VM Administrator role can manage VMs and templates"},
+		{"vm-operator", "The VM Operator role can use VMs and interact with VM consoles"},
+		{"read-only", "The Read-Only role can log in with basic read-only access"},
+		{"client-cert", "The Client-Cert role is for clients authenticated by certificate"},
+	}
+}
+
+func builtinTemplates() []*dm.VMRecord {
+	mk := func(name, desc string, memMiB, vcpus int64, extra map[string]string) *dm.VMRecord {
+		mem := memMiB << 20
+		oc := map[string]string{"install-methods": "cdrom", "default_template": "true", "linux_template": "false"}
+		for k, v := range extra {
+			oc[k] = v
+		}
+		return &dm.VMRecord{
+			NameLabel: name, NameDescription: desc, IsATemplate: true, IsDefaultTemplate: true,
+			MemoryStaticMax: mem, MemoryDynamicMax: mem, MemoryDynamicMin: mem, MemoryStaticMin: 128 << 20, MemoryTarget: mem,
+			VCPUsMax: vcpus, VCPUsAtStartup: vcpus, HVMBootPolicy: "BIOS order", HVMBootParams: map[string]string{"order": "cd"},
+			Platform: map[string]string{"acpi": "1", "apic": "true", "pae": "true", "nx": "true", "viridian": "false", "device-model": "qemu-upstream-compat"},
+			OtherConfig: oc, DomainType: dm.DomainTypeHVM, UserVersion: 1,
+			Recommendations: `<restrictions><restriction field="memory-static-max" max="1099511627776"/><restriction field="vcpus-max" max="64"/></restrictions>`,
+			ActionsAfterShutdown: dm.OnNormalExitDestroy, ActionsAfterReboot: dm.OnNormalExitRestart, ActionsAfterCrash: dm.OnCrashBehaviourRestart,
+		}
+	}
+	return []*dm.VMRecord{
+		mk("Other install media", "Template which allows VM installation from install media", 1024, 1, nil),
+		mk("Debian Bookworm 12", "Template for Debian 12 (64-bit)", 2048, 2, map[string]string{"linux_template": "true"}),
+		mk("Ubuntu Noble Numbat 24.04", "Template for Ubuntu 24.04 (64-bit)", 2048, 2, map[string]string{"linux_template": "true"}),
+		mk("Windows 10 (64-bit)", "Template for Windows 10 (64-bit)", 4096, 2, map[string]string{"viridian": "true"}),
+	}
+}
+
+func kernelRelease() string {
+	b, err := os.ReadFile("/proc/sys/kernel/osrelease")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}

@@ -1,0 +1,138 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+
+	"github.com/gorilla/mux"
+
+	"toolstackd/internal/api/wire"
+	"toolstackd/internal/xerr"
+)
+
+// Routes adds the RPC endpoints to a router: XML-RPC on POST /, /RPC2 and
+// /xmlrpc; JSON-RPC 1.0 and 2.0 on POST /jsonrpc (with CORS).
+func (s *Server) Routes(r *mux.Router) {
+	r.HandleFunc("/jsonrpc", s.serveJSON).Methods(http.MethodPost)
+	r.HandleFunc("/jsonrpc", serveOptions).Methods(http.MethodOptions)
+	for _, p := range []string{"/", "/RPC2", "/xmlrpc"} {
+		r.HandleFunc(p, s.serveXML).Methods(http.MethodPost)
+	}
+}
+
+// Handler is a router with just the RPC endpoints.
+func (s *Server) Handler() http.Handler {
+	r := mux.NewRouter()
+	s.Routes(r)
+	return r
+}
+
+// LocalHandler marks every request as coming over the local socket, whose
+// callers run as the local superuser.
+func LocalHandler(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(w, r.WithContext(WithOrigin(r.Context(), Origin{Local: true, Remote: "local"})))
+	})
+}
+
+func serveOptions(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	h.Set("Access-Control-Allow-Origin", "*")
+	h.Set("Access-Control-Allow-Methods", "POST, OPTIONS")
+	h.Set("Access-Control-Allow-Headers", "Content-Type, Accept")
+	h.Set("Access-Control-Max-Age", "86400")
+	w.WriteHeader(http.StatusOK)
+}
+
+// readBody reads a request body up to the limit; over it the client gets
+// 413 and the connection is closed.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.Cfg.MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			http.Error(w, "request body too large", http.StatusRequestEntityTooLarge)
+		} else {
+			http.Error(w, "cannot read request body", http.StatusBadRequest)
+		}
+		return nil, false
+	}
+	return body, true
+}
+
+// setType sets Content-Type exactly as given: Xen Orchestra's client
+// rejects a charset parameter.
+func setType(w http.ResponseWriter, ct string) {
+	w.Header()["Content-Type"] = []string{ct}
+}
+
+func (s *Server) serveXML(w http.ResponseWriter, r *http.Request) {
+	body, ok := s.readBody(w, r)
+	if !ok {
+		return
+	}
+	method, params, err := wire.DecodeXMLRequest(bytes.NewReader(body))
+	if err != nil {
+		setType(w, "text/xml")
+		w.WriteHeader(http.StatusBadRequest)
+		wire.WriteXMLFault(w, 400, err.Error())
+		return
+	}
+	res, err := s.Dispatch(originContext(r), method, params)
+	setType(w, "text/xml")
+	switch {
+	case err != nil:
+		xe := xerr.From(err)
+		err = wire.WriteXMLFailure(w, xe.Code, xe.Params)
+	default:
+		if u, isRaw := res.(Unwrapped); isRaw {
+			err = wire.WriteXMLRaw(w, u.V)
+		} else {
+			err = wire.WriteXMLSuccess(w, res)
+		}
+	}
+	if err != nil {
+		s.Log.Debug("writing reply", "method", method, "err", err)
+	}
+}
+
+func (s *Server) serveJSON(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Access-Control-Allow-Origin", "*")
+	body, ok := s.readBody(w, r)
+	if !ok {
+		return
+	}
+	req, err := wire.DecodeJSONRequest(body)
+	if err != nil {
+		setType(w, "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		wire.WriteJSONParseFailure(w, xerr.InternalError, []string{err.Error()})
+		return
+	}
+	res, err := s.Dispatch(originContext(r), req.Method, req.Params)
+	setType(w, "application/json")
+	switch {
+	case err != nil:
+		xe := xerr.From(err)
+		err = wire.WriteJSONFailure(w, req, xe.Code, xe.Params)
+	default:
+		if u, isRaw := res.(Unwrapped); isRaw {
+			res = u.V
+		}
+		err = wire.WriteJSONSuccess(w, req, res)
+	}
+	if err != nil {
+		s.Log.Debug("writing reply", "method", req.Method, "err", err)
+	}
+}
+
+// originContext keeps an origin set by LocalHandler, or records the peer.
+func originContext(r *http.Request) context.Context {
+	if _, ok := r.Context().Value(originKey{}).(Origin); ok {
+		return r.Context()
+	}
+	return WithOrigin(r.Context(), Origin{Remote: r.RemoteAddr})
+}

@@ -1,0 +1,131 @@
+// Package api serves the XenAPI: it decodes XML-RPC and JSON-RPC calls,
+// checks sessions and roles, dispatches each call through the datamodel's
+// message table (implicit messages straight to the database, explicit
+// ones to registered handlers), runs Async calls as tasks, and answers
+// event.from.
+package api
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"toolstackd/internal/api/events"
+	"toolstackd/internal/db"
+	"toolstackd/internal/schema"
+)
+
+// Config holds the server's named settings.
+type Config struct {
+	// MaxBodyBytes bounds an RPC request body.
+	MaxBodyBytes int64
+	// SessionIdleTimeout expires sessions unused for this long.
+	SessionIdleTimeout time.Duration
+	// MaxSessionsPerOriginator caps the sessions one originator (a client
+	// name, or the user name when none is given) may hold; the oldest is
+	// logged out to make room, as xapi does.
+	MaxSessionsPerOriginator int
+	// FinishedTaskTTL is how long a finished task stays before it is
+	// destroyed; MaxFinishedTasks bounds how many stay at once.
+	FinishedTaskTTL  time.Duration
+	MaxFinishedTasks int
+	// PasswordIterations is the PBKDF2 work factor for local passwords.
+	PasswordIterations int
+	// HostRef is this host's ref, for session.this_host and task.resident_on.
+	HostRef string
+}
+
+// DefaultConfig returns the settings used unless told otherwise.
+func DefaultConfig() Config {
+	return Config{
+		MaxBodyBytes:             4 << 20,
+		SessionIdleTimeout:       24 * time.Hour,
+		MaxSessionsPerOriginator: 500,
+		FinishedTaskTTL:          time.Hour,
+		MaxFinishedTasks:         10000,
+		PasswordIterations:       100_000,
+	}
+}
+
+// Call is one dispatched XenAPI call as a handler sees it.
+type Call struct {
+	Ctx     context.Context // cancelled when the call's task is cancelled or the client goes away
+	Server  *Server
+	Session *Session // nil for calls that take no session
+	Msg     *schema.Message
+	Args    []any  // canonical values, without the session; missing optional ones are nil
+	Task    string // the task running this call (Async), or ""
+}
+
+// Handler implements an explicit message. It returns the canonical result
+// (a *db.Row is written as its record) or an error, normally *xerr.Error.
+type Handler func(c *Call) (any, error)
+
+// Server is the XenAPI server.
+type Server struct {
+	DB    *db.DB
+	Model *schema.Model
+	Cfg   Config
+	Log   *slog.Logger
+
+	handlers map[string]Handler
+	sessions *sessionTable
+	tasks    *taskTable
+	events   *events.Registry
+
+	stop     chan struct{}
+	stopOnce sync.Once
+	wg       sync.WaitGroup
+}
+
+// New makes a server over a database.
+func New(d *db.DB, cfg Config, log *slog.Logger) *Server {
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Server{DB: d, Model: d.Model(), Cfg: cfg, Log: log, handlers: map[string]Handler{}, stop: make(chan struct{})}
+	s.sessions = newSessionTable()
+	s.tasks = newTaskTable()
+	s.events = events.NewRegistry(d)
+	s.registerCore()
+	return s
+}
+
+// Handle registers the handler of an explicit message (e.g. "VM.start"),
+// or overrides an implicit one. It panics on a name the datamodel lacks.
+func (s *Server) Handle(wire string, h Handler) {
+	if s.Model.Message(wire) == nil {
+		panic("api: no message " + wire)
+	}
+	s.handlers[wire] = h
+}
+
+// Start runs the background jobs (session expiry, task collection).
+func (s *Server) Start() {
+	s.wg.Add(1)
+	go s.housekeeping()
+}
+
+// Close stops background jobs and ends every session's waiters.
+func (s *Server) Close() {
+	s.stopOnce.Do(func() { close(s.stop) })
+	s.wg.Wait()
+	s.sessions.closeAll()
+	s.tasks.cancelAll()
+}
+
+func (s *Server) housekeeping() {
+	defer s.wg.Done()
+	t := time.NewTicker(30 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			s.expireSessions(time.Now())
+			s.collectTasks(time.Now())
+		}
+	}
+}

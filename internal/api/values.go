@@ -1,0 +1,355 @@
+package api
+
+import (
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"toolstackd/internal/api/wire"
+	"toolstackd/internal/db"
+	"toolstackd/internal/schema"
+	"toolstackd/internal/xerr"
+)
+
+// decodeValue turns a neutral wire value into the canonical value of type
+// t, accepting the spellings real clients send (ints as strings, dates as
+// strings, ...). name is what FIELD_TYPE_ERROR reports.
+func decodeValue(t *schema.Type, v any, name string) (any, error) {
+	bad := func() error { return xerr.New(xerr.FieldTypeError, name) }
+	switch t.Kind {
+	case schema.KString:
+		switch x := v.(type) {
+		case string:
+			return x, nil
+		case nil:
+			return "", nil
+		}
+		return nil, bad()
+	case schema.KRef:
+		switch x := v.(type) {
+		case string:
+			if x == "" {
+				return schema.NullRef, nil
+			}
+			return x, nil
+		case nil:
+			return schema.NullRef, nil
+		}
+		return nil, bad()
+	case schema.KEnum:
+		s, ok := v.(string)
+		if !ok {
+			return nil, bad()
+		}
+		if t.Enum != nil && !t.Enum.Has(s) {
+			// xapi matches enum values without regard to case.
+			for _, e := range t.Enum.Values {
+				if strings.EqualFold(e, s) {
+					return e, nil
+				}
+			}
+			return nil, xerr.New(xerr.InvalidValue, name, s)
+		}
+		return s, nil
+	case schema.KInt:
+		switch x := v.(type) {
+		case int64:
+			return x, nil
+		case string:
+			n, err := strconv.ParseInt(strings.TrimSpace(x), 10, 64)
+			if err != nil {
+				return nil, bad()
+			}
+			return n, nil
+		case float64:
+			if x == math.Trunc(x) && math.Abs(x) < 1<<63 {
+				return int64(x), nil
+			}
+		}
+		return nil, bad()
+	case schema.KFloat:
+		switch x := v.(type) {
+		case float64:
+			return x, nil
+		case int64:
+			return float64(x), nil
+		case string:
+			f, err := schema.ParseFloat(strings.TrimSpace(x))
+			if err != nil {
+				return nil, bad()
+			}
+			return f, nil
+		}
+		return nil, bad()
+	case schema.KBool:
+		switch x := v.(type) {
+		case bool:
+			return x, nil
+		case string:
+			switch strings.ToLower(x) {
+			case "true", "1":
+				return true, nil
+			case "false", "0":
+				return false, nil
+			}
+		case int64:
+			return x != 0, nil
+		}
+		return nil, bad()
+	case schema.KDateTime:
+		switch x := v.(type) {
+		case time.Time:
+			return x.UTC(), nil
+		case string:
+			tm, err := schema.ParseTime(x)
+			if err != nil {
+				return nil, bad()
+			}
+			return tm, nil
+		case float64:
+			return time.Unix(0, int64(x*1e9)).UTC(), nil
+		case int64:
+			return time.Unix(x, 0).UTC(), nil
+		}
+		return nil, bad()
+	case schema.KSet:
+		items, ok := v.([]any)
+		if !ok {
+			if v == nil {
+				items = nil
+			} else if s, isStrs := v.([]string); isStrs {
+				for _, e := range s {
+					items = append(items, e)
+				}
+			} else {
+				return nil, bad()
+			}
+		}
+		switch {
+		case t.Elem.StringLike():
+			out := make([]string, 0, len(items))
+			for _, it := range items {
+				e, err := decodeValue(t.Elem, it, name)
+				if err != nil {
+					return nil, err
+				}
+				out = append(out, e.(string))
+			}
+			return out, nil
+		case t.Elem.Kind == schema.KInt:
+			out := make([]int64, 0, len(items))
+			for _, it := range items {
+				e, err := decodeValue(t.Elem, it, name)
+				if err != nil {
+					return nil, err
+				}
+				out = append(out, e.(int64))
+			}
+			return out, nil
+		}
+		out := make([]any, 0, len(items))
+		for _, it := range items {
+			e, err := decodeValue(t.Elem, it, name)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, e)
+		}
+		return out, nil
+	case schema.KMap:
+		m, ok := v.(map[string]any)
+		if !ok {
+			if v != nil {
+				return nil, bad()
+			}
+		}
+		out := schema.EmptyMap(t)
+		for k, x := range m {
+			if t.Key.Kind == schema.KInt {
+				if _, err := strconv.ParseInt(k, 10, 64); err != nil {
+					return nil, bad()
+				}
+			}
+			e, err := decodeValue(t.Elem, x, name)
+			if err != nil {
+				return nil, err
+			}
+			out = schema.MapPut(out, k, e)
+		}
+		return out, nil
+	case schema.KOption:
+		if v == nil {
+			return nil, nil
+		}
+		return decodeValue(t.Elem, v, name)
+	case schema.KRecord:
+		m, ok := v.(map[string]any)
+		if !ok {
+			return nil, bad()
+		}
+		if t.Class == nil {
+			return m, nil
+		}
+		out := make(map[string]any, len(m))
+		for k, x := range m {
+			f := t.Class.Field(k)
+			if f == nil || f.Internal {
+				continue // xapi ignores members it does not know
+			}
+			e, err := decodeValue(f.Type, x, f.Name)
+			if err != nil {
+				return nil, err
+			}
+			out[f.Name] = e
+		}
+		return out, nil
+	}
+	return nil, bad()
+}
+
+// typed is a canonical value with its type, ready to be written by a wire
+// encoder. Rows are written as records, reading derived sets through snap.
+type typed struct {
+	t    *schema.Type
+	v    any
+	snap db.Reader
+}
+
+func (tv typed) MarshalXenAPI(e wire.Encoder) { encodeValue(e, tv.t, tv.v, tv.snap) }
+
+func encodeValue(e wire.Encoder, t *schema.Type, v any, snap db.Reader) {
+	switch x := v.(type) {
+	case *db.Row:
+		encodeRow(e, snap, x)
+		return
+	case wire.Marshaler:
+		x.MarshalXenAPI(e)
+		return
+	}
+	switch t.Kind {
+	case schema.KString, schema.KEnum, schema.KRef:
+		s, _ := v.(string)
+		if t.Kind == schema.KRef && s == "" {
+			s = schema.NullRef
+		}
+		e.String(s)
+	case schema.KInt:
+		n, _ := v.(int64)
+		e.Int(n)
+	case schema.KFloat:
+		f, _ := v.(float64)
+		e.Float(f)
+	case schema.KBool:
+		b, _ := v.(bool)
+		e.Bool(b)
+	case schema.KDateTime:
+		tm, _ := v.(time.Time)
+		e.Time(tm)
+	case schema.KSet:
+		e.BeginArray()
+		switch s := v.(type) {
+		case []string:
+			for _, it := range s {
+				e.String(it)
+			}
+		case []int64:
+			for _, it := range s {
+				e.Int(it)
+			}
+		case []any:
+			for _, it := range s {
+				encodeValue(e, t.Elem, it, snap)
+			}
+		case []*db.Row:
+			for _, it := range s {
+				encodeRow(e, snap, it)
+			}
+		}
+		e.EndArray()
+	case schema.KMap:
+		e.BeginStruct()
+		switch m := v.(type) {
+		case map[string]string:
+			for _, k := range schema.SortedKeys(m) {
+				e.Member(k)
+				e.String(m[k])
+			}
+		case map[string]int64:
+			for _, k := range schema.SortedKeys(m) {
+				e.Member(k)
+				e.Int(m[k])
+			}
+		case map[string]float64:
+			for _, k := range schema.SortedKeys(m) {
+				e.Member(k)
+				e.Float(m[k])
+			}
+		case map[string][]string:
+			for _, k := range schema.SortedKeys(m) {
+				e.Member(k)
+				encodeValue(e, t.Elem, m[k], snap)
+			}
+		case map[string]any:
+			for _, k := range schema.SortedKeys(m) {
+				e.Member(k)
+				encodeValue(e, t.Elem, m[k], snap)
+			}
+		case []*db.Row: // ref -> record maps from get_all_records
+			for _, r := range m {
+				e.Member(r.Ref)
+				encodeRow(e, snap, r)
+			}
+		}
+		e.EndStruct()
+	case schema.KRecord:
+		m, _ := v.(map[string]any)
+		if t.Class == nil {
+			wire.Encode(e, m)
+			return
+		}
+		e.BeginStruct()
+		for _, f := range t.Class.Fields {
+			if f.Internal {
+				continue
+			}
+			e.Member(f.Name)
+			fv, ok := m[f.Name]
+			if !ok {
+				fv = t.Class.Base[f.Index]
+			}
+			encodeValue(e, f.Type, fv, snap)
+		}
+		e.EndStruct()
+	case schema.KOption:
+		if v == nil {
+			e.Nil()
+			return
+		}
+		encodeValue(e, t.Elem, v, snap)
+	case schema.KVoid:
+		e.String("")
+	default:
+		wire.Encode(e, v)
+	}
+}
+
+// encodeRow writes a database row as its record: every public field in
+// datamodel order.
+func encodeRow(e wire.Encoder, snap db.Reader, r *db.Row) {
+	e.BeginStruct()
+	for _, f := range r.Class.Fields {
+		if f.Internal {
+			continue
+		}
+		e.Member(f.Name)
+		var v any
+		if f.Derived && snap != nil {
+			v = snap.Value(r, f)
+		} else {
+			v = r.At(f.Index)
+		}
+		encodeValue(e, f.Type, v, snap)
+	}
+	e.EndStruct()
+}

@@ -1,0 +1,215 @@
+#!/usr/bin/env bash
+# End-to-end suites: unmodified third-party XenAPI clients against the real
+# bin/toolstackd (simulator backend). Each suite gets a fresh daemon on a free
+# loopback port with a fresh data directory and a known root password.
+#
+#   tests/e2e/run.sh              # every suite (make e2e builds first)
+#   tests/e2e/run.sh xo flood     # only these suites
+#
+# Suites:
+#   xo      node:test, Xen Orchestra's npm `xen-api` client (xo.test.mjs)
+#   xenapi  python unittest, Debian's XenAPI.py and stdlib xmlrpc.client (test_xenapi.py)
+#   flood   python unittest, malformed and oversized requests (test_flood.py)
+#
+# Besides the tests inside each suite, the harness counts two checks per suite:
+# the daemon is still running when the suite ends, and it exits on SIGTERM.
+# The last line is "N passed, N failed" over everything.
+#
+# Environment: TOOLSTACKD_BIN (default bin/toolstackd), E2E_KEEP=1 keeps the
+# temporary directory, E2E_SUITE_TIMEOUT (seconds, default 900).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+bin="${TOOLSTACKD_BIN:-$root/bin/toolstackd}"
+suite_timeout="${E2E_SUITE_TIMEOUT:-900}"
+password="e2e-Root-$$-pw"
+
+all_suites=(xo xenapi flood)
+if [ $# -gt 0 ]; then suites=("$@"); else suites=("${all_suites[@]}"); fi
+
+if [ ! -x "$bin" ]; then
+  echo "e2e: $bin not found; run 'make build' first (make e2e does)" >&2
+  echo "0 passed, 1 failed"
+  exit 1
+fi
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/toolstackd-e2e.XXXXXX")"
+daemon_pid=""
+
+cleanup() {
+  if [ -n "$daemon_pid" ] && kill -0 "$daemon_pid" 2>/dev/null; then
+    kill -KILL "$daemon_pid" 2>/dev/null || true
+    wait "$daemon_pid" 2>/dev/null || true
+  fi
+  if [ "${E2E_KEEP:-0}" = 1 ]; then
+    echo "e2e: kept $work"
+  else
+    rm -rf "$work"
+  fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+free_port() {
+  python3 - <<'EOF'
+import socket
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])
+s.close()
+EOF
+}
+
+# start_daemon NAME: sets daemon_pid, port, daemon_log; returns non-zero if
+# the daemon does not accept TCP connections within 20 s.
+start_daemon() {
+  local name="$1" data i
+  data="$work/$name/data"
+  mkdir -p "$data"
+  daemon_log="$work/$name/daemon.log"
+  port="$(free_port)"
+  TOOLSTACKD_ROOT_PASSWORD="$password" \
+    "$bin" --data-dir "$data" --listen "127.0.0.1:$port" --backend simulator \
+    >"$daemon_log" 2>&1 &
+  daemon_pid=$!
+  for i in $(seq 1 200); do
+    if ! kill -0 "$daemon_pid" 2>/dev/null; then
+      echo "e2e[$name]: daemon exited during startup" >&2
+      return 1
+    fi
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      return 0
+    fi
+    sleep 0.1
+  done
+  echo "e2e[$name]: daemon not listening on 127.0.0.1:$port after 20 s" >&2
+  return 1
+}
+
+# stop_daemon: SIGTERM, then up to 15 s for it to exit; returns non-zero if it
+# had to be killed.
+stop_daemon() {
+  local i
+  [ -n "$daemon_pid" ] || return 0
+  kill -TERM "$daemon_pid" 2>/dev/null || true
+  for i in $(seq 1 150); do
+    if ! kill -0 "$daemon_pid" 2>/dev/null; then
+      wait "$daemon_pid" 2>/dev/null || true
+      daemon_pid=""
+      return 0
+    fi
+    sleep 0.1
+  done
+  echo "e2e: daemon did not exit within 15 s of SIGTERM; killing it" >&2
+  kill -KILL "$daemon_pid" 2>/dev/null || true
+  wait "$daemon_pid" 2>/dev/null || true
+  daemon_pid=""
+  return 1
+}
+
+print_log() {
+  local log="$1" lines
+  [ -f "$log" ] || return 0
+  lines=$(wc -l <"$log")
+  echo "----- daemon log ($log, $lines lines; last 300 shown) -----"
+  tail -n 300 "$log"
+  echo "----- end of daemon log -----"
+}
+
+ensure_node_modules() {
+  if [ ! -f "$here/node_modules/xen-api/package.json" ]; then
+    echo "e2e: installing npm dependencies (npm ci)"
+    (cd "$here" && npm ci --no-audit --no-fund --silent)
+  fi
+}
+
+# run_suite NAME: runs one suite's client against the daemon on $port and
+# writes "passed failed" into $work/NAME/counts.
+run_suite() {
+  local name="$1" out="$work/$1/output" rc=0 passed=0 failed=0
+  export E2E_URL="http://127.0.0.1:$port" E2E_PASSWORD="$password"
+  case "$name" in
+    xo)
+      ensure_node_modules || { echo "0 1" >"$work/$name/counts"; return; }
+      # spec for people, TAP into a file for the counts.
+      (cd "$here" && timeout --kill-after=10 "$suite_timeout" node --test \
+        --test-reporter=spec --test-reporter-destination=stdout \
+        --test-reporter=tap --test-reporter-destination="$work/$name/tap" \
+        xo.test.mjs) 2>&1 | tee "$out" || rc=$?
+      if [ -f "$work/$name/tap" ]; then
+        # The final summary lines of the TAP stream count every test, nested
+        # ones included: "# pass N", "# fail N", "# cancelled N".
+        passed=$(sed -n 's/^# pass \([0-9]*\)$/\1/p' "$work/$name/tap" | tail -n1)
+        failed=$(sed -n 's/^# fail \([0-9]*\)$/\1/p' "$work/$name/tap" | tail -n1)
+        local cancelled
+        cancelled=$(sed -n 's/^# cancelled \([0-9]*\)$/\1/p' "$work/$name/tap" | tail -n1)
+        passed=${passed:-0}
+        failed=$(( ${failed:-0} + ${cancelled:-0} ))
+      fi
+      ;;
+    xenapi | flood)
+      local file=test_xenapi.py
+      [ "$name" = flood ] && file=test_flood.py
+      (cd "$here" && timeout --kill-after=10 "$suite_timeout" python3 -u "$file" -v) 2>&1 | tee "$out" || rc=$?
+      # The python suites end with "E2E-SUMMARY passed=N failed=N".
+      local line
+      line=$(grep -E '^E2E-SUMMARY passed=[0-9]+ failed=[0-9]+$' "$out" | tail -n1 || true)
+      if [ -n "$line" ]; then
+        passed=$(echo "$line" | sed 's/.*passed=\([0-9]*\).*/\1/')
+        failed=$(echo "$line" | sed 's/.*failed=\([0-9]*\)$/\1/')
+      fi
+      ;;
+    *)
+      echo "e2e: unknown suite $name (known: ${all_suites[*]})" >&2
+      rc=2
+      ;;
+  esac
+  # A runner that died without reporting (or with failures it did not count)
+  # still counts as one failure.
+  if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
+    echo "e2e[$name]: runner exited with status $rc"
+    failed=1
+  fi
+  echo "$passed $failed" >"$work/$name/counts"
+}
+
+total_passed=0
+total_failed=0
+summary=()
+for name in "${suites[@]}"; do
+  mkdir -p "$work/$name"
+  echo "=== e2e suite: $name ==="
+  p=0 f=0
+  if start_daemon "$name"; then
+    run_suite "$name"
+    read -r p f <"$work/$name/counts"
+    if kill -0 "$daemon_pid" 2>/dev/null; then
+      p=$((p + 1))
+    else
+      echo "e2e[$name]: FAIL daemon is no longer running after the suite"
+      f=$((f + 1))
+      wait "$daemon_pid" 2>/dev/null || true
+      daemon_pid=""
+    fi
+    if [ -n "$daemon_pid" ]; then
+      if stop_daemon; then p=$((p + 1)); else
+        echo "e2e[$name]: FAIL daemon did not stop on SIGTERM"
+        f=$((f + 1))
+      fi
+    fi
+  else
+    f=1
+    stop_daemon || true
+  fi
+  if [ "$f" -gt 0 ]; then print_log "$daemon_log"; fi
+  echo "e2e suite $name: $p passed, $f failed"
+  summary+=("$name: $p passed, $f failed")
+  total_passed=$((total_passed + p))
+  total_failed=$((total_failed + f))
+done
+
+echo "=== e2e summary ==="
+for line in "${summary[@]}"; do echo "  $line"; done
+echo "$total_passed passed, $total_failed failed"
+[ "$total_failed" -eq 0 ]
