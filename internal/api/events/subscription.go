@@ -120,7 +120,7 @@ func dedup(refs []string) []string {
 }
 
 // Matches reports whether the subscription selects object ref of class c.
-func (s *Subscription) Matches(c *schema.Class, ref string) bool {
+func (s Subscription) Matches(c *schema.Class, ref string) bool {
 	for _, it := range s.items {
 		if it.matches(c, ref) {
 			return true
@@ -130,10 +130,10 @@ func (s *Subscription) Matches(c *schema.Class, ref string) bool {
 }
 
 // Empty reports whether the subscription can select no event at all.
-func (s *Subscription) Empty() bool { return len(s.tables) == 0 }
+func (s Subscription) Empty() bool { return len(s.tables) == 0 }
 
 // String shows the subscription as xapi logs it: [all,class(vm),object(vm,ref)].
-func (s *Subscription) String() string {
+func (s Subscription) String() string {
 	var b strings.Builder
 	b.WriteByte('[')
 	for i, it := range s.items {
