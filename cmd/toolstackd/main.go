@@ -26,6 +26,7 @@ import (
 	"toolstackd/internal/api"
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
+	"toolstackd/internal/db/persist"
 )
 
 type options struct {
@@ -96,18 +97,48 @@ func run(ctx context.Context, o options) error {
 		return fmt.Errorf("data dir: %w", err)
 	}
 	cfg := api.DefaultConfig()
-	pw, err := rootPassword(o.dataDir, log)
+	store, err := persist.Open(filepath.Join(o.dataDir, "toolstackd.db"), dm.Model, persist.Options{Log: log})
 	if err != nil {
 		return err
 	}
-	hash, err := api.HashPassword(pw, cfg.PasswordIterations)
-	if err != nil {
+	first := store.Empty()
+	d := db.New(dm.Model, db.Options{Persister: store})
+	if err := store.Load(d); err != nil {
 		return err
 	}
-	d := db.New(dm.Model, db.Options{})
-	hostRef, err := api.FirstBoot(d, api.ProbeHost(), api.BootOptions{RootPasswordHash: hash})
-	if err != nil {
-		return fmt.Errorf("first boot: %w", err)
+	facts := api.ProbeHost()
+	var hostRef string
+	if first {
+		pw, err := rootPassword(o.dataDir, log)
+		if err != nil {
+			return err
+		}
+		hash, err := api.HashPassword(pw, cfg.PasswordIterations)
+		if err != nil {
+			return err
+		}
+		if hostRef, err = api.FirstBoot(d, facts, api.BootOptions{RootPasswordHash: hash}); err != nil {
+			return fmt.Errorf("first boot: %w", err)
+		}
+		host, _ := d.Snapshot().Get(dm.Host.Class, hostRef)
+		if err := writeInventory(o.dataDir, host.UUID()); err != nil {
+			return err
+		}
+		log.Info("initialised a new pool", "host", host.UUID())
+	} else {
+		id, err := readInventory(o.dataDir)
+		if err != nil {
+			return err
+		}
+		host, ok := d.Snapshot().ByUUID(dm.Host.Class, id)
+		if !ok {
+			return fmt.Errorf("this host (%s in %s) is not in the database", id, filepath.Join(o.dataDir, "inventory"))
+		}
+		hostRef = host.Ref
+		if err := api.StartupReset(d, hostRef, facts); err != nil {
+			return err
+		}
+		log.Info("loaded database", "generation", d.Generation(), "host", id)
 	}
 	cfg.HostRef = hostRef
 	srv := api.New(d, cfg, log)
@@ -183,7 +214,25 @@ func run(ctx context.Context, o options) error {
 	}
 	wg.Wait()
 	os.Remove(o.socket)
-	return nil
+	return store.Close()
+}
+
+// The inventory file names this host, as xapi's INSTALLATION_UUID does.
+func writeInventory(dir, hostUUID string) error {
+	return os.WriteFile(filepath.Join(dir, "inventory"), []byte("INSTALLATION_UUID='"+hostUUID+"'\n"), 0o600)
+}
+
+func readInventory(dir string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "inventory"))
+	if err != nil {
+		return "", fmt.Errorf("inventory: %w", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "INSTALLATION_UUID="); ok {
+			return strings.Trim(v, "'\" "), nil
+		}
+	}
+	return "", fmt.Errorf("inventory: no INSTALLATION_UUID")
 }
 
 // rootPassword is TOOLSTACKD_ROOT_PASSWORD, or the one generated earlier

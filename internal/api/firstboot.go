@@ -243,9 +243,9 @@ func builtinTemplates() []*dm.VMRecord {
 			NameLabel: name, NameDescription: desc, IsATemplate: true, IsDefaultTemplate: true,
 			MemoryStaticMax: mem, MemoryDynamicMax: mem, MemoryDynamicMin: mem, MemoryStaticMin: 128 << 20, MemoryTarget: mem,
 			VCPUsMax: vcpus, VCPUsAtStartup: vcpus, HVMBootPolicy: "BIOS order", HVMBootParams: map[string]string{"order": "cd"},
-			Platform: map[string]string{"acpi": "1", "apic": "true", "pae": "true", "nx": "true", "viridian": "false", "device-model": "qemu-upstream-compat"},
+			Platform:    map[string]string{"acpi": "1", "apic": "true", "pae": "true", "nx": "true", "viridian": "false", "device-model": "qemu-upstream-compat"},
 			OtherConfig: oc, DomainType: dm.DomainTypeHVM, UserVersion: 1,
-			Recommendations: `<restrictions><restriction field="memory-static-max" max="1099511627776"/><restriction field="vcpus-max" max="64"/></restrictions>`,
+			Recommendations:      `<restrictions><restriction field="memory-static-max" max="1099511627776"/><restriction field="vcpus-max" max="64"/></restrictions>`,
 			ActionsAfterShutdown: dm.OnNormalExitDestroy, ActionsAfterReboot: dm.OnNormalExitRestart, ActionsAfterCrash: dm.OnCrashBehaviourRestart,
 		}
 	}
@@ -263,4 +263,56 @@ func kernelRelease() string {
 		return ""
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// StartupReset brings a loaded database in line with a fresh start, as
+// xapi does: operations that were in progress are forgotten, every host
+// is not live until proven (this one is, now), and this host's facts and
+// software version are refreshed.
+func StartupReset(d *db.DB, hostRef string, facts HostFacts) error {
+	_, err := d.Update(func(tx *db.Tx) error {
+		for _, c := range d.Model().Classes {
+			f := c.Field("current_operations")
+			if f == nil || !c.InDB {
+				continue
+			}
+			var busy []string
+			tx.Ascend(c, func(r *db.Row) bool {
+				if m, ok := r.Get(f).(map[string]string); ok && len(m) > 0 {
+					busy = append(busy, r.Ref)
+				}
+				return true
+			})
+			for _, ref := range busy {
+				if err := tx.Set(f, ref, map[string]string{}); err != nil {
+					return err
+				}
+			}
+		}
+		host, ok := tx.Get(dm.Host.Class, hostRef)
+		if !ok {
+			return fmt.Errorf("this host %s is not in the database", hostRef)
+		}
+		var hosts []*db.Row
+		tx.Ascend(dm.Host.Class, func(r *db.Row) bool { hosts = append(hosts, r); return true })
+		for _, h := range hosts {
+			m, _ := h.Get(dm.Host.Metrics).(string)
+			if _, ok := tx.Get(dm.HostMetrics.Class, m); ok {
+				if err := tx.Set(dm.HostMetrics.Live, m, h.Ref == hostRef); err != nil {
+					return err
+				}
+			}
+		}
+		sv, _ := host.Get(dm.Host.SoftwareVersion).(map[string]string)
+		next := map[string]string{}
+		for k, v := range sv {
+			next[k] = v
+		}
+		next["product_version"], next["platform_version"], next["xapi"] = ProductVersion, PlatformVersion, XapiVersion
+		if err := tx.Set(dm.Host.SoftwareVersion, hostRef, next); err != nil {
+			return err
+		}
+		return tx.Set(dm.Host.Address, hostRef, facts.Address)
+	})
+	return err
 }

@@ -12,6 +12,7 @@ package db
 
 import (
 	"errors"
+	"fmt"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -34,13 +35,25 @@ type Options struct {
 	// FeedLength bounds the changes kept for ChangesSince (the newest
 	// batch is always kept, however large).
 	FeedLength int
-	// OnCommit, when set, is called with each batch in generation order
-	// while the writer lock is held; the function it returns (if any) is
-	// called after the lock is released and before Update returns, and its
-	// error is Update's. Persistence uses it to make writes durable before
-	// they are acknowledged, grouping concurrent commits.
-	OnCommit func(*Batch) (wait func() error)
+	// Persister, when set, makes committed batches durable. Update then
+	// returns, and readers see a commit, only once the persister has
+	// called Durable for its generation: no reader ever sees a write that
+	// a crash could lose. Writers do not wait for each other's I/O: a
+	// commit is prepared under the writer lock and made visible later, in
+	// order, so a persister can group many commits into one sync.
+	Persister Persister
 }
+
+// Persister makes batches durable (see Options.Persister).
+type Persister interface {
+	// Append queues a batch, in generation order. The persister must later
+	// call DB.Durable with a generation at or past b.To, or DB.Fail.
+	Append(b *Batch)
+}
+
+// ErrFailed wraps the persistence error that stopped the database taking
+// writes; reads go on from the last durable state.
+var ErrFailed = errors.New("db: persistence failed; writes are refused until restart")
 
 // Op is what a change did to a row.
 type Op uint8
@@ -73,15 +86,26 @@ type Batch struct {
 	Changes  []Change
 }
 
+type pendingCommit struct {
+	snap  *Snapshot
+	batch *Batch
+	done  chan error
+}
+
 // DB is the database.
 type DB struct {
 	model    *schema.Model
 	opts     Options
 	relIndex map[*schema.Field]int // derived inverse field -> index into state.rels
 
-	mu   sync.Mutex // held by the one writer
-	work *state     // the writer's own copy: its trees are never read by others
-	cur  atomic.Pointer[Snapshot]
+	mu       sync.Mutex // held by the one writer
+	work     *state     // the writer's own copy: its trees are never read by others
+	prepared *Snapshot  // the newest committed snapshot, visible or not
+	cur      atomic.Pointer[Snapshot]
+	failed   error // set once persistence fails (under mu and pubMu)
+
+	pubMu   sync.Mutex // orders publication
+	pending []pendingCommit
 
 	feedMu      sync.Mutex
 	feed        []*Batch // oldest first, from feedHead on
@@ -109,7 +133,8 @@ func New(m *schema.Model, opts Options) *DB {
 		}
 	}
 	d.work = newState(m, d.relIndex)
-	d.cur.Store(&Snapshot{reader: reader{db: d, s: d.work.clone()}, done: make(chan struct{})})
+	d.prepared = &Snapshot{reader: reader{db: d, s: d.work.clone()}, done: make(chan struct{})}
+	d.cur.Store(d.prepared)
 	return d
 }
 
@@ -123,48 +148,104 @@ func (d *DB) Snapshot() *Snapshot { return d.cur.Load() }
 func (d *DB) Generation() uint64 { return d.cur.Load().s.gen }
 
 // Update runs fn as one transaction. fn's writes are visible to fn at once
-// and to everyone else when fn returns nil; if fn returns an error (or
-// panics) none of them happen. It returns the generation after the commit.
+// and to everyone else when fn returns nil and the commit is durable; if
+// fn returns an error none of them happen. It returns the generation after
+// the commit.
 func (d *DB) Update(fn func(tx *Tx) error) (uint64, error) {
 	d.mu.Lock()
-	locked := true
-	defer func() {
-		if locked {
-			d.mu.Unlock()
-		}
-	}()
+	if d.failed != nil {
+		d.mu.Unlock()
+		return 0, d.failed
+	}
 	tx := newTx(d, d.work)
-	if err := fn(tx); err != nil {
-		return d.work.gen, err
+	err := func() (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("db: transaction panicked: %v", r)
+			}
+		}()
+		return fn(tx)
+	}()
+	if err != nil {
+		gen := d.work.gen
+		d.mu.Unlock()
+		return gen, err
 	}
 	if tx.s.gen == d.work.gen { // nothing written
+		d.mu.Unlock()
 		return tx.s.gen, nil
 	}
 	batch := &Batch{From: d.work.gen, To: tx.s.gen, Changes: tx.changes}
-	var wait func() error
-	if d.opts.OnCommit != nil {
-		wait = d.opts.OnCommit(batch)
-	}
 	d.work = tx.s
-	d.publish(tx)
-	d.appendFeed(batch)
-	locked = false
+	snap := d.prepare(tx)
+	if d.opts.Persister == nil {
+		d.pubMu.Lock()
+		d.publish(snap, batch)
+		d.pubMu.Unlock()
+		d.mu.Unlock()
+		return batch.To, nil
+	}
+	done := make(chan error, 1)
+	d.pubMu.Lock()
+	d.pending = append(d.pending, pendingCommit{snap, batch, done})
+	d.pubMu.Unlock()
+	d.opts.Persister.Append(batch)
 	d.mu.Unlock()
-	if wait != nil {
-		if err := wait(); err != nil {
-			return batch.To, err
-		}
+	if err := <-done; err != nil {
+		return batch.To, err
 	}
 	return batch.To, nil
 }
 
-// publish makes the writer's state visible: tables and indexes the
-// transaction touched are cloned so that later writes never reach readers.
-func (d *DB) publish(tx *Tx) {
-	old := d.cur.Load()
-	s := *old.s
+// Durable is called by the persister when every batch up to generation
+// gen is on disk: those commits become visible and their writers return.
+func (d *DB) Durable(gen uint64) {
+	d.pubMu.Lock()
+	defer d.pubMu.Unlock()
+	n := 0
+	for n < len(d.pending) && d.pending[n].batch.To <= gen {
+		p := d.pending[n]
+		d.publish(p.snap, p.batch)
+		p.done <- nil
+		n++
+	}
+	clear(d.pending[:n])
+	d.pending = d.pending[n:]
+}
+
+// Fail is called by the persister when it cannot make batches durable.
+// Pending commits fail, and the database refuses writes from then on; it
+// keeps serving the last durable state.
+func (d *DB) Fail(err error) {
+	ferr := fmt.Errorf("%w: %v", ErrFailed, err)
+	d.pubMu.Lock()
+	for _, p := range d.pending {
+		p.done <- ferr
+	}
+	d.pending = nil
+	d.pubMu.Unlock()
+	d.mu.Lock()
+	if d.failed == nil {
+		d.failed = ferr
+	}
+	d.mu.Unlock()
+}
+
+// Failed reports the persistence error that stopped writes, if any.
+func (d *DB) Failed() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.failed
+}
+
+// prepare makes the snapshot of the writer's state after a commit: tables
+// and indexes the transaction touched are cloned so that later writes
+// never reach readers. It runs under the writer lock.
+func (d *DB) prepare(tx *Tx) *Snapshot {
+	base := d.prepared.s
+	s := *base
 	s.gen = d.work.gen
-	s.tables = append([]*table(nil), old.s.tables...)
+	s.tables = append([]*table(nil), base.tables...)
 	for i, owned := range tx.ownTable {
 		if owned {
 			s.tables[i] = d.work.tables[i].clone()
@@ -174,16 +255,24 @@ func (d *DB) publish(tx *Tx) {
 		s.keys = d.work.keys.Clone()
 	}
 	if tx.ownRels != nil {
-		s.rels = append(s.rels[:0:0], old.s.rels...)
+		s.rels = append(s.rels[:0:0], base.rels...)
 		for i, owned := range tx.ownRels {
 			if owned {
 				s.rels[i] = d.work.rels[i].Clone()
 			}
 		}
 	}
-	next := &Snapshot{reader: reader{db: d, s: &s}, done: make(chan struct{})}
-	d.cur.Store(next)
+	d.prepared = &Snapshot{reader: reader{db: d, s: &s}, done: make(chan struct{})}
+	return d.prepared
+}
+
+// publish makes a prepared snapshot the current one (under pubMu, in
+// generation order) and wakes whoever waits on the previous one.
+func (d *DB) publish(snap *Snapshot, b *Batch) {
+	old := d.cur.Load()
+	d.cur.Store(snap)
 	close(old.done)
+	d.appendFeed(b)
 }
 
 func (d *DB) appendFeed(b *Batch) {

@@ -496,15 +496,28 @@ func TestTypedRecords(t *testing.T) {
 	}
 }
 
-func TestChangeFeedAndCommitHook(t *testing.T) {
-	var mu sync.Mutex
-	var hooked []*db.Batch
-	d := db.New(dm.Model, db.Options{FeedLength: 4, OnCommit: func(b *db.Batch) func() error {
-		mu.Lock()
-		hooked = append(hooked, b)
-		mu.Unlock()
-		return nil
-	}})
+// memPersister records batches and makes them durable when told.
+type memPersister struct {
+	mu      sync.Mutex
+	batches []*db.Batch
+	d       *db.DB
+	auto    bool
+}
+
+func (p *memPersister) Append(b *db.Batch) {
+	p.mu.Lock()
+	p.batches = append(p.batches, b)
+	auto := p.auto
+	p.mu.Unlock()
+	if auto {
+		go p.d.Durable(b.To)
+	}
+}
+
+func TestChangeFeedAndPersister(t *testing.T) {
+	p := &memPersister{auto: true}
+	d := db.New(dm.Model, db.Options{FeedLength: 4, Persister: p})
+	p.d = d
 	ref := createVM(t, d, "a")
 	mustUpdate(t, d, func(tx *db.Tx) error { return tx.Set(dm.VM.NameLabel, ref, "b") })
 	batches, err := d.ChangesSince(0)
@@ -517,8 +530,8 @@ func TestChangeFeedAndCommitHook(t *testing.T) {
 	if c := batches[1].Changes[0]; c.Op != db.OpModify || c.Field != dm.VM.NameLabel || c.Old == nil {
 		t.Errorf("second change %+v", c)
 	}
-	if len(hooked) != 2 || hooked[1] != batches[1] {
-		t.Error("commit hook did not see the batches in order")
+	if len(p.batches) != 2 || p.batches[1] != batches[1] {
+		t.Error("persister did not see the batches in order")
 	}
 	for i := range 10 {
 		createVM(t, d, fmt.Sprint(i))
@@ -529,12 +542,63 @@ func TestChangeFeedAndCommitHook(t *testing.T) {
 	if b, err := d.ChangesSince(d.Generation() - 1); err != nil || len(b) != 1 {
 		t.Errorf("recent feed: %v %v", b, err)
 	}
-	// A failing durability wait fails the update, after the commit.
-	d2 := db.New(dm.Model, db.Options{OnCommit: func(*db.Batch) func() error {
-		return func() error { return errors.New("disk full") }
-	}})
-	if _, err := d2.Update(func(tx *db.Tx) error { _, err := tx.Insert(dm.VM.Class, "", (&dm.VMRecord{}).Row()); return err }); err == nil {
-		t.Error("durability error lost")
+}
+
+// Readers never see a commit before it is durable, writers pipeline
+// behind a slow sync, and a failed sync stops writes without exposing
+// what failed.
+func TestCommitsBecomeVisibleOnlyWhenDurable(t *testing.T) {
+	p := &memPersister{}
+	d := db.New(dm.Model, db.Options{Persister: p})
+	p.d = d
+	results := make(chan error, 3)
+	for i := range 3 {
+		go func() {
+			_, err := d.Update(func(tx *db.Tx) error {
+				_, err := tx.Insert(dm.VM.Class, "", (&dm.VMRecord{NameLabel: fmt.Sprint(i)}).Row())
+				return err
+			})
+			results <- err
+		}()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		p.mu.Lock()
+		n := len(p.batches)
+		p.mu.Unlock()
+		if n == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("writers did not pipeline: only", n, "batches appended")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if d.Snapshot().Count(dm.VM.Class) != 0 || d.Generation() != 0 {
+		t.Fatal("a commit is visible before it is durable")
+	}
+	snap := d.Snapshot()
+	d.Durable(p.batches[1].To) // the first two
+	if err, err2 := <-results, <-results; err != nil || err2 != nil {
+		t.Fatal(err, err2)
+	}
+	if d.Snapshot().Count(dm.VM.Class) != 2 {
+		t.Errorf("after durable: %d VMs", d.Snapshot().Count(dm.VM.Class))
+	}
+	select {
+	case <-snap.Done():
+	default:
+		t.Error("waiters not woken at publication")
+	}
+	d.Fail(errors.New("disk full"))
+	if err := <-results; !errors.Is(err, db.ErrFailed) {
+		t.Errorf("pending writer got %v", err)
+	}
+	if d.Snapshot().Count(dm.VM.Class) != 2 {
+		t.Error("a failed commit became visible")
+	}
+	if _, err := d.Update(func(tx *db.Tx) error { return tx.Set(dm.VM.NameLabel, "x", "y") }); !errors.Is(err, db.ErrFailed) {
+		t.Errorf("write after failure: %v", err)
 	}
 }
 
