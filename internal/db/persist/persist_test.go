@@ -216,7 +216,10 @@ func TestCorruptAndUnusableFiles(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "state.db")
 	st, d := open(t, path, persist.Options{})
-	d.Update(func(tx *db.Tx) error { _, err := tx.Insert(dm.VM.Class, "", (&dm.VMRecord{NameLabel: "x"}).Row()); return err })
+	d.Update(func(tx *db.Tx) error {
+		_, err := tx.Insert(dm.VM.Class, "", (&dm.VMRecord{NameLabel: "x"}).Row())
+		return err
+	})
 	st.Close()
 	data, _ := os.ReadFile(path)
 	for name, content := range map[string][]byte{
