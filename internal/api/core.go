@@ -34,6 +34,8 @@ func (s *Server) registerCore() {
 		}
 	}
 
+	s.registerMessages()
+
 	s.Handle("event.from", s.eventFrom)
 	s.Handle("event.inject", s.eventInject)
 	s.Handle("event.register", s.eventRegister)

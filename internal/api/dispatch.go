@@ -100,7 +100,7 @@ func (s *Server) Dispatch(ctx context.Context, method string, params []any) (any
 	}
 	h := s.handlers[m.Wire]
 	if h == nil {
-		if !m.Implicit {
+		if !m.Implicit && !fieldAccessor(m) {
 			return nil, xerr.New(xerr.NotImplemented, m.Wire)
 		}
 		h = s.implicit
@@ -117,6 +117,30 @@ func (s *Server) Dispatch(ctx context.Context, method string, params []any) (any
 		return nil, err
 	}
 	return s.wireResult(m.Result, v), nil
+}
+
+// accessorArity is the parameter count (with session and self) of each
+// field accessor form.
+var accessorArity = []struct {
+	prefix string
+	n      int
+}{{"get_", 2}, {"set_", 3}, {"add_to_", 4}, {"remove_from_", 3}, {"add_", 3}, {"remove_", 3}}
+
+// fieldAccessor reports whether an explicit message has exactly the shape
+// of an implicit field accessor (VM.add_to_other_config, ...): until a
+// handler adds its checks, it behaves as the implicit one.
+func fieldAccessor(m *schema.Message) bool {
+	for _, a := range accessorArity {
+		name, ok := strings.CutPrefix(m.Name, a.prefix)
+		if !ok {
+			continue
+		}
+		if f := m.Class.Field(name); f != nil && !f.Internal && len(m.Params) == a.n &&
+			m.Params[1].Type.Kind == schema.KRef && m.Params[1].Type.Class == m.Class {
+			return true
+		}
+	}
+	return false
 }
 
 // run calls a handler, turning a panic into INTERNAL_ERROR so that one bad

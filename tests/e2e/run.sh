@@ -10,6 +10,8 @@
 #   xo      node:test, Xen Orchestra's npm `xen-api` client (xo.test.mjs)
 #   xenapi  python unittest, Debian's XenAPI.py and stdlib xmlrpc.client (test_xenapi.py)
 #   flood   python unittest, malformed and oversized requests (test_flood.py)
+#   restart python unittest, state across a SIGTERM and a restart on the same
+#           data directory (test_restart.py phase1, then phase2)
 #
 # Besides the tests inside each suite, the harness counts two checks per suite:
 # the daemon is still running when the suite ends, and it exits on SIGTERM.
@@ -25,8 +27,18 @@ bin="${TOOLSTACKD_BIN:-$root/bin/toolstackd}"
 suite_timeout="${E2E_SUITE_TIMEOUT:-900}"
 password="e2e-Root-$$-pw"
 
-all_suites=(xo xenapi flood)
+all_suites=(xo xenapi flood restart)
 if [ $# -gt 0 ]; then suites=("$@"); else suites=("${all_suites[@]}"); fi
+for name in "${suites[@]}"; do
+  case " ${all_suites[*]} " in
+    *" $name "*) ;;
+    *)
+      echo "e2e: unknown suite '$name' (known: ${all_suites[*]})" >&2
+      echo "0 passed, 1 failed"
+      exit 2
+      ;;
+  esac
+done
 
 if [ ! -x "$bin" ]; then
   echo "e2e: $bin not found; run 'make build' first (make e2e does)" >&2
@@ -61,17 +73,20 @@ s.close()
 EOF
 }
 
-# start_daemon NAME: sets daemon_pid, port, daemon_log; returns non-zero if
-# the daemon does not accept TCP connections within 20 s.
+# start_daemon NAME [ROOT_PASSWORD]: starts the daemon on $work/NAME/data
+# (kept between starts) and a new free port; sets daemon_pid, port and
+# daemon_log (appended to). Returns non-zero if the daemon does not accept TCP
+# connections within 20 s.
 start_daemon() {
-  local name="$1" data i
+  local name="$1" pw="${2:-$password}" data i
   data="$work/$name/data"
   mkdir -p "$data"
   daemon_log="$work/$name/daemon.log"
   port="$(free_port)"
-  TOOLSTACKD_ROOT_PASSWORD="$password" \
+  echo "--- start: toolstackd --data-dir $data --listen 127.0.0.1:$port --backend simulator" >>"$daemon_log"
+  TOOLSTACKD_ROOT_PASSWORD="$pw" \
     "$bin" --data-dir "$data" --listen "127.0.0.1:$port" --backend simulator \
-    >"$daemon_log" 2>&1 &
+    >>"$daemon_log" 2>&1 &
   daemon_pid=$!
   for i in $(seq 1 200); do
     if ! kill -0 "$daemon_pid" 2>/dev/null; then
@@ -124,6 +139,26 @@ ensure_node_modules() {
   fi
 }
 
+# run_python FILE OUT [ARGS...]: runs a python suite against the daemon on
+# $port and sets py_passed/py_failed from its "E2E-SUMMARY passed=N failed=N"
+# line (a run that died without one counts as one failure).
+run_python() {
+  local file="$1" out="$2" rc=0 line
+  shift 2
+  py_passed=0 py_failed=0
+  export E2E_URL="http://127.0.0.1:$port" E2E_PASSWORD="$password"
+  (cd "$here" && timeout --kill-after=10 "$suite_timeout" python3 -u "$file" "$@" -v) 2>&1 | tee "$out" || rc=$?
+  line=$(grep -E '^E2E-SUMMARY passed=[0-9]+ failed=[0-9]+$' "$out" | tail -n1 || true)
+  if [ -n "$line" ]; then
+    py_passed=$(echo "$line" | sed 's/.*passed=\([0-9]*\).*/\1/')
+    py_failed=$(echo "$line" | sed 's/.*failed=\([0-9]*\)$/\1/')
+  fi
+  if [ "$rc" -ne 0 ] && [ "$py_failed" -eq 0 ]; then
+    echo "e2e: $file exited with status $rc"
+    py_failed=1
+  fi
+}
+
 # run_suite NAME: runs one suite's client against the daemon on $port and
 # writes "passed failed" into $work/NAME/counts.
 run_suite() {
@@ -149,20 +184,28 @@ run_suite() {
       fi
       ;;
     xenapi | flood)
-      local file=test_xenapi.py
-      [ "$name" = flood ] && file=test_flood.py
-      (cd "$here" && timeout --kill-after=10 "$suite_timeout" python3 -u "$file" -v) 2>&1 | tee "$out" || rc=$?
-      # The python suites end with "E2E-SUMMARY passed=N failed=N".
-      local line
-      line=$(grep -E '^E2E-SUMMARY passed=[0-9]+ failed=[0-9]+$' "$out" | tail -n1 || true)
-      if [ -n "$line" ]; then
-        passed=$(echo "$line" | sed 's/.*passed=\([0-9]*\).*/\1/')
-        failed=$(echo "$line" | sed 's/.*failed=\([0-9]*\)$/\1/')
-      fi
+      run_python "test_$name.py" "$out"
+      passed=$py_passed failed=$py_failed
       ;;
-    *)
-      echo "e2e: unknown suite $name (known: ${all_suites[*]})" >&2
-      rc=2
+    restart)
+      # phase1 on the daemon run.sh started; then SIGTERM, a restart on the
+      # same data directory with another root password in the environment,
+      # and phase2. The SIGTERM stop is counted here; the main loop counts
+      # the final one.
+      export E2E_STATE="$work/$name/state.json" E2E_NEW_PASSWORD="$password-changed"
+      run_python test_restart.py "$out.1" phase1
+      passed=$py_passed failed=$py_failed
+      if stop_daemon; then passed=$((passed + 1)); else
+        echo "e2e[$name]: FAIL daemon did not stop on SIGTERM"
+        failed=$((failed + 1))
+      fi
+      if start_daemon "$name" "$E2E_NEW_PASSWORD"; then
+        run_python test_restart.py "$out.2" phase2
+        passed=$((passed + py_passed)) failed=$((failed + py_failed))
+      else
+        echo "e2e[$name]: FAIL daemon did not come back on the same data directory"
+        failed=$((failed + 1))
+      fi
       ;;
   esac
   # A runner that died without reporting (or with failures it did not count)
@@ -187,9 +230,10 @@ for name in "${suites[@]}"; do
     if kill -0 "$daemon_pid" 2>/dev/null; then
       p=$((p + 1))
     else
-      echo "e2e[$name]: FAIL daemon is no longer running after the suite"
+      st=0
+      wait "$daemon_pid" 2>/dev/null || st=$?
+      echo "e2e[$name]: FAIL daemon is no longer running after the suite (exit status $st)"
       f=$((f + 1))
-      wait "$daemon_pid" 2>/dev/null || true
       daemon_pid=""
     fi
     if [ -n "$daemon_pid" ]; then

@@ -110,7 +110,7 @@ func write(path string, src []byte) {
 }
 
 // asyncExcluded are classes whose own messages have no Async variant.
-var asyncExcluded = map[string]bool{"session": true, "task": true, "event": true}
+var asyncExcluded = map[string]bool{"session": true, "task": true, "event": true, "message": true}
 
 func hasAsync(class string, m jsonMessage) bool {
 	if asyncExcluded[class] {
