@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"time"
@@ -200,6 +201,9 @@ func (s *Store) Load(d *db.DB) (err error) {
 		}
 	}()
 	s.d = d
+	// Loading allocates a lot of long-lived memory at once: collecting
+	// less often while it runs roughly halves the time.
+	defer debug.SetGCPercent(debug.SetGCPercent(400))
 	err = s.bolt.View(func(tx *bolt.Tx) error {
 		var gen uint64
 		if meta := tx.Bucket(metaBucket); meta != nil {
