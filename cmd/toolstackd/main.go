@@ -142,6 +142,12 @@ func run(ctx context.Context, o options) error {
 	}
 	cfg.HostRef = hostRef
 	srv := api.New(d, cfg, log)
+	srv.OnRestore = func(host *db.Row) {
+		if err := writeInventory(o.dataDir, host.UUID()); err != nil {
+			log.Error("inventory after restore", "err", err)
+		}
+		log.Info("database restored; this host is now", "host", host.UUID())
+	}
 	srv.Start()
 
 	router := mux.NewRouter()

@@ -18,6 +18,7 @@ import (
 func (s *Server) Routes(r *mux.Router) {
 	r.HandleFunc("/jsonrpc", s.serveJSON).Methods(http.MethodPost)
 	r.HandleFunc("/jsonrpc", serveOptions).Methods(http.MethodOptions)
+	s.DumpRoutes(r)
 	for _, p := range []string{"/", "/RPC2", "/xmlrpc"} {
 		r.HandleFunc(p, s.serveXML).Methods(http.MethodPost)
 	}

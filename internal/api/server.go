@@ -69,6 +69,10 @@ type Server struct {
 	Cfg   Config
 	Log   *slog.Logger
 
+	// OnRestore, when set, is told of this host's new record after a
+	// database restore (the daemon rewrites its inventory).
+	OnRestore func(host *db.Row)
+
 	handlers map[string]Handler
 	sessions *sessionTable
 	tasks    *taskTable

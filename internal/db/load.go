@@ -2,6 +2,7 @@ package db
 
 import (
 	"fmt"
+	"time"
 
 	"toolstackd/internal/schema"
 	"toolstackd/internal/xerr"
@@ -9,8 +10,9 @@ import (
 
 // Loader fills an empty database with stored rows at start-up.
 type Loader struct {
-	tx  *Tx
-	max uint64
+	tx    *Tx
+	max   uint64
+	stamp uint64 // when set, rows get this generation instead of their own
 }
 
 // Load fills an empty database: fill adds rows with their stored
@@ -66,6 +68,9 @@ func (l *Loader) Row(c *schema.Class, ref string, created, modified uint64, valu
 	if _, taken := tx.s.keys.Get(keyItem{key: ref}); taken {
 		return xerr.New(xerr.DBUniquenessConstraintViolation, c.Name, "_ref", ref)
 	}
+	if l.stamp != 0 {
+		created, modified = l.stamp, l.stamp
+	}
 	row := packRow(c, ref, created, modified, values)
 	id := row.UUID()
 	if c.UUID != nil {
@@ -106,4 +111,91 @@ func (tx *Tx) rebuildRelations() {
 			return true
 		})
 	}
+}
+
+// Replacer is a Persister that can rewrite every persistent table at once
+// (a restored database).
+type Replacer interface {
+	ReplaceAll(snap *Snapshot) error
+}
+
+// Replace swaps every persistent table for the rows fill gives (a
+// restored database dump): the non-persistent tables (sessions, tasks,
+// messages) stay. Every restored row is stamped with a new generation, so
+// that event.from reports it to clients that keep their tokens. If fill
+// fails, or the persister cannot write the new tables, the database is
+// left as it was.
+func (d *DB) Replace(fill func(l *Loader) error) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.failed != nil {
+		return d.failed
+	}
+	// Let earlier commits reach the disk first, so none lands on top.
+	for {
+		d.pubMu.Lock()
+		n := len(d.pending)
+		d.pubMu.Unlock()
+		if n == 0 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	fresh := newState(d.model, d.relIndex)
+	fresh.gen = d.work.gen
+	for i, c := range d.model.Classes {
+		if c.InDB && !c.Persist {
+			fresh.tables[i] = d.work.tables[i]
+			// Their rows' uuids and refs stay taken.
+			fresh.tables[i].rows.Ascend(func(r *Row) bool {
+				fresh.keys.ReplaceOrInsert(keyItem{key: r.Ref, class: int32(i), isRef: true, ref: r.Ref})
+				if id := r.UUID(); id != "" {
+					fresh.keys.ReplaceOrInsert(keyItem{key: id, class: int32(i), ref: r.Ref})
+				}
+				return true
+			})
+		}
+	}
+	tx := newTx(d, fresh)
+	tx.Lenient = true
+	gen := d.work.gen + 1
+	l := &Loader{tx: tx, max: gen, stamp: gen}
+	if err := fill(l); err != nil {
+		return err
+	}
+	tx.rebuildRelations()
+	tx.s.gen = gen
+	for i, c := range d.model.Classes {
+		if c.InDB && c.Persist && tx.s.tables[i] != nil {
+			// Clients cannot be told of each old row's deletion.
+			t, _ := tx.wtable(c)
+			t.forgotten = gen
+		}
+	}
+	for i := range tx.ownTable {
+		tx.ownTable[i] = tx.s.tables[i] != nil
+	}
+	tx.ownKeys = true
+	tx.ownRels = make([]bool, len(tx.s.rels))
+	for i := range tx.ownRels {
+		tx.ownRels[i] = true
+	}
+	savedWork, saved := d.work, d.prepared
+	d.work, d.prepared = tx.s, &Snapshot{reader: reader{db: d, s: d.prepared.s}, done: make(chan struct{})}
+	snap := d.prepare(tx)
+	if r, ok := d.opts.Persister.(Replacer); ok {
+		if err := r.ReplaceAll(snap); err != nil {
+			// The file may hold part of the new tables: stop writes, as
+			// for any failed sync, and keep serving the old state.
+			d.work, d.prepared = savedWork, saved
+			d.failed = fmt.Errorf("%w: %v", ErrFailed, err)
+			return d.failed
+		}
+	}
+	d.pubMu.Lock()
+	old := d.cur.Load()
+	d.cur.Store(snap)
+	close(old.done)
+	d.pubMu.Unlock()
+	return nil
 }

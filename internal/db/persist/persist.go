@@ -367,6 +367,9 @@ func (s *Store) Close() error {
 // ReplaceAll rewrites every persistent table from a snapshot in one
 // transaction (used when a whole database is restored).
 func (s *Store) ReplaceAll(snap *db.Snapshot) error {
+	s.mu.Lock()
+	s.syncs++
+	s.mu.Unlock()
 	return s.bolt.Update(func(tx *bolt.Tx) error {
 		for _, c := range s.model.Classes {
 			if !c.InDB || !c.Persist {
