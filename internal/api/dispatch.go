@@ -143,6 +143,54 @@ func fieldAccessor(m *schema.Message) bool {
 	return false
 }
 
+// Invoke runs a call from inside toolstackd (the xe CLI server, HTTP
+// handlers) as the given session: args are canonical values without the
+// session, and the result comes back canonical (rows as *db.Row, ref ->
+// record maps as []*db.Row) with its type. Roles are checked as for any
+// client.
+func (s *Server) Invoke(ctx context.Context, session, method string, args ...any) (any, *schema.Type, error) {
+	name, async := strings.CutPrefix(method, "Async.")
+	m := s.Model.Message(name)
+	if m == nil || (async && !m.Async) {
+		return nil, nil, xerr.New(xerr.MessageMethodUnknown, method)
+	}
+	c := &Call{Ctx: ctx, Server: s, Msg: m}
+	n := len(m.Params)
+	if m.TakesSession {
+		sess := s.sessions.get(session)
+		if sess == nil {
+			return nil, nil, xerr.New(xerr.SessionInvalid, session)
+		}
+		sess.touch()
+		if m.Roles != 0 && !sess.Roles.Intersects(m.Roles) {
+			return nil, nil, xerr.New(xerr.RBACPermissionDenied, m.Wire, "No permission in user session")
+		}
+		c.Session = sess
+		n--
+	}
+	if len(args) > n {
+		return nil, nil, xerr.New(xerr.MessageParameterCountMismatch, method, strconv.Itoa(len(m.Params)), strconv.Itoa(len(args)+len(m.Params)-n))
+	}
+	c.Args = make([]any, n)
+	copy(c.Args, args)
+	h := s.handlers[m.Wire]
+	if h == nil {
+		if !m.Implicit && !fieldAccessor(m) {
+			return nil, nil, xerr.New(xerr.NotImplemented, m.Wire)
+		}
+		h = s.implicit
+	}
+	if async {
+		ref, err := s.startTask(c, h)
+		return ref, schema.String, err
+	}
+	v, err := s.run(c, h)
+	return v, m.Result, err
+}
+
+// SessionFor returns the live session with a ref, or nil.
+func (s *Server) SessionFor(ref string) *Session { return s.sessions.get(ref) }
+
 // run calls a handler, turning a panic into INTERNAL_ERROR so that one bad
 // call never takes the server down.
 func (s *Server) run(c *Call, h Handler) (v any, err error) {
