@@ -36,6 +36,7 @@ type options struct {
 	socket      string
 	backend     string
 	logLevel    string
+	redoLog     string
 }
 
 func main() {
@@ -79,6 +80,8 @@ func rootCmd() *cobra.Command {
 	f.StringVar(&o.socket, "socket", "", "local Unix socket whose callers are the local superuser (default DATA_DIR/xapi.sock)")
 	f.StringVar(&o.backend, "backend", "simulator", "VM backend: simulator or qemu")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&o.redoLog, "redo-log", "", "mirror the database into a redo log at this file or block device (e.g. on shared storage)")
+	cmd.AddCommand(recoverCmd())
 	return cmd
 }
 
@@ -141,6 +144,14 @@ func run(ctx context.Context, o options) error {
 		log.Info("loaded database", "generation", d.Generation(), "host", id)
 	}
 	cfg.HostRef = hostRef
+	if o.redoLog != "" {
+		rl, err := persist.AttachRedoLog(store, d, o.redoLog, log)
+		if err != nil {
+			return fmt.Errorf("redo log: %w", err)
+		}
+		defer rl.Close()
+		log.Info("mirroring the database into a redo log", "path", o.redoLog)
+	}
 	srv := api.New(d, cfg, log)
 	srv.OnRestore = func(host *db.Row) {
 		if err := writeInventory(o.dataDir, host.UUID()); err != nil {

@@ -334,6 +334,7 @@ func (tx *Tx) editPartnerSet(f *schema.Field, partner, ref string, add bool, gen
 		next = slices.DeleteFunc(slices.Clone(set), func(s string) bool { return s == ref })
 	}
 	tx.put(t, old, old.with(f.Index, next, gen), OpModify)
+	tx.changes[len(tx.changes)-1].Field = f
 }
 
 func difference(a, b []string) []string {
