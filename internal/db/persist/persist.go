@@ -19,6 +19,7 @@ import (
 	"os"
 	"runtime/debug"
 	"strconv"
+	"syscall"
 	"sync"
 	"time"
 
@@ -122,7 +123,9 @@ func Open(path string, m *schema.Model, opts Options) (s *Store, err error) {
 		case errors.Is(err, bolt.ErrInvalid), errors.Is(err, bolt.ErrChecksum), errors.Is(err, bolt.ErrVersionMismatch):
 			msg = "the file is corrupt or truncated (move it aside and restore from a dump or the redo log)"
 		case errors.Is(err, os.ErrPermission):
-			msg = "no permission (is the data dir read-only?)"
+			msg = "no permission to write it (check the data dir's owner and mode)"
+		case errors.Is(err, syscall.EROFS):
+			msg = "the data dir is on a read-only file system (remount it read-write, or pick another --data-dir)"
 		}
 		return nil, &Error{path, msg, err}
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -258,4 +259,19 @@ func TestCorruptAndUnusableFiles(t *testing.T) {
 	if _, err := persist.Open(path, dm.Model, persist.Options{LockTimeout: 100e6}); err == nil || !strings.Contains(err.Error(), "another toolstackd") {
 		t.Errorf("locked file: %v", err)
 	}
+}
+
+// A data dir on a read-only file system is refused with a clear message.
+// Making one needs root (a read-only tmpfs); elsewhere the test skips.
+func TestReadOnlyDataDir(t *testing.T) {
+	dir := t.TempDir()
+	if err := exec.Command("mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", dir).Run(); err != nil {
+		t.Skipf("cannot mount a read-only tmpfs here: %v", err)
+	}
+	defer exec.Command("umount", dir).Run()
+	_, err := persist.Open(filepath.Join(dir, "state.db"), dm.Model, persist.Options{})
+	if err == nil || !strings.Contains(err.Error(), "read-only") {
+		t.Fatalf("read-only data dir: %v", err)
+	}
+	t.Log(err)
 }
