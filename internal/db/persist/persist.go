@@ -19,8 +19,8 @@ import (
 	"os"
 	"runtime/debug"
 	"strconv"
-	"syscall"
 	"sync"
+	"syscall"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
