@@ -74,6 +74,7 @@ func main() {
 	in := flag.String("in", "datamodel.json", "published datamodel")
 	ov := flag.String("overlay", "overlay.json", "toolstackd additions")
 	out := flag.String("out", ".", "output directory")
+	docs := flag.String("docs", "", "where to write the API reference (empty: none)")
 	flag.Parse()
 	var dm jsonModel
 	var ol overlay
@@ -86,6 +87,9 @@ func main() {
 	}
 	write(filepath.Join(*out, "zz_model.go"), genModel(&dm, specs, enums, rels))
 	write(filepath.Join(*out, "zz_records.go"), genRecords(model))
+	if *docs != "" {
+		genDocs(model, *docs)
+	}
 }
 
 func mustRead(path string, v any) {
