@@ -139,8 +139,13 @@ func Check(t *Type, v any) error {
 			return bad("")
 		}
 	case KDateTime:
-		if _, ok := v.(time.Time); !ok {
+		tm, ok := v.(time.Time)
+		if !ok {
 			return bad("")
+		}
+		// xapi's form has a four-digit year.
+		if y := tm.UTC().Year(); y < 0 || y > 9999 {
+			return bad("year out of range")
 		}
 	case KSet:
 		switch s := v.(type) {
