@@ -287,12 +287,15 @@ func (s *Store) run() {
 			s.d.Fail(err)
 			continue
 		}
-		s.d.Durable(last)
+		// Observers (the redo log) hear of the batches before their writers
+		// are released, so that anything a client saw acknowledged is
+		// already queued for them.
 		for _, fn := range observers {
 			for _, b := range group {
 				fn(b)
 			}
 		}
+		s.d.Durable(last)
 	}
 }
 
