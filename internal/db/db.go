@@ -269,10 +269,10 @@ func (d *DB) prepare(tx *Tx) *Snapshot {
 // publish makes a prepared snapshot the current one (under pubMu, in
 // generation order) and wakes whoever waits on the previous one.
 func (d *DB) publish(snap *Snapshot, b *Batch) {
+	d.appendFeed(b) // first, so the feed never lags the current snapshot
 	old := d.cur.Load()
 	d.cur.Store(snap)
 	close(old.done)
-	d.appendFeed(b)
 }
 
 func (d *DB) appendFeed(b *Batch) {
@@ -320,6 +320,18 @@ func (d *DB) ChangesSince(gen uint64) ([]*Batch, error) {
 type Snapshot struct {
 	reader
 	done chan struct{}
+	memo sync.Map
+}
+
+// Memo returns the value computed for key on this snapshot, computing it
+// with fn the first time. Derived data that depends only on the snapshot
+// (row counts for event.from) is worked out once however many readers ask.
+func (s *Snapshot) Memo(key any, fn func() any) any {
+	if v, ok := s.memo.Load(key); ok {
+		return v
+	}
+	v, _ := s.memo.LoadOrStore(key, fn())
+	return v
 }
 
 // Done is closed when a newer snapshot has been committed: waiters for

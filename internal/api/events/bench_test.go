@@ -109,8 +109,10 @@ func BenchmarkIdleWaiters(b *testing.B) {
 		time.Sleep(300 * time.Millisecond) // let them all block
 		runtime.GC()
 		runtime.ReadMemStats(&after)
-		used := int64(after.HeapInuse+after.StackInuse) - int64(before.HeapInuse+before.StackInuse)
-		b.ReportMetric(float64(used)/n, "bytes/waiter")
+		heap := int64(after.HeapInuse) - int64(before.HeapInuse)
+		stack := int64(after.StackInuse) - int64(before.StackInuse)
+		b.ReportMetric(float64(heap+stack)/n, "bytes/waiter")
+		b.ReportMetric(float64(stack)/n, "stack-bytes/waiter")
 		t0 := time.Now()
 		if _, err := d.Update(func(tx *db.Tx) error { _, err := tx.Touch(dm.VM.Class, v); return err }); err != nil {
 			b.Fatal(err)

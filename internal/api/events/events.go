@@ -63,6 +63,7 @@ type Batch struct {
 	Events []Event
 	// ValidRefCounts maps the lower-case name of every database table that
 	// produces events (whatever was subscribed) to its row count in Snap.
+	// It is shared with other batches of the same snapshot: read only.
 	ValidRefCounts map[string]int32
 	Token          string
 	// Snap is the snapshot the rows come from; the encoder reads derived
@@ -121,14 +122,14 @@ func From(ctx context.Context, d *db.DB, sub Subscription, token string, timeout
 	}
 }
 
-// scanner collects events from snapshots. It is made once per call so
-// that rescans after a wake-up allocate nothing when nothing matches.
+// scanner collects events from snapshots. It is made once per call, so
+// that a rescan after a wake-up that finds nothing allocates next to
+// nothing.
 type scanner struct {
 	sub   *Subscription
 	since uint64 // the client's token
 	last  uint64 // the largest generation examined, at least since
 
-	snap             *db.Snapshot
 	cur              *tableSub
 	adds, mods, dels []Event
 	visit            func(*db.Row) bool
@@ -148,7 +149,6 @@ func (sc *scanner) found() bool { return len(sc.adds)+len(sc.mods)+len(sc.dels) 
 // scan looks at the changes in snap after generation floor (floor >=
 // since) and classifies them against since.
 func (sc *scanner) scan(snap *db.Snapshot, floor uint64) {
-	sc.snap = snap
 	for i := range sc.sub.tables {
 		ts := &sc.sub.tables[i]
 		sc.cur = ts
@@ -176,7 +176,7 @@ func (sc *scanner) scan(snap *db.Snapshot, floor uint64) {
 			sc.dels = append(sc.dels, Event{ID: del.Deleted, Class: c, Op: db.OpDelete, Ref: del.Ref})
 		}
 	}
-	sc.snap, sc.cur = nil, nil
+	sc.cur = nil
 }
 
 func (sc *scanner) row(row *db.Row) {
@@ -214,16 +214,23 @@ func (sc *scanner) batch(m *schema.Model, snap *db.Snapshot) *Batch {
 	}
 }
 
-// ValidRefCounts counts the rows of every database table that produces
-// events, by lower-case class name.
+// ValidRefCounts counts the rows of every database table (as xapi does:
+// not only those that produce events), by lower-case class name. The map is computed once per snapshot
+// and shared by every caller asking about it (all the event.from calls
+// one commit wakes), so it must not be modified.
 func ValidRefCounts(m *schema.Model, snap *db.Snapshot) map[string]int32 {
-	info := infoFor(m)
-	out := make(map[string]int32, len(info.tables))
-	for _, c := range info.tables {
-		out[c.Lower] = int32(min(snap.Count(c), math.MaxInt32))
-	}
-	return out
+	return snap.Memo(countsKey{}, func() any {
+		out := make(map[string]int32, len(m.Classes))
+		for _, c := range m.Classes {
+			if c.InDB {
+				out[c.Lower] = int32(min(snap.Count(c), math.MaxInt32))
+			}
+		}
+		return out
+	}).(map[string]int32)
 }
+
+type countsKey struct{}
 
 // Inject is event.inject: it marks object ref of class (any case) modified
 // and returns a token after which event.from reports that modification.

@@ -229,7 +229,8 @@ func (r *Registry) Pump() {
 // snapshot at or after the last change taken: a caller waiting for more
 // blocks on its Done channel.
 func (r *Registry) pumpLocked() *db.Snapshot {
-	for spin := 0; ; spin++ {
+	var deadline time.Time
+	for {
 		snap := r.d.Snapshot()
 		if r.gen >= snap.Generation() {
 			return snap
@@ -250,24 +251,27 @@ func (r *Registry) pumpLocked() *db.Snapshot {
 			}
 		}
 		// Either the feed dropped changes we never took, or a commit is
-		// published but not yet in the feed (the moment between the two,
-		// inside DB.Update). Wait out the second; after that, count the
-		// changes as lost.
-		if spin >= feedSpins {
+		// published but not yet in the feed (a moment inside DB.Update,
+		// when an empty feed also reads as truncated). Wait that out.
+		now := time.Now()
+		if deadline.IsZero() {
+			deadline = now.Add(feedWait)
+		} else if now.After(deadline) {
+			if err == nil {
+				return snap // still not in the feed: the next call takes it
+			}
 			r.nextID++ // a stand-in for the unknown lost events
 			r.lostBelow = r.nextID
 			r.gen = snap.Generation()
 			return snap
 		}
-		if spin < 50 {
-			runtime.Gosched()
-		} else {
-			time.Sleep(10 * time.Microsecond)
-		}
+		runtime.Gosched()
 	}
 }
 
-const feedSpins = 1000
+// feedWait bounds how long a pump waits for the feed to catch up with a
+// published snapshot before it believes the feed truncated.
+const feedWait = 2 * time.Millisecond
 
 func (r *Registry) take(batches []*db.Batch, snap *db.Snapshot) {
 	if r.want == nil {

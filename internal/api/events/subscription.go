@@ -2,7 +2,6 @@ package events
 
 import (
 	"strings"
-	"sync"
 
 	"toolstackd/internal/schema"
 )
@@ -153,19 +152,13 @@ func (s Subscription) String() string {
 	return b.String()
 }
 
-// modelInfo is what this package needs to know about a model, worked out
-// once per model.
+// modelInfo is what this package needs to know about a model.
 type modelInfo struct {
 	tables  []*schema.Class          // database tables that produce events, in class order
 	byLower map[string]*schema.Class // their lower-case names
 }
 
-var infos sync.Map // *schema.Model -> *modelInfo
-
 func infoFor(m *schema.Model) *modelInfo {
-	if v, ok := infos.Load(m); ok {
-		return v.(*modelInfo)
-	}
 	info := &modelInfo{byLower: map[string]*schema.Class{}}
 	for _, c := range m.Classes {
 		if eventTable(c) {
@@ -173,8 +166,7 @@ func infoFor(m *schema.Model) *modelInfo {
 			info.byLower[c.Lower] = c
 		}
 	}
-	v, _ := infos.LoadOrStore(m, info)
-	return v.(*modelInfo)
+	return info
 }
 
 // eventTable reports whether changes to class c's rows are events.
