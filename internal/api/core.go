@@ -101,7 +101,7 @@ func (s *Server) eventFrom(c *Call) (any, error) {
 		}
 		return nil, err
 	}
-	return eventBatch{b}, nil
+	return eventBatch{b: b, key: batchKey{sub: sub.String(), token: c.String(1)}}, nil
 }
 
 func (s *Server) eventInject(c *Call) (any, error) {
@@ -132,9 +132,34 @@ func (s *Server) eventNext(c *Call) (any, error) {
 }
 
 // eventBatch writes event.from's result: {events, valid_ref_counts, token}.
-type eventBatch struct{ b *events.Batch }
+// A batch depends only on the snapshot, the subscription and the token
+// it started from, so the many watchers one commit wakes get the same
+// reply: it is encoded once per transport and snapshot, then copied.
+type eventBatch struct {
+	b   *events.Batch
+	key batchKey
+}
+
+type batchKey struct{ sub, token, kind string }
 
 func (eb eventBatch) MarshalXenAPI(e wire.Encoder) {
+	pe, ok := e.(wire.Preencoder)
+	if !ok || eb.b.Snap == nil {
+		eb.encode(e)
+		return
+	}
+	key := eb.key
+	key.kind = pe.Kind()
+	enc := eb.b.Snap.Memo(key, func() any { return pe.EncodeAlone(encodeOnly{eb.encode}) }).([]byte)
+	pe.Preencoded(enc)
+}
+
+// encodeOnly adapts a function to wire.Marshaler.
+type encodeOnly struct{ fn func(wire.Encoder) }
+
+func (m encodeOnly) MarshalXenAPI(e wire.Encoder) { m.fn(e) }
+
+func (eb eventBatch) encode(e wire.Encoder) {
 	b := eb.b
 	e.BeginStruct()
 	e.Member("events")

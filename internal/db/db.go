@@ -204,11 +204,22 @@ func (d *DB) Durable(gen uint64) {
 	defer d.pubMu.Unlock()
 	n := 0
 	for n < len(d.pending) && d.pending[n].batch.To <= gen {
-		p := d.pending[n]
-		d.publish(p.snap, p.batch)
-		p.done <- nil
+		d.appendFeed(d.pending[n].batch)
 		n++
 	}
+	if n == 0 {
+		return
+	}
+	// Publish the newest commit (earlier ones are contained in it), release
+	// its writers, and only then wake the event waiters: thousands of
+	// event.from calls made runnable at once must not queue ahead of the
+	// writers whose calls they are waiting to see.
+	old := d.cur.Load()
+	d.cur.Store(d.pending[n-1].snap)
+	for _, p := range d.pending[:n] {
+		p.done <- nil
+	}
+	close(old.done)
 	clear(d.pending[:n])
 	d.pending = d.pending[n:]
 }

@@ -395,3 +395,29 @@ func TestParseDateTime(t *testing.T) {
 		}
 	}
 }
+
+func TestPreencodedMatchesDirectEncoding(t *testing.T) {
+	v := map[string]any{"a": []any{"x", int64(1), Int32(2)}, "b": true}
+	for _, mk := range []func(w *bytes.Buffer) Preencoder{
+		func(w *bytes.Buffer) Preencoder { return NewXMLEncoder(w) },
+		func(w *bytes.Buffer) Preencoder { return NewJSONEncoder(w) },
+	} {
+		var direct, viaCache bytes.Buffer
+		d := mk(&direct)
+		d.BeginArray()
+		Encode(d, v)
+		Encode(d, v)
+		d.EndArray()
+		c := mk(&viaCache)
+		b := c.EncodeAlone(v)
+		c.BeginArray()
+		c.Preencoded(b)
+		c.Preencoded(b)
+		c.EndArray()
+		d.(interface{ Flush() error }).Flush()
+		c.(interface{ Flush() error }).Flush()
+		if direct.String() != viaCache.String() {
+			t.Errorf("%s: %s != %s", c.Kind(), direct.String(), viaCache.String())
+		}
+	}
+}

@@ -1,0 +1,61 @@
+package wire
+
+import "bytes"
+
+// Preencoder is an Encoder that can take a value encoded earlier, so that
+// a reply many clients receive at once (the same event.from batch) is
+// encoded once per transport and copied after that.
+type Preencoder interface {
+	Encoder
+	// Kind names the encoding ("xml" or "json"): bytes made by one
+	// encoder may be given to another of the same kind.
+	Kind() string
+	// EncodeAlone encodes v as a single value with a new encoder of the
+	// same kind and returns the bytes.
+	EncodeAlone(v any) []byte
+	// Preencoded writes one complete value made by EncodeAlone.
+	Preencoded(b []byte)
+}
+
+var (
+	_ Preencoder = (*XMLEncoder)(nil)
+	_ Preencoder = (*JSONEncoder)(nil)
+)
+
+// Kind is "xml".
+func (e *XMLEncoder) Kind() string { return "xml" }
+
+// EncodeAlone encodes v on its own in XML-RPC.
+func (e *XMLEncoder) EncodeAlone(v any) []byte {
+	var b bytes.Buffer
+	x := NewXMLEncoder(&b)
+	Encode(x, v)
+	x.Flush()
+	return b.Bytes()
+}
+
+// Preencoded writes a value made by EncodeAlone.
+func (e *XMLEncoder) Preencoded(b []byte) {
+	e.begin()
+	e.buf = append(e.buf, b...)
+	e.end()
+}
+
+// Kind is "json".
+func (e *JSONEncoder) Kind() string { return "json" }
+
+// EncodeAlone encodes v on its own in JSON.
+func (e *JSONEncoder) EncodeAlone(v any) []byte {
+	var b bytes.Buffer
+	j := NewJSONEncoder(&b)
+	Encode(j, v)
+	j.Flush()
+	return b.Bytes()
+}
+
+// Preencoded writes a value made by EncodeAlone.
+func (e *JSONEncoder) Preencoded(b []byte) {
+	e.begin()
+	e.buf = append(e.buf, b...)
+	e.end()
+}
