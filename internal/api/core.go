@@ -35,6 +35,7 @@ func (s *Server) registerCore() {
 	}
 
 	s.registerMessages()
+	s.registerNetwork()
 
 	s.Handle("event.from", s.eventFrom)
 	s.Handle("event.inject", s.eventInject)

@@ -209,6 +209,9 @@ func (s *Server) run(c *Call, h Handler) (v any, err error) {
 
 // wireResult wraps a handler's canonical result for the encoders.
 func (s *Server) wireResult(t *schema.Type, v any) any {
+	if t == nil {
+		t = schema.Void
+	}
 	switch x := v.(type) {
 	case nil, void:
 		if t.Kind == schema.KVoid {

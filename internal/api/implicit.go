@@ -42,7 +42,7 @@ func (s *Server) implicit(c *Call) (any, error) {
 	case "get_all_records_where":
 		return snap.Where(cls, c.String(0))
 	case "create":
-		return s.implicitCreate(c, cls)
+		return s.implicitCreate(c, cls, nil)
 	case "destroy":
 		if _, err := c.Row(0, cls); err != nil {
 			return nil, err
@@ -85,7 +85,9 @@ func (s *Server) implicit(c *Call) (any, error) {
 // implicitCreate makes a row from a constructor record: the fields a
 // client may set at creation (RW and RO/constructor) come from the record
 // or their defaults; the server's own fields (RO/runtime) start empty.
-func (s *Server) implicitCreate(c *Call, cls *schema.Class) (any, error) {
+// Fields in server (a handler's own choices) are set whatever their
+// qualifier.
+func (s *Server) implicitCreate(c *Call, cls *schema.Class, server map[string]any) (any, error) {
 	rec, _ := c.Args[0].(map[string]any)
 	fields := make(map[string]any, len(cls.Fields))
 	for _, f := range cls.Fields {
@@ -99,6 +101,9 @@ func (s *Server) implicitCreate(c *Call, cls *schema.Class) (any, error) {
 				fields[f.Name] = f.Zero()
 			}
 		case given:
+			fields[f.Name] = v
+		}
+		if v, ok := server[f.Name]; ok {
 			fields[f.Name] = v
 		}
 	}
