@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
 command -v python3 >/dev/null || need+=(python3)
+command -v qemu-img >/dev/null || need+=(qemu-utils) # storage (issue 6): qemu-img, qemu-nbd, qemu-io
+dpkg -s qemu-system-x86 ovmf busybox-static linux-image-amd64 >/dev/null 2>&1 || need+=(qemu-system-x86 qemu-utils ovmf busybox-static linux-image-amd64) # xenops (issue 7): QEMU, UEFI firmware, a kernel and a static busybox for the tests' tiny guest
 [ -f /usr/lib/python3/dist-packages/os_xenapi/client/XenAPI.py ] || need+=(python3-os-xenapi)
 command -v node >/dev/null || need+=(nodejs)
 command -v npm >/dev/null || need+=(npm)

@@ -25,8 +25,11 @@ import (
 
 	"toolstackd/internal/api"
 	dm "toolstackd/internal/api/datamodel"
+	"toolstackd/internal/cli"
 	"toolstackd/internal/db"
 	"toolstackd/internal/db/persist"
+	"toolstackd/internal/storage" // issue 6
+	"toolstackd/internal/xenops"  // issue 7
 )
 
 type options struct {
@@ -37,6 +40,7 @@ type options struct {
 	backend     string
 	logLevel    string
 	redoLog     string
+	debugListen string
 }
 
 func main() {
@@ -81,6 +85,7 @@ func rootCmd() *cobra.Command {
 	f.StringVar(&o.backend, "backend", "simulator", "VM backend: simulator or qemu")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&o.redoLog, "redo-log", "", "mirror the database into a redo log at this file or block device (e.g. on shared storage)")
+	f.StringVar(&o.debugListen, "debug-listen", "", "serve Go's profiler (net/http/pprof) on this address, e.g. 127.0.0.1:6060; empty: off")
 	cmd.AddCommand(recoverCmd())
 	return cmd
 }
@@ -163,6 +168,20 @@ func run(ctx context.Context, o options) error {
 
 	router := mux.NewRouter()
 	srv.Routes(router)
+	// Storage (issue 6): SR drivers, the SR/PBD/VDI/SM calls, /import_raw_vdi and /export_raw_vdi.
+	stor, err := storage.Register(srv, router, storage.Config{DataDir: o.dataDir, HostRef: hostRef, FirstBoot: first, Log: log})
+	if err != nil {
+		return err
+	}
+	// xenops (issue 7): VM lifecycle, hotplug and /console, with disks from
+	// the storage layer's datapaths.
+	xm, err := xenops.Register(srv, router, xenops.Config{Backend: o.backend, DataDir: o.dataDir, HostRef: hostRef, Log: log,
+		ListenAddr: o.listen, Disks: storageDisks{stor}})
+	if err != nil {
+		return fmt.Errorf("xenops: %w", err)
+	}
+	// xe CLI (issue 5): POST /cli, the thin-CLI protocol.
+	cli.New(srv, cli.Options{Log: log}).Routes(router)
 	var servers []*http.Server
 	var wg sync.WaitGroup
 	serve := func(l net.Listener, h http.Handler, tlsFiles ...string) {
@@ -216,6 +235,14 @@ func run(ctx context.Context, o options) error {
 	os.Chmod(o.socket, 0o600)
 	serve(ul, api.LocalHandler(router))
 	log.Info("serving local superuser socket", "path", o.socket)
+	if o.debugListen != "" {
+		l, err := net.Listen("tcp", o.debugListen)
+		if err != nil {
+			return fmt.Errorf("--debug-listen: %w", err)
+		}
+		serve(l, profiler())
+		log.Info("serving the profiler", "url", "http://"+l.Addr().String()+"/debug/pprof/")
+	}
 	daemon.SdNotify(false, daemon.SdNotifyReady)
 
 	sig, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
@@ -224,6 +251,7 @@ func run(ctx context.Context, o options) error {
 	log.Info("stopping")
 	daemon.SdNotify(false, daemon.SdNotifyStopping)
 	srv.Close() // ends long polls, so that shutdown does not wait for them
+	xm.Close()  // xenops (issue 7): stops watching; VMs keep running
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for _, hs := range servers {

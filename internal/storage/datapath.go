@@ -1,0 +1,458 @@
+package storage
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"maps"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	dm "toolstackd/internal/api/datamodel"
+	"toolstackd/internal/db"
+	"toolstackd/internal/xerr"
+)
+
+// Datapaths: how the VM backend gets its disks. A datapath is a named
+// reason a VDI is attached on this host ("vbd/<vm uuid>/<vdi uuid>" for a
+// VM's disk, "import/<task>" for an upload...). Each moves through the
+// state machine of automaton.go; the storage backend follows the VDI's
+// superstate, so the first attach attaches the volume and the last detach
+// detaches it. The state is kept in DataDir/storage/datapaths.json so
+// that a restarted daemon re-attaches what running VMs use.
+//
+// The VM engineer's view:
+//
+//	dp := storage.VBDDatapath(vmUUID, vdiUUID)
+//	d, err := storage.Attach(ctx, dp, vdiRef, readonly) // d.Kind "file": d.Path in d.Format; "nbd": d.URI
+//	err = storage.Activate(ctx, dp, vdiRef)             // before the VM runs
+//	storage.SetLiveSnapshotHook(dp, func(ctx, d) error { /* QMP blockdev-snapshot onto d.Path */ })
+//	...
+//	err = storage.Deactivate(ctx, dp, vdiRef)           // after it stopped
+//	err = storage.Detach(ctx, dp, vdiRef)               // or storage.DestroyDatapath(ctx, dp)
+
+// vdiDPs is a VDI's datapaths on this host.
+type vdiDPs struct {
+	SR    string              `json:"sr"`
+	Key   string              `json:"key"`
+	DPs   map[string]VDIState `json:"dps"`
+	Super VDIState            `json:"super"`
+	Path  Datapath            `json:"path"`
+}
+
+// VBDDatapath names the datapath of a VM's disk, as xapi does when the VM
+// is not running (vbd/<vm uuid>/<vdi uuid>).
+func VBDDatapath(vmUUID, vdiUUID string) string { return "vbd/" + vmUUID + "/" + vdiUUID }
+
+// internalDP reports datapaths the storage layer itself opens for
+// transfers: a VDI they hold read-write cannot be snapshotted.
+func internalDP(dp string) bool {
+	return strings.HasPrefix(dp, "import/") || strings.HasPrefix(dp, "copy/")
+}
+
+func noService() error { return xerr.New(xerr.InternalError, "the storage layer is not running") }
+
+// Attach attaches a VDI for a datapath on this host (the daemon's storage
+// service) and returns how to reach it.
+func Attach(ctx context.Context, dp, vdiRef string, readonly bool) (Datapath, error) {
+	if s := Default(); s != nil {
+		return s.Attach(ctx, dp, vdiRef, readonly)
+	}
+	return Datapath{}, noService()
+}
+
+// Activate readies an attached VDI for I/O.
+func Activate(ctx context.Context, dp, vdiRef string) error {
+	if s := Default(); s != nil {
+		return s.Activate(ctx, dp, vdiRef)
+	}
+	return noService()
+}
+
+// Deactivate ends I/O on a VDI for a datapath.
+func Deactivate(ctx context.Context, dp, vdiRef string) error {
+	if s := Default(); s != nil {
+		return s.Deactivate(ctx, dp, vdiRef)
+	}
+	return noService()
+}
+
+// Detach releases a VDI from a datapath.
+func Detach(ctx context.Context, dp, vdiRef string) error {
+	if s := Default(); s != nil {
+		return s.Detach(ctx, dp, vdiRef)
+	}
+	return noService()
+}
+
+// DestroyDatapath deactivates and detaches every VDI a datapath holds.
+func DestroyDatapath(ctx context.Context, dp string) error {
+	if s := Default(); s != nil {
+		return s.DestroyDatapath(ctx, dp)
+	}
+	return noService()
+}
+
+// SetLiveSnapshotHook registers what to call when a VDI this datapath
+// holds read-write is snapshotted or cloned while it runs (nil removes
+// it). Without a hook the storage layer assumes nothing writes the VDI.
+func SetLiveSnapshotHook(dp string, fn LiveSwitch) {
+	if s := Default(); s != nil {
+		s.SetLiveSnapshotHook(dp, fn)
+	}
+}
+
+// Attach attaches vdiRef for datapath dp, read-only or read-write.
+func (s *Service) Attach(ctx context.Context, dp, vdiRef string, readonly bool) (Datapath, error) {
+	m := RW
+	if readonly {
+		m = RO
+	}
+	return s.apply(ctx, dp, vdiRef, OpAttach(m))
+}
+
+func (s *Service) Activate(ctx context.Context, dp, vdiRef string) error {
+	_, err := s.apply(ctx, dp, vdiRef, OpActivate)
+	return err
+}
+
+func (s *Service) Deactivate(ctx context.Context, dp, vdiRef string) error {
+	_, err := s.apply(ctx, dp, vdiRef, OpDeactivate)
+	return err
+}
+
+func (s *Service) Detach(ctx context.Context, dp, vdiRef string) error {
+	_, err := s.apply(ctx, dp, vdiRef, OpDetach)
+	if err == nil {
+		s.SetLiveSnapshotHook(dp, nil)
+	}
+	return err
+}
+
+// DestroyDatapath deactivates and detaches everything dp holds.
+func (s *Service) DestroyDatapath(ctx context.Context, dp string) error {
+	s.mu.Lock()
+	var vdis []string
+	for ref, st := range s.vdis {
+		if _, ok := st.DPs[dp]; ok {
+			vdis = append(vdis, ref)
+		}
+	}
+	s.mu.Unlock()
+	var errs []error
+	for _, ref := range vdis {
+		if _, err := s.apply(ctx, dp, ref, OpDeactivate); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if _, err := s.apply(ctx, dp, ref, OpDetach); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	s.SetLiveSnapshotHook(dp, nil)
+	return errors.Join(errs...)
+}
+
+func (s *Service) SetLiveSnapshotHook(dp string, fn LiveSwitch) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if fn == nil {
+		delete(s.hooks, dp)
+	} else {
+		s.hooks[dp] = fn
+	}
+}
+
+// Datapaths lists the datapaths attached on this host: VDI ref -> dp ->
+// state.
+func (s *Service) Datapaths() map[string]map[string]VDIState {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]map[string]VDIState{}
+	for ref, st := range s.vdis {
+		m := map[string]VDIState{}
+		for dp, v := range st.DPs {
+			m[dp] = v
+		}
+		out[ref] = m
+	}
+	return out
+}
+
+func (s *Service) attachedDPs(vdiRef string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if st := s.vdis[vdiRef]; st != nil {
+		return len(st.DPs)
+	}
+	return 0
+}
+
+// writers lists the datapaths holding a VDI read-write.
+func (s *Service) writers(vdiRef string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	if st := s.vdis[vdiRef]; st != nil {
+		for dp, v := range st.DPs {
+			if v.Attached && v.Mode == RW {
+				out = append(out, dp)
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// liveSwitch returns what a snapshot or clone of a VDI must call so that
+// its running writers follow, or an error when a writer cannot.
+func (s *Service) liveSwitch(vdiRef, op string) (LiveSwitch, error) {
+	ws := s.writers(vdiRef)
+	var hooks []LiveSwitch
+	for _, dp := range ws {
+		if internalDP(dp) {
+			return nil, xerr.New(errVDIInUse, vdiRef, op)
+		}
+		s.mu.Lock()
+		h := s.hooks[dp]
+		s.mu.Unlock()
+		if h != nil {
+			hooks = append(hooks, h)
+		}
+	}
+	if len(hooks) == 0 {
+		return nil, nil
+	}
+	return func(ctx context.Context, d Datapath) error {
+		for _, h := range hooks {
+			if err := h(ctx, d); err != nil {
+				return err
+			}
+		}
+		return nil
+	}, nil
+}
+
+// apply runs one datapath operation: the dp's state moves, and the
+// backend follows the VDI's superstate.
+func (s *Service) apply(ctx context.Context, dp, vdiRef string, op VDIOp) (Datapath, error) {
+	if dp == "" {
+		return Datapath{}, xerr.New(xerr.InvalidValue, "dp", dp)
+	}
+	unlock := s.lock("vdi:" + vdiRef)
+	defer unlock()
+	row, ok := s.db.Snapshot().Get(dm.VDI.Class, vdiRef)
+	if !ok {
+		return Datapath{}, xerr.New(xerr.HandleInvalid, "VDI", vdiRef)
+	}
+	srRef := row.String(dm.VDI.SR)
+	s.mu.Lock()
+	cur := s.vdis[vdiRef]
+	var st vdiDPs
+	if cur != nil {
+		st = *cur
+		st.DPs = make(map[string]VDIState, len(cur.DPs))
+		for k, v := range cur.DPs {
+			st.DPs[k] = v
+		}
+	} else {
+		st = vdiDPs{SR: srRef, Key: row.String(dm.VDI.Location), DPs: map[string]VDIState{}}
+	}
+	s.mu.Unlock()
+
+	if op.Kind == "attach" && op.Mode == RW && boolField(row, dm.VDI.ReadOnly) {
+		return Datapath{}, xerr.New(errVDIReadOnly, vdiRef)
+	}
+	old := st.DPs[dp]
+	next, err := Transition(old, op)
+	if err != nil {
+		return Datapath{}, xerr.New(errOperationNotAllowed, err.Error())
+	}
+	if next == old && op.Kind != "attach" {
+		return st.Path, nil
+	}
+	oldSuper := st.Super
+	if next.Attached {
+		st.DPs[dp] = next
+	} else {
+		delete(st.DPs, dp)
+	}
+	states := make([]VDIState, 0, len(st.DPs))
+	for _, v := range st.DPs {
+		states = append(states, v)
+	}
+	super := Superstate(states)
+
+	b := s.boundSR(srRef)
+	if b == nil && (op.Kind == "attach" || op.Kind == "activate") {
+		// Letting go works without the SR; taking hold needs it.
+		if _, err := s.attached(srRef); err != nil {
+			return Datapath{}, err
+		}
+	}
+	if b != nil {
+		key := st.Key
+		switch {
+		case super.Attached && !oldSuper.Attached:
+			p, err := b.sr.VolumeAttach(ctx, key, super.Mode == RO)
+			if err != nil {
+				return Datapath{}, asBackend(err, smVDIUnavailable)
+			}
+			st.Path = p
+		case super.Attached && oldSuper.Mode == RO && super.Mode == RW:
+			if st.Path.Kind != "file" {
+				return Datapath{}, xerr.New(errVDIInUse, vdiRef, "attached read-only by "+strings.Join(keysOf(st.DPs, dp), ", "))
+			}
+			p, err := b.sr.VolumeAttach(ctx, key, false)
+			if err != nil {
+				return Datapath{}, asBackend(err, smVDIUnavailable)
+			}
+			st.Path = p
+		}
+		if super.Activated && !oldSuper.Activated {
+			if err := b.sr.VolumeActivate(ctx, key, super.Mode == RO); err != nil {
+				if !oldSuper.Attached {
+					b.sr.VolumeDetach(ctx, key)
+				}
+				return Datapath{}, asBackend(err, smVDIUnavailable)
+			}
+		}
+		if !super.Activated && oldSuper.Activated {
+			if err := b.sr.VolumeDeactivate(ctx, key); err != nil {
+				return Datapath{}, asBackend(err, smVDIUnavailable)
+			}
+		}
+		if !super.Attached && oldSuper.Attached {
+			if err := b.sr.VolumeDetach(ctx, key); err != nil {
+				return Datapath{}, asBackend(err, smVDIUnavailable)
+			}
+		}
+	}
+	st.Super = super
+	s.mu.Lock()
+	if len(st.DPs) == 0 {
+		delete(s.vdis, vdiRef)
+	} else {
+		s.vdis[vdiRef] = &st
+	}
+	s.mu.Unlock()
+	s.saveDatapaths()
+	s.db.Update(func(tx *db.Tx) error {
+		if _, ok := tx.Get(dm.VDI.Class, vdiRef); !ok {
+			return nil
+		}
+		k := "host_" + s.host
+		was := mapField(mustGet(tx, dm.VDI.Class, vdiRef), dm.VDI.SMConfig)
+		m := orEmpty(was)
+		if super.Attached {
+			m[k] = super.Mode.String()
+		} else {
+			delete(m, k)
+		}
+		if !maps.Equal(m, was) {
+			tx.Set(dm.VDI.SMConfig, vdiRef, m)
+		}
+		s.refreshVDI(tx, vdiRef)
+		return nil
+	})
+	if !super.Attached && oldSuper.Attached && b != nil {
+		s.refreshVolume(ctx, vdiRef)
+	}
+	p := st.Path
+	p.DP, p.VDI, p.SR = dp, vdiRef, srRef
+	if next.Attached {
+		p.ReadOnly = next.Mode == RO
+	}
+	return p, nil
+}
+
+func keysOf(m map[string]VDIState, except string) []string {
+	var out []string
+	for k := range m {
+		if k != except {
+			out = append(out, k)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// refreshVolume updates a VDI's sizes from its driver.
+func (s *Service) refreshVolume(ctx context.Context, vdiRef string) {
+	row, ok := s.db.Snapshot().Get(dm.VDI.Class, vdiRef)
+	if !ok {
+		return
+	}
+	b := s.boundSR(row.String(dm.VDI.SR))
+	if b == nil {
+		return
+	}
+	v, err := b.sr.VolumeStat(ctx, row.String(dm.VDI.Location))
+	if err != nil {
+		return
+	}
+	s.db.Update(func(tx *db.Tx) error { s.applyVolume(tx, vdiRef, v); return nil })
+}
+
+func (s *Service) dpFile() string {
+	if s.cfg.DataDir == "" {
+		return ""
+	}
+	return filepath.Join(s.cfg.DataDir, "storage", "datapaths.json")
+}
+
+func (s *Service) saveDatapaths() {
+	path := s.dpFile()
+	if path == "" {
+		return
+	}
+	s.mu.Lock()
+	b, err := json.MarshalIndent(s.vdis, "", " ")
+	s.mu.Unlock()
+	if err != nil {
+		return
+	}
+	os.MkdirAll(filepath.Dir(path), 0o700)
+	if err := writeFileAtomic(path, b); err != nil {
+		s.log.Error("saving datapath state", "err", err)
+	}
+}
+
+// restoreDatapaths re-attaches, after a restart, what was attached.
+func (s *Service) restoreDatapaths(ctx context.Context) {
+	path := s.dpFile()
+	if path == "" {
+		return
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return
+	}
+	var saved map[string]*vdiDPs
+	if err := json.Unmarshal(b, &saved); err != nil {
+		s.log.Error("datapath state unreadable; starting with none", "err", err)
+		return
+	}
+	for vdiRef, st := range saved {
+		if st == nil {
+			continue
+		}
+		for dp, v := range st.DPs {
+			if strings.HasPrefix(dp, "import/") || strings.HasPrefix(dp, "export/") || strings.HasPrefix(dp, "copy/") {
+				continue // transfers die with the daemon
+			}
+			if _, err := s.apply(ctx, dp, vdiRef, OpAttach(v.Mode)); err != nil {
+				s.log.Warn("re-attaching a datapath", "dp", dp, "vdi", vdiRef, "err", err)
+				continue
+			}
+			if v.Activated {
+				if _, err := s.apply(ctx, dp, vdiRef, OpActivate); err != nil {
+					s.log.Warn("re-activating a datapath", "dp", dp, "vdi", vdiRef, "err", err)
+				}
+			}
+		}
+	}
+	s.saveDatapaths()
+}

@@ -1,0 +1,754 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/gorilla/mux"
+
+	"toolstackd/internal/api"
+	dm "toolstackd/internal/api/datamodel"
+	"toolstackd/internal/db"
+	"toolstackd/internal/schema"
+	"toolstackd/internal/xerr"
+)
+
+// Disk transfer over HTTP, as xapi serves it:
+//
+//	PUT /import_raw_vdi?session_id=&vdi=&format=raw|qcow2|vhd[&task_id=]
+//	GET /export_raw_vdi?session_id=&vdi=&format=raw|qcow2|vhd[&base=][&task_id=]
+//
+// vdi and base are refs or uuids. Uploads may carry a Content-Length, be
+// chunked, or (xapi's HTTP/1.0 clients) have neither and end when the
+// client closes its side: the server answers 200 at once and reads to
+// the end. A task (given, or made for the transfer) tracks progress and
+// carries the outcome. Nothing is buffered whole: data moves in a few
+// 4 MiB buffers.
+//
+// Formats: raw is the disk byte for byte. vhd is a dynamic VHD of the
+// allocated blocks or, with base, a differencing VHD of the changed
+// sectors (its parent is base's uuid), as xapi and Xen Orchestra's
+// backups use; qcow2 is an image of the allocated (or changed) clusters.
+// Importing a vhd or qcow2 writes what it carries and leaves the rest of
+// the VDI as it is, so that successive deltas apply in order. Fixed VHDs
+// are refused (IMPORT_ERROR): send them as raw.
+
+func (s *Service) routes(r *mux.Router) {
+	r.HandleFunc("/import_raw_vdi", s.serveImport).Methods(http.MethodPut, http.MethodPost)
+	r.HandleFunc("/export_raw_vdi", s.serveExport).Methods(http.MethodGet, http.MethodHead)
+}
+
+// xferQuery is a transfer's parsed query.
+type xferQuery struct {
+	VDI    string
+	Format string
+	Base   string
+	Task   string
+}
+
+// parseXferQuery checks a transfer's query parameters.
+func parseXferQuery(q url.Values, export bool) (xferQuery, error) {
+	x := xferQuery{VDI: q.Get("vdi"), Format: strings.ToLower(q.Get("format")), Base: q.Get("base"), Task: q.Get("task_id")}
+	if x.VDI == "" {
+		return x, xerr.New(xerr.InvalidValue, "vdi", "")
+	}
+	if !validID(x.VDI) {
+		return x, xerr.New(xerr.UUIDInvalid, "VDI", clip(x.VDI, 100))
+	}
+	if x.Format == "" {
+		x.Format = "raw"
+	}
+	switch x.Format {
+	case "raw", "qcow2", "vhd":
+	default:
+		return x, xerr.New(errValueNotSupported, "format", clip(x.Format, 100), "format must be raw, vhd or qcow2")
+	}
+	if x.Task != "" && !strings.HasPrefix(x.Task, "OpaqueRef:") {
+		return x, xerr.New(xerr.HandleInvalid, "task", clip(x.Task, 100))
+	}
+	if export {
+		if x.Base != "" && !validID(x.Base) {
+			return x, xerr.New(xerr.UUIDInvalid, "VDI", clip(x.Base, 100))
+		}
+		if x.Base != "" && x.Format == "raw" {
+			return x, xerr.New(errValueNotSupported, "format", "raw", "a delta export (base=) needs format=vhd or qcow2: raw cannot tell unchanged blocks from zeroes")
+		}
+	} else if q.Get("chunked") == "true" {
+		return x, xerr.New("IMPORT_ERROR_CANNOT_HANDLE_CHUNKED")
+	}
+	return x, nil
+}
+
+func validID(s string) bool {
+	if strings.HasPrefix(s, "OpaqueRef:") {
+		return schema.IsRef(s)
+	}
+	return isUUID(s)
+}
+
+// resolveVDI finds a VDI by ref or uuid.
+func resolveVDI(snap db.Reader, id string) (*db.Row, error) {
+	if strings.HasPrefix(id, "OpaqueRef:") {
+		if r, ok := snap.Get(dm.VDI.Class, id); ok {
+			return r, nil
+		}
+		return nil, xerr.New(xerr.HandleInvalid, "VDI", id)
+	}
+	if r, ok := snap.ByUUID(dm.VDI.Class, id); ok {
+		return r, nil
+	}
+	return nil, xerr.New(xerr.UUIDInvalid, "VDI", id)
+}
+
+// httpStatus picks the HTTP status for a XenAPI error.
+func httpStatus(err error) int {
+	switch xerr.From(err).Code {
+	case xerr.HandleInvalid, xerr.UUIDInvalid:
+		return http.StatusNotFound
+	case xerr.InvalidValue, errValueNotSupported, "IMPORT_ERROR_CANNOT_HANDLE_CHUNKED", errImportError:
+		return http.StatusBadRequest
+	case errVDIInUse, errOtherOperation:
+		return http.StatusConflict
+	case errVDIReadOnly, xerr.RBACPermissionDenied:
+		return http.StatusForbidden
+	case errSRFull:
+		return http.StatusInsufficientStorage
+	case errVDITooSmall:
+		return http.StatusRequestEntityTooLarge
+	case errSRNotAttached, errSRHasNoPBDs:
+		return http.StatusServiceUnavailable
+	}
+	return http.StatusInternalServerError
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	xe := xerr.From(err)
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(httpStatus(err))
+	fmt.Fprintln(w, strings.Join(append([]string{xe.Code}, xe.Params...), " "))
+}
+
+// xferTask is the task of one transfer.
+type xferTask struct {
+	s         *Service
+	ref       string
+	mu        sync.Mutex
+	last      time.Time
+	lastP     float64
+	cancel    context.CancelFunc
+	cancelled bool // by task.cancel (not by the client going away)
+}
+
+func (t *xferTask) wasCancelled() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.cancelled
+}
+
+func (s *Service) xferTask(sess *api.Session, given, label string, cancel context.CancelFunc) (*xferTask, error) {
+	t := &xferTask{s: s, cancel: cancel}
+	if given != "" {
+		row, ok := s.db.Snapshot().Get(dm.Task.Class, given)
+		if !ok {
+			return nil, xerr.New(xerr.HandleInvalid, "task", given)
+		}
+		if row.String(dm.Task.Status) != string(dm.TaskStatusTypePending) {
+			return nil, xerr.New(errOperationNotAllowed, "task "+given+" is not pending")
+		}
+		t.ref = given
+		return t, nil
+	}
+	ref, err := s.srv.CreateTask(sess, label, "")
+	if err != nil {
+		return nil, err
+	}
+	t.ref = ref
+	return t, nil
+}
+
+// progress records progress now and then, and notices task.cancel.
+func (t *xferTask) progress(p float64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := time.Now()
+	if p < 1 && p-t.lastP < 0.01 && now.Sub(t.last) < 500*time.Millisecond {
+		return
+	}
+	t.last, t.lastP = now, p
+	t.s.db.Update(func(tx *db.Tx) error {
+		row, ok := tx.Get(dm.Task.Class, t.ref)
+		if !ok {
+			return nil
+		}
+		if row.String(dm.Task.Status) == string(dm.TaskStatusTypeCancelling) {
+			t.cancelled = true
+			t.cancel()
+		}
+		return tx.Set(dm.Task.Progress, t.ref, min(p, 0.99))
+	})
+}
+
+func (t *xferTask) finish(err error) {
+	cancelled := err != nil && (t.wasCancelled() || xerr.HasCode(err, errTaskCancelled))
+	if row, ok := t.s.db.Snapshot().Get(dm.Task.Class, t.ref); ok && row.String(dm.Task.Status) == string(dm.TaskStatusTypeCancelling) {
+		cancelled = err != nil
+	}
+	t.s.srv.FinishTask(t.ref, schema.Void, nil, err, cancelled)
+}
+
+// xferRoles are the roles allowed to move disk contents: those that may
+// create VDIs.
+func (s *Service) xferRoles() schema.RoleSet {
+	if m := s.srv.Model.Message("VDI.create"); m != nil {
+		return m.Roles
+	}
+	return 0
+}
+
+// transferAttach attaches a VDI for a transfer under a datapath of its
+// own; a writer must be the VDI's only one.
+func (s *Service) transferAttach(ctx context.Context, dp, vdiRef string, write bool) (Datapath, func(), error) {
+	d, err := s.Attach(ctx, dp, vdiRef, !write)
+	if err != nil {
+		return Datapath{}, nil, err
+	}
+	detach := func() {
+		if err := s.Detach(context.Background(), dp, vdiRef); err != nil {
+			s.log.Error("detaching after a transfer", "dp", dp, "vdi", vdiRef, "err", err)
+		}
+	}
+	if write {
+		if ws := s.writers(vdiRef); len(ws) > 1 {
+			detach()
+			return Datapath{}, nil, xerr.New(errVDIInUse, vdiRef, "attached read-write by "+strings.Join(ws, ", "))
+		}
+	}
+	return d, detach, nil
+}
+
+// transferDP attaches a VDI for a transfer and opens it.
+func (s *Service) transferDP(ctx context.Context, dp, vdiRef string, write bool) (*device, func(), error) {
+	d, detach, err := s.transferAttach(ctx, dp, vdiRef, write)
+	if err != nil {
+		return nil, nil, err
+	}
+	dev, err := openDevice(ctx, d, write, s.run)
+	if err != nil {
+		detach()
+		return nil, nil, BackendError(smVDIUnavailable, err.Error())
+	}
+	return dev, func() {
+		if err := dev.Close(); err != nil {
+			s.log.Error("closing a transfer", "dp", dp, "err", err)
+		}
+		detach()
+	}, nil
+}
+
+// appendable reports whether a datapath is an empty qcow2 image that an
+// upload or copy can fill directly (see qcowAppender).
+func appendable(d Datapath) bool {
+	return d.Kind == "file" && d.Format == "qcow2" && !d.ReadOnly && qcowAppendable(d.Path)
+}
+
+// legacyUpload reports an HTTP/1.0-style upload with neither a length nor
+// chunking: its body runs to the end of the connection.
+func legacyUpload(r *http.Request) bool {
+	return r.ContentLength == 0 && r.Header.Get("Content-Length") == "" && len(r.TransferEncoding) == 0
+}
+
+func (s *Service) serveImport(w http.ResponseWriter, r *http.Request) {
+	sess := s.srv.HTTPSession(w, r, s.xferRoles())
+	if sess == nil {
+		return
+	}
+	q, err := parseXferQuery(r.URL.Query(), false)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	vdi, err := resolveVDI(s.db.Snapshot(), q.VDI)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	srRef := vdi.String(dm.VDI.SR)
+	b, err := s.attached(srRef)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if boolField(vdi, dm.VDI.ReadOnly) {
+		writeError(w, xerr.New(errVDIReadOnly, vdi.Ref))
+		return
+	}
+	size := vdiSize(vdi)
+	if q.Format == "raw" && r.ContentLength > size {
+		writeError(w, xerr.New(errVDITooSmall, vdi.Ref, strconv.FormatInt(r.ContentLength, 10)))
+		return
+	}
+	if r.ContentLength > 0 {
+		sr, _ := s.db.Snapshot().Get(dm.SR.Class, srRef)
+		if sr != nil {
+			if err := s.checkSpace(r.Context(), b, sr, r.ContentLength-vdiPhys(vdi)); err != nil {
+				writeError(w, err)
+				return
+			}
+		}
+	}
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	task, err := s.xferTask(sess, q.Task, "VDI import", cancel)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	body := io.Reader(r.Body)
+	var conn net.Conn
+	if legacyUpload(r) {
+		// xapi's protocol: answer at once, then read to the end.
+		hj, ok := w.(http.Hijacker)
+		if !ok {
+			task.finish(xerr.New(errImportError, "this connection cannot carry an upload without a length"))
+			writeError(w, xerr.New(errImportError, "send a Content-Length or use chunked encoding"))
+			return
+		}
+		c, brw, err := hj.Hijack()
+		if err != nil {
+			task.finish(err)
+			return
+		}
+		conn = c
+		defer conn.Close()
+		conn.SetDeadline(time.Time{})
+		brw.WriteString("HTTP/1.1 200 OK\r\nConnection: close\r\nTask-Id: " + task.ref + "\r\n\r\n")
+		brw.Flush()
+		body = brw.Reader
+		stop := context.AfterFunc(ctx, func() { conn.SetReadDeadline(time.Now()) })
+		defer stop()
+	} else {
+		w.Header().Set("Task-Id", task.ref)
+	}
+	err = s.importInto(ctx, task, vdi, q.Format, body, r.ContentLength)
+	if err != nil {
+		s.log.Warn("VDI import failed", "vdi", vdi.UUID(), "task", task.ref, "err", err)
+	}
+	task.finish(err)
+	s.updateSRStats(context.Background(), srRef)
+	if conn != nil {
+		return
+	}
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+func vdiPhys(r *db.Row) int64 { n, _ := r.Get(dm.VDI.PhysicalUtilisation).(int64); return n }
+
+// importInto writes an upload into a VDI. Whatever happens the VDI is
+// left consistent: writes made are flushed and the image closed cleanly.
+func (s *Service) importInto(ctx context.Context, task *xferTask, vdi *db.Row, format string, body io.Reader, length int64) error {
+	dpName := "import/" + task.ref
+	d, detach, err := s.transferAttach(ctx, dpName, vdi.Ref, true)
+	if err != nil {
+		return err
+	}
+	defer detach()
+	expect := length
+	if expect <= 0 {
+		expect = vdiSize(vdi)
+	}
+	progress := func(done int64) { task.progress(float64(done) / float64(max(expect, 1))) }
+	var n int64
+	if format == "raw" && appendable(d) {
+		// An empty image: write it directly.
+		a, err := openAppender(d.Path)
+		if err != nil {
+			return BackendError(smVDIUnavailable, err.Error())
+		}
+		n, err = importRawSeq(ctx, body, a, progress)
+		if err != nil {
+			return s.importError(task, err, vdi.Ref)
+		}
+		s.log.Info("VDI imported", "vdi", vdi.UUID(), "format", format, "bytes", n, "direct", true)
+		return nil
+	}
+	dev, err := openDevice(ctx, d, true, s.run)
+	if err != nil {
+		return BackendError(smVDIUnavailable, err.Error())
+	}
+	defer func() {
+		if err := dev.Close(); err != nil {
+			s.log.Error("closing an import", "vdi", vdi.UUID(), "err", err)
+		}
+	}()
+	switch format {
+	case "raw":
+		n, err = importRaw(ctx, body, dev, progress)
+	case "qcow2":
+		n, err = s.importQcow2(ctx, body, dev, vdi, task)
+	case "vhd":
+		n, err = applyVHD(ctx, body, dev, progress)
+		if err != nil && !errors.As(err, new(errTooBig)) && !isStreamErr(err) && ctx.Err() == nil {
+			err = xerr.New(errImportError, "VHD: "+err.Error())
+		}
+	}
+	if ferr := flushDevice(dev); err == nil {
+		err = ferr
+	}
+	if err != nil {
+		return s.importError(task, err, vdi.Ref)
+	}
+	s.log.Info("VDI imported", "vdi", vdi.UUID(), "format", format, "bytes", n)
+	return nil
+}
+
+func flushDevice(d *device) error {
+	if d.flush != nil {
+		return d.flush()
+	}
+	return nil
+}
+
+// importError names why an import failed: cancelled by its task, the
+// client gone before the end (IMPORT_ERROR_PREMATURE_EOF), too much data,
+// or the storage's own failure.
+func (s *Service) importError(task *xferTask, err error, vdiRef string) error {
+	var big errTooBig
+	switch {
+	case errors.As(err, &big):
+		return xerr.New(errVDITooSmall, vdiRef, strconv.FormatInt(big.size+1, 10))
+	case task.wasCancelled():
+		return xerr.New(errTaskCancelled, task.ref)
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed), errors.Is(err, syscall.ECONNRESET),
+		errors.Is(err, context.Canceled), isTimeout(err), strings.Contains(err.Error(), "connection reset"):
+		return xerr.New(errImportPrematureEOF)
+	}
+	var xe *xerr.Error
+	if errors.As(err, &xe) {
+		return xe
+	}
+	return BackendError(smVDIUnavailable, err.Error())
+}
+
+// isStreamErr reports a failure of the connection rather than of the
+// data.
+func isStreamErr(err error) bool {
+	return errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ECONNRESET) || isTimeout(err)
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// importQcow2 applies an uploaded qcow2 image: it is spooled to a file
+// (qcow2 is not laid out for streaming), checked (no backing file, no
+// external data, not encrypted, no larger than the VDI), and its
+// allocated clusters written into the VDI.
+func (s *Service) importQcow2(ctx context.Context, body io.Reader, dev *device, vdi *db.Row, task *xferTask) (int64, error) {
+	var written int64
+	err := s.importQcow2Into(ctx, body, dev, vdi, task, &written)
+	return written, err
+}
+
+func (s *Service) importQcow2Into(ctx context.Context, body io.Reader, dev *device, vdi *db.Row, task *xferTask, written *int64) error {
+	dir := s.spoolDir()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(dir, "import-*.qcow2")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	limit := dev.size + dev.size/64 + 64<<20 // data plus metadata
+	n, err := io.Copy(f, io.LimitReader(body, limit+1))
+	if err != nil {
+		return err
+	}
+	if n > limit {
+		return errTooBig{dev.size}
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	task.progress(0.5)
+	h, err := readQcow2HeaderFrom(f)
+	if err != nil {
+		return xerr.New(errImportError, "the upload is not a qcow2 image: "+err.Error())
+	}
+	switch {
+	case h.BackingFile != "":
+		return xerr.New(errImportError, "the qcow2 image names a backing file; upload a self-contained image")
+	case h.ExternalDataFile:
+		return xerr.New(errImportError, "the qcow2 image has an external data file")
+	case h.CryptMethod != 0:
+		return xerr.New(errImportError, "the qcow2 image is encrypted")
+	case int64(h.Size) > dev.size:
+		return xerr.New(errVDITooSmall, vdi.Ref, strconv.FormatInt(int64(h.Size), 10))
+	}
+	src, err := openQcow2Read(ctx, f.Name(), s.run)
+	if err != nil {
+		return xerr.New(errImportError, "reading the qcow2 image: "+err.Error())
+	}
+	defer src.Close()
+	m, err := imageMap(ctx, f.Name(), "qcow2", src.size)
+	if err != nil {
+		return xerr.New(errImportError, err.Error())
+	}
+	var data []Extent
+	var total int64
+	for _, e := range m {
+		switch {
+		case !e.Present || e.Depth != 0:
+		case e.Data:
+			data = append(data, Extent{Offset: e.Start, Length: e.Length})
+			total += e.Length
+		case e.Zero && dev.zero != nil:
+			if err := dev.zero(e.Start, e.Length); err != nil {
+				return err
+			}
+		}
+	}
+	p := newPipeline(ctx)
+	var done int64
+	var mu sync.Mutex
+	err = readOrdered(p.ctx, src.r, data, func(off int64, b []byte) error {
+		bp := bufPool.Get().(*[]byte)
+		c := (*bp)[:len(b)]
+		copy(c, b)
+		return p.spawn(func() error {
+			defer bufPool.Put(bp)
+			mu.Lock()
+			done += int64(len(c))
+			d := done
+			*written = d
+			mu.Unlock()
+			task.progress(0.5 + 0.5*float64(d)/float64(max(total, 1)))
+			_, err := dev.w.WriteAt(c, off)
+			return err
+		})
+	})
+	if werr := p.wait(); werr != nil {
+		return werr
+	}
+	return err
+}
+
+func (s *Service) spoolDir() string {
+	if s.cfg.DataDir != "" {
+		return filepath.Join(s.cfg.DataDir, "storage", "spool")
+	}
+	return filepath.Join(os.TempDir(), "toolstackd-spool")
+}
+
+func (s *Service) serveExport(w http.ResponseWriter, r *http.Request) {
+	sess := s.srv.HTTPSession(w, r, s.xferRoles())
+	if sess == nil {
+		return
+	}
+	q, err := parseXferQuery(r.URL.Query(), true)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	snap := s.db.Snapshot()
+	vdi, err := resolveVDI(snap, q.VDI)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	var base *db.Row
+	if q.Base != "" {
+		if base, err = resolveVDI(snap, q.Base); err != nil {
+			writeError(w, err)
+			return
+		}
+	}
+	b, err := s.attached(vdi.String(dm.VDI.SR))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	task, err := s.xferTask(sess, q.Task, "VDI export", cancel)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	err = s.exportFrom(ctx, w, r, task, b, vdi, base, q.Format)
+	if err != nil && ctx.Err() != nil {
+		err = xerr.New(errTaskCancelled, "")
+	}
+	if err != nil {
+		s.log.Warn("VDI export failed", "vdi", vdi.UUID(), "task", task.ref, "err", err)
+	}
+	task.finish(err)
+}
+
+// headerWriter remembers whether the response has started.
+type headerWriter struct {
+	http.ResponseWriter
+	started bool
+}
+
+func (h *headerWriter) Write(b []byte) (int, error) {
+	h.started = true
+	return h.ResponseWriter.Write(b)
+}
+
+func (h *headerWriter) ReadFrom(r io.Reader) (int64, error) {
+	h.started = true
+	if rf, ok := h.ResponseWriter.(io.ReaderFrom); ok {
+		return rf.ReadFrom(r)
+	}
+	return io.Copy(h.ResponseWriter, r)
+}
+
+func (s *Service) exportFrom(ctx context.Context, rw http.ResponseWriter, r *http.Request, task *xferTask, b *boundSR, vdi, base *db.Row, format string) error {
+	w := &headerWriter{ResponseWriter: rw}
+	fail := func(err error) error {
+		if !w.started {
+			writeError(rw, err)
+		}
+		return err
+	}
+	dev, done, err := s.transferDP(ctx, "export/"+task.ref, vdi.Ref, false)
+	if err != nil {
+		return fail(err)
+	}
+	defer done()
+	var plan interface {
+		Length() int64
+		WriteTo(ctx context.Context, w io.Writer, r io.ReaderAt, progress func(int64)) error
+	}
+	exts := dev.extents()
+	if base != nil {
+		if exts, err = s.changedExtents(ctx, task, b, vdi, base, dev); err != nil {
+			return fail(err)
+		}
+	}
+	var length int64
+	switch format {
+	case "raw":
+		length = dev.size
+	case "qcow2":
+		plan = planQcow2(dev.size, exts, base != nil)
+	case "vhd":
+		var parent uuid.UUID
+		if base != nil {
+			parent, _ = uuid.Parse(base.UUID())
+		}
+		id, _ := uuid.Parse(vdi.UUID())
+		plan = planVHD(dev.size, exts, base != nil, id, parent)
+	}
+	if plan != nil {
+		length = plan.Length()
+	}
+	h := rw.Header()
+	h.Set("Content-Type", "application/octet-stream")
+	h.Set("Content-Length", strconv.FormatInt(length, 10))
+	h.Set("Content-Disposition", fmt.Sprintf("attachment; filename=%q", vdi.UUID()+"."+format))
+	h.Set("Task-Id", task.ref)
+	rw.WriteHeader(http.StatusOK)
+	if r.Method == http.MethodHead {
+		return nil
+	}
+	progress := func(n int64) { task.progress(float64(n) / float64(max(length, 1))) }
+	if plan != nil {
+		err = plan.WriteTo(ctx, w, dev.r, progress)
+	} else {
+		err = exportRaw(ctx, w, dev, progress)
+	}
+	if err != nil {
+		return BackendError(smVDIUnavailable, "export: "+err.Error())
+	}
+	s.log.Info("VDI exported", "vdi", vdi.UUID(), "format", format, "bytes", length, "delta", base != nil)
+	return nil
+}
+
+// changedExtents finds what differs between a VDI and an older base: from
+// the driver's metadata when it can tell (a shared backing chain),
+// otherwise by reading and comparing both.
+func (s *Service) changedExtents(ctx context.Context, task *xferTask, b *boundSR, vdi, base *db.Row, dev *device) ([]Extent, error) {
+	if d, ok := b.sr.(Differ); ok && base.String(dm.VDI.SR) == vdi.String(dm.VDI.SR) {
+		ext, err := d.ChangedExtents(ctx, vdi.String(dm.VDI.Location), base.String(dm.VDI.Location))
+		if err == nil {
+			return ext, nil
+		}
+		if !errors.Is(err, errNoCommonHistory) {
+			return nil, asBackend(err, smVDIUnavailable)
+		}
+	}
+	bdev, done, err := s.transferDP(ctx, "export/"+task.ref+"/base", base.Ref, false)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	return compareDevices(ctx, dev, bdev)
+}
+
+// compareDevices lists the blocks where a differs from base (and, past
+// the end of base, where a has data).
+func compareDevices(ctx context.Context, a, base *device) ([]Extent, error) {
+	const blk = zeroBlock
+	var out []Extent
+	add := func(off, n int64, zero bool) {
+		if k := len(out); k > 0 && out[k-1].Offset+out[k-1].Length == off && out[k-1].Zero == zero {
+			out[k-1].Length += n
+			return
+		}
+		out = append(out, Extent{Offset: off, Length: n, Zero: zero})
+	}
+	// Only where either side has data can they differ.
+	var ranges []Extent
+	for _, e := range a.extents() {
+		if !e.Zero {
+			ranges = append(ranges, e)
+		}
+	}
+	for _, e := range base.extents() {
+		if !e.Zero && e.Offset < a.size {
+			ranges = append(ranges, Extent{Offset: e.Offset, Length: min(e.Length, a.size-e.Offset)})
+		}
+	}
+	ranges = mergeExtents(ranges)
+	bbuf := make([]byte, xferChunk)
+	err := readOrdered(ctx, a.r, ranges, func(off int64, chunk []byte) error {
+		n := int64(len(chunk))
+		bb := bbuf[:n]
+		clear(bb)
+		if off < base.size {
+			k := min(n, base.size-off)
+			if _, err := base.r.ReadAt(bb[:k], off); err != nil {
+				return err
+			}
+		}
+		for i := int64(0); i < n; i += blk {
+			j := min(i+blk, n)
+			if string(chunk[i:j]) != string(bb[i:j]) {
+				add(off+i, j-i, isZero(chunk[i:j]))
+			}
+		}
+		return nil
+	})
+	return out, err
+}

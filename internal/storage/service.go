@@ -1,0 +1,311 @@
+// Package storage is toolstackd's storage layer: the storage mux that
+// routes every SR to its driver, the XenAPI calls of the SR, PBD, VDI and
+// SM classes, the VDI attach state machine and the datapaths that hand
+// VDIs to the VM backend, and disk transfer over HTTP (/import_raw_vdi,
+// /export_raw_vdi).
+//
+// Drivers (see Driver) are in-process; three come with it: "file" (qcow2
+// images in a local directory), "sharedfs" (the same on a directory every
+// host mounts) and plugin drivers (executables per operation, JSON in and
+// out, documented in PLUGINS.md), found in Config.PluginDirs.
+package storage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/gorilla/mux"
+
+	"toolstackd/internal/api"
+	dm "toolstackd/internal/api/datamodel"
+	"toolstackd/internal/db"
+	"toolstackd/internal/schema"
+)
+
+// Config is what the daemon tells the storage layer.
+type Config struct {
+	// DataDir is the daemon's state directory; the first-boot SR lives in
+	// DataDir/storage/local and the datapath state in DataDir/storage.
+	DataDir string
+	// HostRef is this host.
+	HostRef string
+	// FirstBoot is true when the database was just made: the "Local
+	// storage" SR is created and made the pool's default.
+	FirstBoot bool
+	Log       *slog.Logger
+	// PluginDirs are searched for plugin drivers (volume/<type>/ and
+	// datapath/<scheme>/ subdirectories). Default: DataDir/storage-plugins
+	// and /usr/libexec/toolstackd/storage.
+	PluginDirs []string
+	// RunDir holds Unix sockets (short paths). Default: a directory under
+	// /run or the system temporary directory.
+	RunDir string
+	// OpWait is how long an operation waits for a conflicting one on the
+	// same object before OTHER_OPERATION_IN_PROGRESS. Default 30s.
+	OpWait time.Duration
+	// PluginTimeout bounds one plugin call. Default 10 minutes.
+	PluginTimeout time.Duration
+	// LocalSRPath overrides where the first-boot SR lives.
+	LocalSRPath string
+}
+
+// Service is the storage layer of one host.
+type Service struct {
+	srv  *api.Server
+	db   *db.DB
+	cfg  Config
+	log  *slog.Logger
+	host string
+	run  string
+
+	mu       sync.Mutex
+	bound    map[string]*boundSR // SR ref -> attached SR (the mux)
+	inflight map[string]int      // SR ref + "/" + key: volumes being made
+	vdis     map[string]*vdiDPs  // VDI ref -> its datapaths
+	hooks    map[string]LiveSwitch
+	locks    map[string]*keyLock // per-object mutexes
+	drivers  map[string]Driver   // SR type -> driver
+
+	bg sync.WaitGroup
+}
+
+// boundSR is one entry of the mux: an SR attached on this host.
+type boundSR struct {
+	ref, uuid, typ string
+	driver         Driver
+	sr             SR
+}
+
+var (
+	defaultMu  sync.RWMutex
+	defaultSvc *Service
+)
+
+// Default returns the service Register made last (the daemon's), for the
+// package-level datapath functions.
+func Default() *Service {
+	defaultMu.RLock()
+	defer defaultMu.RUnlock()
+	return defaultSvc
+}
+
+// Register installs the storage layer into a server: drivers, SM records,
+// XenAPI handlers and HTTP routes. On first boot it creates the "Local
+// storage" SR; on later starts it plugs again the PBDs of this host that
+// were plugged and re-attaches the datapaths that were attached.
+func Register(srv *api.Server, router *mux.Router, cfg Config) (*Service, error) {
+	if cfg.Log == nil {
+		cfg.Log = srv.Log
+	}
+	if cfg.OpWait == 0 {
+		cfg.OpWait = 30 * time.Second
+	}
+	if cfg.PluginTimeout == 0 {
+		cfg.PluginTimeout = 10 * time.Minute
+	}
+	if cfg.HostRef == "" {
+		cfg.HostRef = srv.Cfg.HostRef
+	}
+	if cfg.DataDir != "" {
+		if abs, err := filepath.Abs(cfg.DataDir); err == nil {
+			cfg.DataDir = abs
+		}
+	}
+	if cfg.PluginDirs == nil {
+		if cfg.DataDir != "" {
+			cfg.PluginDirs = append(cfg.PluginDirs, filepath.Join(cfg.DataDir, "storage-plugins"))
+		}
+		cfg.PluginDirs = append(cfg.PluginDirs, "/usr/libexec/toolstackd/storage")
+	}
+	preferred := cfg.RunDir
+	if preferred == "" && os.Geteuid() == 0 {
+		preferred = "/run/toolstackd"
+	}
+	run, err := runDir(preferred)
+	if err != nil {
+		return nil, fmt.Errorf("storage: run directory: %w", err)
+	}
+	s := &Service{srv: srv, db: srv.DB, cfg: cfg, log: cfg.Log, host: cfg.HostRef, run: run,
+		bound: map[string]*boundSR{}, inflight: map[string]int{}, vdis: map[string]*vdiDPs{},
+		hooks: map[string]LiveSwitch{}, locks: map[string]*keyLock{}}
+	s.drivers = discoverPlugins(cfg.PluginDirs, cfg.PluginTimeout, cfg.Log)
+	driversMu.RLock()
+	for t, d := range drivers {
+		s.drivers[t] = d
+	}
+	driversMu.RUnlock()
+	s.drivers["file"] = NewFileDriver(cfg.Log)
+	s.drivers["sharedfs"] = NewSharedFSDriver(cfg.Log)
+	if err := s.syncSMRecords(); err != nil {
+		return nil, fmt.Errorf("storage: SM records: %w", err)
+	}
+	s.registerHandlers()
+	s.routes(router)
+	ctx := context.Background()
+	if cfg.FirstBoot {
+		if err := s.firstBoot(ctx); err != nil {
+			return nil, fmt.Errorf("storage: first boot: %w", err)
+		}
+	} else {
+		s.restart(ctx)
+	}
+	defaultMu.Lock()
+	defaultSvc = s
+	defaultMu.Unlock()
+	return s, nil
+}
+
+// Close detaches every SR this service attached (tests; the daemon just
+// exits, and its helper processes die with it).
+func (s *Service) Close() {
+	s.bg.Wait()
+	s.mu.Lock()
+	bound := s.bound
+	s.bound = map[string]*boundSR{}
+	s.mu.Unlock()
+	for _, b := range bound {
+		b.sr.Detach(context.Background())
+	}
+	defaultMu.Lock()
+	if defaultSvc == s {
+		defaultSvc = nil
+	}
+	defaultMu.Unlock()
+}
+
+// firstBoot makes the "Local storage" SR as a XenServer install does and
+// makes it the pool's default, suspend-image and crash-dump SR.
+func (s *Service) firstBoot(ctx context.Context) error {
+	path := s.cfg.LocalSRPath
+	if path == "" {
+		if s.cfg.DataDir == "" {
+			return errors.New("no data directory")
+		}
+		path = filepath.Join(s.cfg.DataDir, "storage", "local")
+	}
+	if err := os.MkdirAll(path, 0o700); err != nil {
+		return err
+	}
+	srRef, err := s.createSR(ctx, s.host, map[string]string{"location": path}, 0, "Local storage", "", "file", "user", false,
+		map[string]string{}, map[string]string{"i18n-key": "local-storage", "i18n-original-value-name_label": "Local storage"})
+	if err != nil {
+		return err
+	}
+	_, err = s.db.Update(func(tx *db.Tx) error {
+		for _, p := range tx.All(dm.Pool.Class) {
+			for _, f := range []*schema.Field{dm.Pool.DefaultSR, dm.Pool.SuspendImageSR, dm.Pool.CrashDumpSR} {
+				if err := tx.Set(f, p.Ref, srRef); err != nil {
+					return err
+				}
+			}
+		}
+		if err := tx.Set(dm.Host.SuspendImageSR, s.host, srRef); err != nil {
+			return err
+		}
+		return tx.Set(dm.Host.CrashDumpSR, s.host, srRef)
+	})
+	return err
+}
+
+// restart plugs again, after a daemon restart, the PBDs of this host that
+// were plugged, and re-attaches the recorded datapaths.
+func (s *Service) restart(ctx context.Context) {
+	snap := s.db.Snapshot()
+	for _, pbd := range snap.All(dm.PBD.Class) {
+		if pbd.String(dm.PBD.Host) != s.host || !boolField(pbd, dm.PBD.CurrentlyAttached) {
+			continue
+		}
+		if err := s.plugPBD(ctx, pbd.Ref); err != nil {
+			s.log.Error("re-plugging PBD after restart", "pbd", pbd.UUID(), "err", err)
+			s.db.Update(func(tx *db.Tx) error { return tx.Set(dm.PBD.CurrentlyAttached, pbd.Ref, false) })
+		}
+	}
+	s.restoreDatapaths(ctx)
+	s.db.Update(func(tx *db.Tx) error {
+		for _, sr := range tx.All(dm.SR.Class) {
+			s.refreshSR(tx, sr.Ref)
+		}
+		return nil
+	})
+}
+
+// bind records an attached SR in the mux.
+func (s *Service) bind(ref, uuid, typ string, d Driver, h SR) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.bound[ref] = &boundSR{ref: ref, uuid: uuid, typ: typ, driver: d, sr: h}
+}
+
+func (s *Service) unbind(ref string) *boundSR {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b := s.bound[ref]
+	delete(s.bound, ref)
+	return b
+}
+
+func (s *Service) boundSR(ref string) *boundSR {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.bound[ref]
+}
+
+// driver returns the driver of an SR type, or nil.
+func (s *Service) driver(typ string) Driver { return s.drivers[typ] }
+
+// driverTypes lists the SR types this host serves.
+func (s *Service) driverTypes() []string {
+	out := make([]string, 0, len(s.drivers))
+	for t := range s.drivers {
+		out = append(out, t)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// keyLock is a mutex per object (VDI or SR ref), reference counted.
+type keyLock struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (s *Service) lock(key string) func() {
+	s.mu.Lock()
+	l := s.locks[key]
+	if l == nil {
+		l = &keyLock{}
+		s.locks[key] = l
+	}
+	l.n++
+	s.mu.Unlock()
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		s.mu.Lock()
+		if l.n--; l.n == 0 {
+			delete(s.locks, key)
+		}
+		s.mu.Unlock()
+	}
+}
+
+// CollectGarbage runs an SR's garbage collection (coalescing the chains
+// deleted snapshots left) now, for drivers that have one, and waits for
+// it.
+func (s *Service) CollectGarbage(ctx context.Context, srRef string) error {
+	b, err := s.attached(srRef)
+	if err != nil {
+		return err
+	}
+	if c, ok := b.sr.(Collector); ok {
+		return asBackend(c.Collect(ctx), smGeneral)
+	}
+	return nil
+}

@@ -1,0 +1,858 @@
+package storage
+
+import (
+	"context"
+	"encoding/xml"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"toolstackd/internal/api"
+	dm "toolstackd/internal/api/datamodel"
+	"toolstackd/internal/db"
+	"toolstackd/internal/schema"
+	"toolstackd/internal/xerr"
+)
+
+func (s *Service) registerHandlers() {
+	h := s.srv.Handle
+	h("SR.create", s.handleSRCreate)
+	h("SR.introduce", s.handleSRIntroduce)
+	h("SR.forget", s.handleSRForget)
+	h("SR.destroy", s.handleSRDestroy)
+	h("SR.scan", s.handleSRScan)
+	h("SR.probe", s.handleSRProbe)
+	h("SR.update", s.handleSRUpdate)
+	h("SR.set_name_label", s.handleSRSetName)
+	h("SR.set_name_description", s.handleSRSetName)
+	h("SR.get_supported_types", func(c *api.Call) (any, error) { return s.driverTypes(), nil })
+	h("PBD.create", s.handlePBDCreate)
+	h("PBD.plug", s.handlePBDPlug)
+	h("PBD.unplug", s.handlePBDUnplug)
+	h("PBD.destroy", s.handlePBDDestroy)
+	h("VDI.create", s.handleVDICreate)
+	h("VDI.destroy", s.handleVDIDestroy)
+	h("VDI.snapshot", s.handleVDISnapshot)
+	h("VDI.clone", s.handleVDIClone)
+	h("VDI.copy", s.handleVDICopy)
+	h("VDI.resize", s.handleVDIResize)
+	h("VDI.introduce", s.handleVDIIntroduce)
+	h("VDI.forget", s.handleVDIForget)
+	h("VDI.update", s.handleVDIUpdate)
+	h("VDI.set_on_boot", s.handleVDISetOnBoot)
+	h("VDI.set_allow_caching", s.handleVDISetAllowCaching)
+	h("VDI.set_name_label", s.handleVDISetName)
+	h("VDI.set_name_description", s.handleVDISetName)
+}
+
+// syncSMRecords keeps one SM record per driver type.
+func (s *Service) syncSMRecords() error {
+	_, err := s.db.Update(func(tx *db.Tx) error {
+		have := map[string]*db.Row{}
+		for _, r := range tx.All(dm.SM.Class) {
+			have[r.String(dm.SM.Type)] = r
+		}
+		for _, typ := range s.driverTypes() {
+			info := s.driver(typ).Info()
+			features := map[string]int64{}
+			caps := make([]string, 0, len(info.Capabilities))
+			for _, c := range info.Capabilities {
+				name, ver, _ := strings.Cut(c, "/")
+				v, _ := strconv.ParseInt(ver, 10, 64)
+				features[name] = max(v, 1)
+				caps = append(caps, name)
+			}
+			formats := make([]dm.ImageFormatType, 0, len(info.Formats))
+			for _, f := range info.Formats {
+				if f == "raw" || f == "vhd" || f == "qcow2" {
+					formats = append(formats, dm.ImageFormatType(f))
+				}
+			}
+			rec := &dm.SMRecord{NameLabel: info.Name, NameDescription: info.Description, Type: typ, Vendor: info.Vendor,
+				Copyright: info.Copyright, Version: info.Version, RequiredAPIVersion: "1.0", Configuration: orEmpty(info.Configuration),
+				Capabilities: caps, Features: features, OtherConfig: map[string]string{}, DriverFilename: info.Filename,
+				RequiredClusterStack: []string{}, SupportedImageFormats: formats}
+			if old := have[typ]; old != nil {
+				rec.UUID = old.UUID()
+				rec.OtherConfig = orEmpty(mapField(old, dm.SM.OtherConfig))
+				for i, f := range dm.SM.Class.Fields {
+					if f.Derived || f == dm.SM.Class.UUID {
+						continue
+					}
+					if err := tx.Set(f, old.Ref, rec.Row()[i]); err != nil {
+						return err
+					}
+				}
+				continue
+			}
+			if _, err := tx.Insert(dm.SM.Class, "", rec.Row()); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return err
+}
+
+func orEmpty(m map[string]string) map[string]string {
+	if m == nil {
+		return map[string]string{}
+	}
+	return maps.Clone(m)
+}
+
+func mapArg(c *api.Call, i int) map[string]string {
+	if i >= len(c.Args) {
+		return map[string]string{}
+	}
+	m, _ := c.Args[i].(map[string]string)
+	return orEmpty(m)
+}
+
+func intArg(c *api.Call, i int) int64 {
+	if i >= len(c.Args) {
+		return 0
+	}
+	n, _ := c.Args[i].(int64)
+	return n
+}
+
+func boolArg(c *api.Call, i int) bool {
+	if i >= len(c.Args) {
+		return false
+	}
+	b, _ := c.Args[i].(bool)
+	return b
+}
+
+// handleSRCreate: SR.create(host, device_config, physical_size, name_label,
+// name_description, type, content_type, shared, sm_config).
+func (s *Service) handleSRCreate(c *api.Call) (any, error) {
+	host, err := c.Row(0, dm.Host.Class)
+	if err != nil {
+		return nil, err
+	}
+	return s.createSR(c.Ctx, host.Ref, mapArg(c, 1), intArg(c, 2), c.String(3), c.String(4), c.String(5), c.String(6),
+		boolArg(c, 7), mapArg(c, 8), map[string]string{})
+}
+
+func (s *Service) createSR(ctx context.Context, hostRef string, dc map[string]string, physSize int64, name, desc, typ, ctype string,
+	shared bool, smc, otherConfig map[string]string) (string, error) {
+	drv := s.driver(typ)
+	if drv == nil {
+		return "", xerr.New(errSRUnknownDriver, typ)
+	}
+	if hostRef != s.host {
+		return "", xerr.New(errHostOffline, hostRef)
+	}
+	srUUID := newUUID()
+	spec := SRSpec{UUID: srUUID, Name: name, Description: desc, DeviceConfig: dc, SMConfig: smc, PhysicalSize: physSize,
+		Shared: shared, ContentType: ctype}
+	dc2, err := drv.Create(ctx, spec)
+	if err != nil {
+		return "", asBackend(err, smGeneral)
+	}
+	if dc2 != nil {
+		spec.DeviceConfig = dc2
+	}
+	h, err := drv.Attach(ctx, spec)
+	if err != nil {
+		return "", asBackend(err, smSRUnavailable)
+	}
+	st, err := h.Stat(ctx)
+	if err != nil {
+		h.Destroy(ctx)
+		return "", asBackend(err, smSRUnavailable)
+	}
+	info := drv.Info()
+	var srRef string
+	_, err = s.db.Update(func(tx *db.Tx) error {
+		rec := &dm.SRRecord{UUID: srUUID, NameLabel: name, NameDescription: desc, Type: typ, ContentType: ctype,
+			Shared: shared || info.Shared, OtherConfig: orEmpty(otherConfig), SMConfig: orEmpty(smc), Tags: []string{},
+			Blobs: map[string]dm.BlobRef{}, PhysicalSize: st.PhysicalSize, PhysicalUtilisation: st.PhysicalUtilisation,
+			CurrentOperations: map[string]dm.StorageOperations{}, AllowedOperations: []dm.StorageOperations{}}
+		var err error
+		if srRef, err = tx.Insert(dm.SR.Class, "", rec.Row()); err != nil {
+			return err
+		}
+		// A shared SR gets a PBD on every host; this host's is plugged.
+		hosts := []string{hostRef}
+		if rec.Shared {
+			hosts = nil
+			for _, hr := range tx.All(dm.Host.Class) {
+				hosts = append(hosts, hr.Ref)
+			}
+		}
+		for _, hr := range hosts {
+			pbd := &dm.PBDRecord{Host: dm.HostRef(hr), SR: dm.SRRef(srRef), DeviceConfig: orEmpty(spec.DeviceConfig),
+				CurrentlyAttached: hr == hostRef, OtherConfig: map[string]string{}}
+			if _, err := tx.Insert(dm.PBD.Class, "", pbd.Row()); err != nil {
+				return err
+			}
+		}
+		s.refreshSR(tx, srRef)
+		return nil
+	})
+	if err != nil {
+		h.Destroy(ctx)
+		return "", err
+	}
+	s.bind(srRef, srUUID, typ, drv, h)
+	if err := s.scan(ctx, srRef); err != nil {
+		s.log.Warn("scanning a new SR", "sr", srUUID, "err", err)
+	}
+	s.log.Info("SR created", "sr", srUUID, "type", typ, "name", name)
+	return srRef, nil
+}
+
+// handleSRIntroduce: SR.introduce(uuid, name_label, name_description, type,
+// content_type, shared, sm_config) makes the record of an SR that exists;
+// PBD.create and PBD.plug then attach it.
+func (s *Service) handleSRIntroduce(c *api.Call) (any, error) {
+	id, name, desc, typ, ctype := c.String(0), c.String(1), c.String(2), c.String(3), c.String(4)
+	info, ok := s.driverInfo(typ)
+	if !ok {
+		return nil, xerr.New(errSRUnknownDriver, typ)
+	}
+	if id == "" {
+		id = newUUID()
+	} else if !isUUID(id) {
+		return nil, xerr.New(xerr.UUIDInvalid, "SR", id)
+	}
+	var ref string
+	err := c.Update(func(tx *db.Tx) (err error) {
+		if _, ok := tx.ByUUID(dm.SR.Class, id); ok {
+			return xerr.New(errSRUUIDExists, id)
+		}
+		rec := &dm.SRRecord{UUID: id, NameLabel: name, NameDescription: desc, Type: typ, ContentType: ctype,
+			Shared: boolArg(c, 5) || info.Shared, SMConfig: mapArg(c, 6), OtherConfig: map[string]string{}, Tags: []string{},
+			Blobs: map[string]dm.BlobRef{}, CurrentOperations: map[string]dm.StorageOperations{}, AllowedOperations: []dm.StorageOperations{}}
+		if ref, err = tx.Insert(dm.SR.Class, "", rec.Row()); err != nil {
+			return err
+		}
+		s.refreshSR(tx, ref)
+		return nil
+	})
+	return ref, err
+}
+
+// assertNoPlugged fails with SR_HAS_PBD when any PBD of the SR is plugged.
+func assertNoPlugged(snap db.Reader, srRef string) error {
+	if srPlugged(snap, srRef) {
+		return xerr.New(errSRHasPBD, srRef)
+	}
+	return nil
+}
+
+// dropSRRecords deletes an SR's VDIs, their unplugged VBDs, its PBDs and
+// the SR, and clears the pool and host fields that named it.
+func (s *Service) dropSRRecords(srRef string) error {
+	_, err := s.db.Update(func(tx *db.Tx) error {
+		for _, v := range vdisOf(tx, srRef) {
+			if err := s.dropVDIRecord(tx, v.Ref); err != nil {
+				return err
+			}
+		}
+		for _, p := range pbdsOf(tx, srRef) {
+			if err := tx.Delete(dm.PBD.Class, p.Ref); err != nil {
+				return err
+			}
+		}
+		for _, p := range tx.All(dm.Pool.Class) {
+			for _, f := range []*schema.Field{dm.Pool.DefaultSR, dm.Pool.SuspendImageSR, dm.Pool.CrashDumpSR} {
+				if p.String(f) == srRef {
+					tx.Set(f, p.Ref, schema.NullRef)
+				}
+			}
+		}
+		for _, h := range tx.All(dm.Host.Class) {
+			for _, f := range []*schema.Field{dm.Host.SuspendImageSR, dm.Host.CrashDumpSR} {
+				if h.String(f) == srRef {
+					tx.Set(f, h.Ref, schema.NullRef)
+				}
+			}
+		}
+		return tx.Delete(dm.SR.Class, srRef)
+	})
+	return err
+}
+
+// dropVDIRecord deletes a VDI record and the VBD records that pointed at
+// it, as xapi's VDI.destroy does.
+func (s *Service) dropVDIRecord(tx *db.Tx, ref string) error {
+	for _, vbd := range vbdsOf(tx, ref) {
+		if boolField(vbd, dm.VBD.CurrentlyAttached) {
+			return xerr.New(errVDIInUse, ref, "destroy")
+		}
+		if err := tx.Delete(dm.VBD.Class, vbd.Ref); err != nil {
+			return err
+		}
+	}
+	return tx.Delete(dm.VDI.Class, ref)
+}
+
+func (s *Service) handleSRForget(c *api.Call) (any, error) {
+	sr, err := c.Row(0, dm.SR.Class)
+	if err != nil {
+		return nil, err
+	}
+	done, err := s.mark(c.Ctx, opKey(c), marked{dm.SR.Class, sr.Ref, "forget"})
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	if err := assertNoPlugged(s.db.Snapshot(), sr.Ref); err != nil {
+		return nil, err
+	}
+	return nil, s.dropSRRecords(sr.Ref)
+}
+
+func (s *Service) handleSRDestroy(c *api.Call) (any, error) {
+	sr, err := c.Row(0, dm.SR.Class)
+	if err != nil {
+		return nil, err
+	}
+	done, err := s.mark(c.Ctx, opKey(c), marked{dm.SR.Class, sr.Ref, "destroy"})
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	snap := s.db.Snapshot()
+	if err := assertNoPlugged(snap, sr.Ref); err != nil {
+		return nil, err
+	}
+	if sr.Get(dm.SR.IsToolsSR) == true {
+		return nil, xerr.New("SR_INDESTRUCTIBLE", sr.Ref)
+	}
+	drv := s.driver(sr.String(dm.SR.Type))
+	if drv == nil {
+		return nil, xerr.New(errSRUnknownDriver, sr.String(dm.SR.Type))
+	}
+	var pbd *db.Row
+	for _, p := range pbdsOf(snap, sr.Ref) {
+		if pbd == nil || p.String(dm.PBD.Host) == s.host {
+			pbd = p
+		}
+	}
+	if pbd == nil {
+		return nil, xerr.New(errSRHasNoPBDs, sr.Ref)
+	}
+	h, err := drv.Attach(c.Ctx, s.specOf(sr, pbd))
+	if err != nil {
+		return nil, asBackend(err, smSRUnavailable)
+	}
+	if err := h.Destroy(c.Ctx); err != nil {
+		return nil, asBackend(err, smFileSRDelete)
+	}
+	s.log.Info("SR destroyed", "sr", sr.UUID())
+	return nil, s.dropSRRecords(sr.Ref)
+}
+
+func (s *Service) specOf(sr, pbd *db.Row) SRSpec {
+	spec := SRSpec{UUID: sr.UUID(), Name: sr.String(dm.SR.NameLabel), Description: sr.String(dm.SR.NameDescription),
+		SMConfig: orEmpty(mapField(sr, dm.SR.SMConfig)), Shared: boolField(sr, dm.SR.Shared), ContentType: sr.String(dm.SR.ContentType)}
+	if pbd != nil {
+		spec.DeviceConfig = orEmpty(mapField(pbd, dm.PBD.DeviceConfig))
+	}
+	return spec
+}
+
+// attached returns the mux entry of an SR: SR_HAS_NO_PBDS when it has no
+// PBD, SR_NOT_ATTACHED when this host's PBD is not plugged.
+func (s *Service) attached(srRef string) (*boundSR, error) {
+	if b := s.boundSR(srRef); b != nil {
+		return b, nil
+	}
+	snap := s.db.Snapshot()
+	if _, ok := snap.Get(dm.SR.Class, srRef); !ok {
+		return nil, xerr.New(xerr.HandleInvalid, "SR", srRef)
+	}
+	if len(pbdsOf(snap, srRef)) == 0 {
+		return nil, xerr.New(errSRHasNoPBDs, srRef)
+	}
+	return nil, xerr.New(errSRNotAttached, srRef)
+}
+
+func (s *Service) handleSRScan(c *api.Call) (any, error) {
+	sr, err := c.Row(0, dm.SR.Class)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := s.attached(sr.Ref); err != nil {
+		return nil, err
+	}
+	done, err := s.mark(c.Ctx, opKey(c), marked{dm.SR.Class, sr.Ref, "scan"})
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	return nil, s.scan(c.Ctx, sr.Ref)
+}
+
+func inflightKey(srRef, key string) string { return srRef + "/" + key }
+
+func (s *Service) setInflight(srRef, key string, on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := inflightKey(srRef, key)
+	if on {
+		s.inflight[k]++
+	} else if s.inflight[k]--; s.inflight[k] <= 0 {
+		delete(s.inflight, k)
+	}
+}
+
+func (s *Service) isInflight(srRef, key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.inflight[inflightKey(srRef, key)] > 0
+}
+
+// scan brings the VDI records of an SR in line with what its driver
+// reports: new volumes are introduced, sizes updated, and records of
+// volumes that are gone are deleted (or marked missing while attached).
+func (s *Service) scan(ctx context.Context, srRef string) error {
+	b, err := s.attached(srRef)
+	if err != nil {
+		return err
+	}
+	vols, err := b.sr.Scan(ctx)
+	if err != nil {
+		return asBackend(err, smSRScan)
+	}
+	st, stErr := b.sr.Stat(ctx)
+	_, err = s.db.Update(func(tx *db.Tx) error {
+		byLoc := map[string]*db.Row{}
+		for _, v := range vdisOf(tx, srRef) {
+			byLoc[v.String(dm.VDI.Location)] = v
+		}
+		seen := map[string]bool{}
+		var fresh []Volume
+		for _, v := range vols {
+			if s.isInflight(srRef, v.Key) {
+				seen[v.Key] = true
+				continue
+			}
+			seen[v.Key] = true
+			if row := byLoc[v.Key]; row != nil {
+				s.applyVolume(tx, row.Ref, v)
+				if boolField(row, dm.VDI.Missing) {
+					tx.Set(dm.VDI.Missing, row.Ref, false)
+				}
+				continue
+			}
+			fresh = append(fresh, v)
+		}
+		for _, v := range fresh {
+			ref, err := s.insertVDI(tx, srRef, v, vdiExtra{})
+			if err != nil {
+				return err
+			}
+			byLoc[v.Key] = mustGet(tx, dm.VDI.Class, ref)
+		}
+		// Snapshot relations the driver remembers.
+		for _, v := range fresh {
+			if v.SnapshotOf != "" && byLoc[v.SnapshotOf] != nil {
+				tx.Set(dm.VDI.SnapshotOf, byLoc[v.Key].Ref, byLoc[v.SnapshotOf].Ref)
+			}
+		}
+		for loc, row := range byLoc {
+			if seen[loc] || !boolField(row, dm.VDI.Managed) || len(mapField(row, dm.VDI.CurrentOperations)) > 0 || s.isInflight(srRef, loc) {
+				continue
+			}
+			if s.vdiBusy(tx, row.Ref) {
+				tx.Set(dm.VDI.Missing, row.Ref, true)
+				continue
+			}
+			if err := s.dropVDIRecord(tx, row.Ref); err != nil {
+				return err
+			}
+		}
+		if stErr == nil {
+			s.applyStat(tx, srRef, st)
+		}
+		s.refreshSRAll(tx, srRef)
+		return nil
+	})
+	return err
+}
+
+func mustGet(tx db.Reader, cls *schema.Class, ref string) *db.Row {
+	r, _ := tx.Get(cls, ref)
+	return r
+}
+
+func (s *Service) applyStat(tx *db.Tx, srRef string, st SRStat) {
+	var alloc int64
+	for _, v := range vdisOf(tx, srRef) {
+		n, _ := v.Get(dm.VDI.VirtualSize).(int64)
+		alloc += n
+	}
+	for f, v := range map[*schema.Field]int64{dm.SR.PhysicalSize: st.PhysicalSize, dm.SR.PhysicalUtilisation: st.PhysicalUtilisation,
+		dm.SR.VirtualAllocation: alloc} {
+		row := mustGet(tx, dm.SR.Class, srRef)
+		if row != nil && row.Get(f) != v {
+			tx.Set(f, srRef, v)
+		}
+	}
+}
+
+// updateSRStats refreshes an SR's sizes after an operation changed them.
+func (s *Service) updateSRStats(ctx context.Context, srRef string) {
+	b := s.boundSR(srRef)
+	if b == nil {
+		return
+	}
+	st, err := b.sr.Stat(ctx)
+	if err != nil {
+		return
+	}
+	s.db.Update(func(tx *db.Tx) error { s.applyStat(tx, srRef, st); return nil })
+}
+
+// probeXML is SR.probe's answer, as xapi's SMAPIv1 drivers give it.
+type probeXML struct {
+	XMLName xml.Name `xml:"SRlist"`
+	SRs     []struct {
+		UUID        string `xml:"UUID"`
+		NameLabel   string `xml:"name_label,omitempty"`
+		Description string `xml:"name_description,omitempty"`
+	} `xml:"SR"`
+}
+
+// handleSRProbe: SR.probe(host, device_config, type, sm_config).
+func (s *Service) handleSRProbe(c *api.Call) (any, error) {
+	if _, err := c.Row(0, dm.Host.Class); err != nil {
+		return nil, err
+	}
+	drv := s.driver(c.String(2))
+	if drv == nil {
+		return nil, xerr.New(errSRUnknownDriver, c.String(2))
+	}
+	if !drv.Info().Has("SR_PROBE") {
+		return nil, xerr.New(errSROperationNotSupported, c.String(2))
+	}
+	res, err := drv.Probe(c.Ctx, mapArg(c, 1))
+	if err != nil {
+		return nil, asBackend(err, smGeneral)
+	}
+	var out probeXML
+	for _, r := range res {
+		out.SRs = append(out.SRs, struct {
+			UUID        string `xml:"UUID"`
+			NameLabel   string `xml:"name_label,omitempty"`
+			Description string `xml:"name_description,omitempty"`
+		}{r.UUID, r.Name, r.Description})
+	}
+	b, err := xml.MarshalIndent(out, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return xml.Header + string(b) + "\n", nil
+}
+
+func (s *Service) handleSRUpdate(c *api.Call) (any, error) {
+	sr, err := c.Row(0, dm.SR.Class)
+	if err != nil {
+		return nil, err
+	}
+	b, err := s.attached(sr.Ref)
+	if err != nil {
+		return nil, err
+	}
+	done, err := s.mark(c.Ctx, opKey(c), marked{dm.SR.Class, sr.Ref, "update"})
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	st, err := b.sr.Stat(c.Ctx)
+	if err != nil {
+		return nil, asBackend(err, smSRUnavailable)
+	}
+	_, err = s.db.Update(func(tx *db.Tx) error { s.applyStat(tx, sr.Ref, st); return nil })
+	return nil, err
+}
+
+// handleSRSetName serves set_name_label and set_name_description: the
+// record, and the storage when the driver keeps the names.
+func (s *Service) handleSRSetName(c *api.Call) (any, error) {
+	sr, err := c.Row(0, dm.SR.Class)
+	if err != nil {
+		return nil, err
+	}
+	f := dm.SR.NameLabel
+	if strings.HasSuffix(c.Msg.Name, "description") {
+		f = dm.SR.NameDescription
+	}
+	if err := c.Update(func(tx *db.Tx) error { return tx.Set(f, sr.Ref, c.String(1)) }); err != nil {
+		return nil, err
+	}
+	if b := s.boundSR(sr.Ref); b != nil {
+		row := mustGet(s.db.Snapshot(), dm.SR.Class, sr.Ref)
+		if err := b.sr.SetName(c.Ctx, row.String(dm.SR.NameLabel), row.String(dm.SR.NameDescription)); err != nil {
+			s.log.Warn("recording SR name with its storage", "sr", sr.UUID(), "err", err)
+		}
+	}
+	return nil, nil
+}
+
+// handlePBDCreate: PBD.create({host, SR, device_config, other_config}).
+func (s *Service) handlePBDCreate(c *api.Call) (any, error) {
+	rec, _ := c.Args[0].(map[string]any)
+	host, _ := rec["host"].(string)
+	sr, _ := rec["SR"].(string)
+	dc, _ := rec["device_config"].(map[string]string)
+	oc, _ := rec["other_config"].(map[string]string)
+	snap := s.db.Snapshot()
+	if _, ok := snap.Get(dm.Host.Class, host); !ok {
+		return nil, xerr.New(xerr.HandleInvalid, "host", host)
+	}
+	if _, ok := snap.Get(dm.SR.Class, sr); !ok {
+		return nil, xerr.New(xerr.HandleInvalid, "SR", sr)
+	}
+	done, err := s.mark(c.Ctx, opKey(c), marked{dm.SR.Class, sr, "pbd_create"})
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	var ref string
+	err = c.Update(func(tx *db.Tx) (err error) {
+		for _, p := range pbdsOf(tx, sr) {
+			if p.String(dm.PBD.Host) == host {
+				return xerr.New(errPBDExists, sr, host, p.Ref)
+			}
+		}
+		pbd := &dm.PBDRecord{Host: dm.HostRef(host), SR: dm.SRRef(sr), DeviceConfig: orEmpty(dc), OtherConfig: orEmpty(oc)}
+		ref, err = tx.Insert(dm.PBD.Class, "", pbd.Row())
+		return err
+	})
+	return ref, err
+}
+
+func (s *Service) handlePBDPlug(c *api.Call) (any, error) {
+	pbd, err := c.Row(0, dm.PBD.Class)
+	if err != nil {
+		return nil, err
+	}
+	srRef := pbd.String(dm.PBD.SR)
+	done, err := s.mark(c.Ctx, opKey(c), marked{dm.SR.Class, srRef, "plug"})
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	return nil, s.plugPBD(c.Ctx, pbd.Ref)
+}
+
+// plugPBD attaches a PBD's SR on this host and binds it in the mux.
+func (s *Service) plugPBD(ctx context.Context, pbdRef string) error {
+	snap := s.db.Snapshot()
+	pbd, ok := snap.Get(dm.PBD.Class, pbdRef)
+	if !ok {
+		return xerr.New(xerr.HandleInvalid, "PBD", pbdRef)
+	}
+	srRef := pbd.String(dm.PBD.SR)
+	sr, ok := snap.Get(dm.SR.Class, srRef)
+	if !ok {
+		return xerr.New(xerr.HandleInvalid, "SR", srRef)
+	}
+	if pbd.String(dm.PBD.Host) != s.host {
+		return xerr.New(errHostOffline, pbd.String(dm.PBD.Host))
+	}
+	if b := s.boundSR(srRef); b != nil {
+		return s.setPlugged(pbdRef, true)
+	}
+	drv := s.driver(sr.String(dm.SR.Type))
+	if drv == nil {
+		return xerr.New(errSRUnknownDriver, sr.String(dm.SR.Type))
+	}
+	h, err := drv.Attach(ctx, s.specOf(sr, pbd))
+	if err != nil {
+		return asBackend(err, smSRUnavailable)
+	}
+	s.bind(srRef, sr.UUID(), sr.String(dm.SR.Type), drv, h)
+	if err := s.setPlugged(pbdRef, true); err != nil {
+		s.unbind(srRef)
+		h.Detach(ctx)
+		return err
+	}
+	s.updateSRStats(ctx, srRef)
+	return nil
+}
+
+func (s *Service) setPlugged(pbdRef string, on bool) error {
+	_, err := s.db.Update(func(tx *db.Tx) error {
+		pbd, ok := tx.Get(dm.PBD.Class, pbdRef)
+		if !ok {
+			return xerr.New(xerr.HandleInvalid, "PBD", pbdRef)
+		}
+		if boolField(pbd, dm.PBD.CurrentlyAttached) != on {
+			if err := tx.Set(dm.PBD.CurrentlyAttached, pbdRef, on); err != nil {
+				return err
+			}
+		}
+		s.refreshSRAll(tx, pbd.String(dm.PBD.SR))
+		return nil
+	})
+	return err
+}
+
+func (s *Service) handlePBDUnplug(c *api.Call) (any, error) {
+	pbd, err := c.Row(0, dm.PBD.Class)
+	if err != nil {
+		return nil, err
+	}
+	srRef := pbd.String(dm.PBD.SR)
+	done, err := s.mark(c.Ctx, opKey(c), marked{dm.SR.Class, srRef, "unplug"})
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	if !boolField(pbd, dm.PBD.CurrentlyAttached) {
+		return nil, nil
+	}
+	if pbd.String(dm.PBD.Host) != s.host {
+		return nil, xerr.New(errHostOffline, pbd.String(dm.PBD.Host))
+	}
+	snap := s.db.Snapshot()
+	for _, v := range vdisOf(snap, srRef) {
+		if s.vdiBusy(snap, v.Ref) {
+			return nil, xerr.New(errVDIInUse, v.Ref, "unplug")
+		}
+	}
+	if b := s.unbind(srRef); b != nil {
+		if err := b.sr.Detach(c.Ctx); err != nil {
+			s.bind(srRef, b.uuid, b.typ, b.driver, b.sr)
+			return nil, asBackend(err, smSRUnavailable)
+		}
+	}
+	return nil, s.setPlugged(pbd.Ref, false)
+}
+
+func (s *Service) handlePBDDestroy(c *api.Call) (any, error) {
+	pbd, err := c.Row(0, dm.PBD.Class)
+	if err != nil {
+		return nil, err
+	}
+	if boolField(pbd, dm.PBD.CurrentlyAttached) {
+		return nil, xerr.New(errOperationNotAllowed, "PBD is currently attached; unplug it first")
+	}
+	srRef := pbd.String(dm.PBD.SR)
+	var done func()
+	if _, ok := s.db.Snapshot().Get(dm.SR.Class, srRef); ok {
+		if done, err = s.mark(c.Ctx, opKey(c), marked{dm.SR.Class, srRef, "pbd_destroy"}); err != nil {
+			return nil, err
+		}
+		defer done()
+	}
+	return nil, c.Update(func(tx *db.Tx) error {
+		if err := tx.Delete(dm.PBD.Class, pbd.Ref); err != nil {
+			return err
+		}
+		s.refreshSRAll(tx, srRef)
+		return nil
+	})
+}
+
+// vdiExtra are record fields a VDI gets from its creator rather than its
+// driver.
+type vdiExtra struct {
+	uuid         string
+	name, desc   *string
+	typ          string
+	sharable     bool
+	readOnly     bool
+	otherConfig  map[string]string
+	xenstoreData map[string]string
+	smConfig     map[string]string
+	tags         []string
+	isSnapshot   bool
+	snapshotOf   string
+	snapshotTime time.Time
+	managed      *bool
+	onBoot       string
+}
+
+// insertVDI makes the record of a volume.
+func (s *Service) insertVDI(tx *db.Tx, srRef string, v Volume, x vdiExtra) (string, error) {
+	id := x.uuid
+	if id == "" && isUUID(v.UUID) {
+		if _, taken := tx.ByUUID(dm.VDI.Class, v.UUID); !taken {
+			id = v.UUID
+		}
+	}
+	if id == "" {
+		id = newUUID()
+	}
+	name, desc := v.Name, v.Description
+	if x.name != nil {
+		name = *x.name
+	}
+	if x.desc != nil {
+		desc = *x.desc
+	}
+	typ := x.typ
+	if typ == "" {
+		typ = v.Type
+	}
+	if typ == "" {
+		typ = "user"
+	}
+	managed := true
+	if x.managed != nil {
+		managed = *x.managed
+	}
+	smc := orEmpty(x.smConfig)
+	if v.Format != "" {
+		smc["image-format"] = v.Format
+	}
+	rec := &dm.VDIRecord{UUID: id, NameLabel: name, NameDescription: desc, SR: dm.SRRef(srRef), VirtualSize: v.VirtualSize,
+		PhysicalUtilisation: v.PhysicalUtilisation, Type: dm.VDIType(typ), Sharable: x.sharable || v.Sharable,
+		ReadOnly: x.readOnly || v.ReadOnly, OtherConfig: orEmpty(x.otherConfig), Location: v.Key, Managed: managed,
+		XenstoreData: orEmpty(x.xenstoreData), SMConfig: smc, Tags: slices.Clone(x.tags),
+		IsASnapshot: x.isSnapshot || v.IsSnapshot, SnapshotTime: x.snapshotTime, OnBoot: dm.OnBootPersist,
+		AllowedOperations: []dm.VDIOperations{}, CurrentOperations: map[string]dm.VDIOperations{}, MetadataOfPool: dm.PoolRef(schema.NullRef)}
+	if rec.Tags == nil {
+		rec.Tags = []string{}
+	}
+	if x.onBoot != "" {
+		rec.OnBoot = dm.OnBoot(x.onBoot)
+	}
+	if rec.IsASnapshot && rec.SnapshotTime.IsZero() {
+		rec.SnapshotTime = v.SnapshotTime
+	}
+	if rec.SnapshotTime.IsZero() {
+		rec.SnapshotTime = schema.Epoch
+	}
+	if x.snapshotOf != "" {
+		rec.SnapshotOf = dm.VDIRef(x.snapshotOf)
+	}
+	ref, err := tx.Insert(dm.VDI.Class, "", rec.Row())
+	if err != nil {
+		return "", err
+	}
+	s.refreshVDI(tx, ref)
+	return ref, nil
+}
+
+// applyVolume updates a VDI record from its driver's report.
+func (s *Service) applyVolume(tx *db.Tx, ref string, v Volume) {
+	row := mustGet(tx, dm.VDI.Class, ref)
+	if row == nil {
+		return
+	}
+	if row.Get(dm.VDI.VirtualSize) != v.VirtualSize {
+		tx.Set(dm.VDI.VirtualSize, ref, v.VirtualSize)
+	}
+	if row.Get(dm.VDI.PhysicalUtilisation) != v.PhysicalUtilisation {
+		tx.Set(dm.VDI.PhysicalUtilisation, ref, v.PhysicalUtilisation)
+	}
+	if v.ReadOnly && !boolField(row, dm.VDI.ReadOnly) {
+		tx.Set(dm.VDI.ReadOnly, ref, true)
+	}
+}
+
+func newUUID() string { return uuid.NewString() }

@@ -1,0 +1,464 @@
+package storage
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"time"
+
+	"toolstackd/internal/api"
+	dm "toolstackd/internal/api/datamodel"
+	"toolstackd/internal/db"
+	"toolstackd/internal/schema"
+	"toolstackd/internal/xerr"
+)
+
+// vdiContext resolves a VDI argument to its row, its SR's row and the
+// SR's mux entry.
+func (s *Service) vdiContext(c *api.Call, i int) (*db.Row, *db.Row, *boundSR, error) {
+	vdi, err := c.Row(i, dm.VDI.Class)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	sr, ok := s.db.Snapshot().Get(dm.SR.Class, vdi.String(dm.VDI.SR))
+	if !ok {
+		return nil, nil, nil, xerr.New(xerr.HandleInvalid, "SR", vdi.String(dm.VDI.SR))
+	}
+	b, err := s.attached(sr.Ref)
+	if err != nil {
+		return vdi, sr, nil, err
+	}
+	return vdi, sr, b, nil
+}
+
+func (s *Service) requireCap(b *boundSR, srRef, cap string) error {
+	if !b.driver.Info().Has(cap) {
+		return xerr.New(errSROperationNotSupported, srRef)
+	}
+	return nil
+}
+
+// checkSpace fails with SR_FULL when need bytes are more than the SR's
+// free space (its physical size when it allows overprovisioning).
+func (s *Service) checkSpace(ctx context.Context, b *boundSR, sr *db.Row, need int64) error {
+	if need <= 0 {
+		return nil
+	}
+	st, err := b.sr.Stat(ctx)
+	if err != nil {
+		return asBackend(err, smSRUnavailable)
+	}
+	limit := st.FreeSpace
+	if overprovision(sr) {
+		limit = st.PhysicalSize
+	}
+	if need > limit {
+		return xerr.New(errSRFull, strconv.FormatInt(need, 10), strconv.FormatInt(limit, 10))
+	}
+	return nil
+}
+
+func recString(rec map[string]any, k string) string { v, _ := rec[k].(string); return v }
+func recBool(rec map[string]any, k string) bool     { v, _ := rec[k].(bool); return v }
+func recMap(rec map[string]any, k string) map[string]string {
+	v, _ := rec[k].(map[string]string)
+	return orEmpty(v)
+}
+
+// handleVDICreate: VDI.create({SR, virtual_size, name_label, type, ...})
+// makes a thin volume.
+func (s *Service) handleVDICreate(c *api.Call) (any, error) {
+	rec, _ := c.Args[0].(map[string]any)
+	srRef := recString(rec, "SR")
+	sr, ok := s.db.Snapshot().Get(dm.SR.Class, srRef)
+	if !ok {
+		return nil, xerr.New(xerr.HandleInvalid, "SR", srRef)
+	}
+	size, _ := rec["virtual_size"].(int64)
+	if size < 0 {
+		return nil, xerr.New(xerr.InvalidValue, "virtual_size", strconv.FormatInt(size, 10))
+	}
+	if size > MaxVirtualSize {
+		return nil, BackendError(smVDISize, "virtual size "+strconv.FormatInt(size, 10)+" is over the maximum "+strconv.FormatInt(MaxVirtualSize, 10))
+	}
+	typ := recString(rec, "type")
+	if typ == "" {
+		typ = "user"
+	}
+	b, err := s.attached(srRef)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.requireCap(b, srRef, "VDI_CREATE"); err != nil {
+		return nil, err
+	}
+	done, err := s.mark(c.Ctx, opKey(c), marked{dm.SR.Class, srRef, "vdi_create"})
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	if err := s.checkSpace(c.Ctx, b, sr, size); err != nil {
+		return nil, err
+	}
+	name, desc := recString(rec, "name_label"), recString(rec, "name_description")
+	id := newUUID()
+	spec := VolumeSpec{UUID: id, Name: name, Description: desc, Size: size, Sharable: recBool(rec, "sharable"), Type: typ,
+		ReadOnly: recBool(rec, "read_only"), Time: time.Now().UTC()}
+	s.setInflight(srRef, id, true)
+	defer s.setInflight(srRef, id, false)
+	v, err := b.sr.VolumeCreate(c.Ctx, spec)
+	if err != nil {
+		return nil, asBackend(err, smVDICreate)
+	}
+	s.setInflight(srRef, v.Key, true)
+	defer s.setInflight(srRef, v.Key, false)
+	tags, _ := rec["tags"].([]string)
+	var ref string
+	_, err = s.db.Update(func(tx *db.Tx) (err error) {
+		ref, err = s.insertVDI(tx, srRef, v, vdiExtra{uuid: id, name: &name, desc: &desc, typ: typ, sharable: spec.Sharable,
+			readOnly: spec.ReadOnly, otherConfig: recMap(rec, "other_config"), xenstoreData: recMap(rec, "xenstore_data"),
+			smConfig: recMap(rec, "sm_config"), tags: tags})
+		return err
+	})
+	if err != nil {
+		b.sr.VolumeDestroy(context.Background(), v.Key)
+		return nil, err
+	}
+	s.updateSRStats(c.Ctx, srRef)
+	return ref, nil
+}
+
+func (s *Service) handleVDIDestroy(c *api.Call) (any, error) {
+	vdi, sr, b, err := s.vdiContext(c, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.requireCap(b, sr.Ref, "VDI_DELETE"); err != nil {
+		return nil, err
+	}
+	done, err := s.mark(c.Ctx, opKey(c), marked{dm.VDI.Class, vdi.Ref, "destroy"}, marked{dm.SR.Class, sr.Ref, "vdi_destroy"})
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	unlock := s.lock("vdi:" + vdi.Ref)
+	defer unlock()
+	if s.vdiBusy(s.db.Snapshot(), vdi.Ref) {
+		return nil, xerr.New(errVDIInUse, vdi.Ref, "destroy")
+	}
+	key := vdi.String(dm.VDI.Location)
+	if err := b.sr.VolumeDestroy(c.Ctx, key); err != nil && !xerr.HasCode(err, errSRBackendFailure+"_"+strconv.Itoa(smVDIMissing)) {
+		return nil, asBackend(err, smVDIRemove)
+	}
+	_, err = s.db.Update(func(tx *db.Tx) error {
+		if err := s.dropVDIRecord(tx, vdi.Ref); err != nil {
+			return err
+		}
+		s.refreshSR(tx, sr.Ref)
+		return nil
+	})
+	s.updateSRStats(c.Ctx, sr.Ref)
+	return nil, err
+}
+
+func (s *Service) handleVDISnapshot(c *api.Call) (any, error) { return s.branch(c, "snapshot") }
+func (s *Service) handleVDIClone(c *api.Call) (any, error)    { return s.branch(c, "clone") }
+
+// branch serves VDI.snapshot and VDI.clone: a new VDI with the content
+// this one has now, made by the driver in constant time.
+func (s *Service) branch(c *api.Call, op string) (any, error) {
+	vdi, sr, b, err := s.vdiContext(c, 0)
+	if err != nil {
+		return nil, err
+	}
+	cap, srOp := "VDI_CLONE", "vdi_clone"
+	if op == "snapshot" {
+		cap, srOp = "VDI_SNAPSHOT", "vdi_snapshot"
+	}
+	if err := s.requireCap(b, sr.Ref, cap); err != nil {
+		return nil, err
+	}
+	done, err := s.mark(c.Ctx, opKey(c), marked{dm.VDI.Class, vdi.Ref, op}, marked{dm.SR.Class, sr.Ref, srOp})
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	unlock := s.lock("vdi:" + vdi.Ref)
+	defer unlock()
+	live, err := s.liveSwitch(vdi.Ref, op)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now().UTC()
+	name, desc := vdi.String(dm.VDI.NameLabel), vdi.String(dm.VDI.NameDescription)
+	id := newUUID()
+	spec := VolumeSpec{UUID: id, Name: name, Description: desc, Size: vdiSize(vdi), Sharable: boolField(vdi, dm.VDI.Sharable),
+		Type: vdi.String(dm.VDI.Type), IsSnapshot: op == "snapshot", Time: now}
+	s.setInflight(sr.Ref, id, true)
+	defer s.setInflight(sr.Ref, id, false)
+	key := vdi.String(dm.VDI.Location)
+	var v Volume
+	if op == "snapshot" {
+		v, err = b.sr.VolumeSnapshot(c.Ctx, key, spec, live)
+	} else {
+		v, err = b.sr.VolumeClone(c.Ctx, key, spec, live)
+	}
+	if err != nil {
+		code := smVDIClone
+		if op == "snapshot" {
+			code = smVDISnapshot
+		}
+		return nil, asBackend(err, code)
+	}
+	s.setInflight(sr.Ref, v.Key, true)
+	defer s.setInflight(sr.Ref, v.Key, false)
+	smc := orEmpty(mapField(vdi, dm.VDI.SMConfig))
+	for k := range smc {
+		if strings.HasPrefix(k, "host_") {
+			delete(smc, k)
+		}
+	}
+	x := vdiExtra{uuid: id, name: &name, desc: &desc, typ: vdi.String(dm.VDI.Type), sharable: spec.Sharable,
+		otherConfig: mapField(vdi, dm.VDI.OtherConfig), xenstoreData: mapField(vdi, dm.VDI.XenstoreData), smConfig: smc}
+	if op == "snapshot" {
+		x.isSnapshot, x.snapshotOf, x.snapshotTime = true, vdi.Ref, now
+		tags, _ := vdi.Get(dm.VDI.Tags).([]string)
+		x.tags = tags
+	} else {
+		x.onBoot = vdi.String(dm.VDI.OnBoot)
+		if x.onBoot == "reset" {
+			x.onBoot = ""
+		}
+	}
+	var ref string
+	_, err = s.db.Update(func(tx *db.Tx) (err error) {
+		ref, err = s.insertVDI(tx, sr.Ref, v, x)
+		return err
+	})
+	if err != nil {
+		b.sr.VolumeDestroy(context.Background(), v.Key)
+		return nil, err
+	}
+	s.refreshVolume(c.Ctx, vdi.Ref)
+	s.updateSRStats(c.Ctx, sr.Ref)
+	return ref, nil
+}
+
+func vdiSize(r *db.Row) int64 { n, _ := r.Get(dm.VDI.VirtualSize).(int64); return n }
+
+// handleVDIResize: VDI.resize(vdi, size). Disks only grow; an attached
+// disk is resized by the VM (resize_online).
+func (s *Service) handleVDIResize(c *api.Call) (any, error) {
+	vdi, sr, b, err := s.vdiContext(c, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.requireCap(b, sr.Ref, "VDI_RESIZE"); err != nil {
+		return nil, err
+	}
+	size := intArg(c, 1)
+	cur := vdiSize(vdi)
+	if size < cur {
+		return nil, xerr.New(errVDITooSmall, vdi.Ref, strconv.FormatInt(cur, 10))
+	}
+	if size > MaxVirtualSize {
+		return nil, xerr.New(errVDITooLarge, vdi.Ref, strconv.FormatInt(MaxVirtualSize, 10))
+	}
+	done, err := s.mark(c.Ctx, opKey(c), marked{dm.VDI.Class, vdi.Ref, "resize"}, marked{dm.SR.Class, sr.Ref, "vdi_resize"})
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	unlock := s.lock("vdi:" + vdi.Ref)
+	defer unlock()
+	if s.vdiBusy(s.db.Snapshot(), vdi.Ref) {
+		return nil, xerr.New(errVDIInUse, vdi.Ref, "resize")
+	}
+	if size == cur {
+		return nil, nil
+	}
+	if err := s.checkSpace(c.Ctx, b, sr, size-cur); err != nil {
+		return nil, err
+	}
+	v, err := b.sr.VolumeResize(c.Ctx, vdi.String(dm.VDI.Location), size)
+	if err != nil {
+		return nil, asBackend(err, smVDIResize)
+	}
+	_, err = s.db.Update(func(tx *db.Tx) error { s.applyVolume(tx, vdi.Ref, v); return nil })
+	s.updateSRStats(c.Ctx, sr.Ref)
+	return nil, err
+}
+
+// handleVDIIntroduce: VDI.introduce(uuid, name_label, name_description, SR,
+// type, sharable, read_only, other_config, location, xenstore_data,
+// sm_config, managed, virtual_size, physical_utilisation,
+// metadata_of_pool, is_a_snapshot, snapshot_time, snapshot_of).
+func (s *Service) handleVDIIntroduce(c *api.Call) (any, error) {
+	id := c.String(0)
+	sr, err := c.Row(3, dm.SR.Class)
+	if err != nil {
+		return nil, err
+	}
+	b, err := s.attached(sr.Ref)
+	if err != nil {
+		return nil, err
+	}
+	loc := c.String(8)
+	if loc == "" {
+		return nil, xerr.New(errVDILocationMissing, sr.Ref, loc)
+	}
+	if id != "" && !isUUID(id) {
+		return nil, xerr.New(xerr.UUIDInvalid, "VDI", id)
+	}
+	done, err := s.mark(c.Ctx, opKey(c), marked{dm.SR.Class, sr.Ref, "vdi_introduce"})
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	var v Volume
+	if in, ok := b.sr.(Introducer); ok {
+		v, err = in.VolumeIntroduce(c.Ctx, loc)
+	} else {
+		v, err = b.sr.VolumeStat(c.Ctx, loc)
+	}
+	if err != nil {
+		if xerr.HasCode(err, errTaskCancelled) {
+			return nil, err
+		}
+		return nil, xerr.New(errVDILocationMissing, sr.Ref, loc)
+	}
+	name, desc := c.String(1), c.String(2)
+	managed := true
+	if len(c.Args) > 11 && c.Args[11] != nil {
+		managed = boolArg(c, 11)
+	}
+	x := vdiExtra{uuid: id, name: &name, desc: &desc, typ: c.String(4), sharable: boolArg(c, 5), readOnly: boolArg(c, 6),
+		otherConfig: mapArg(c, 7), xenstoreData: mapArg(c, 9), smConfig: mapArg(c, 10), managed: &managed, isSnapshot: boolArg(c, 15)}
+	if len(c.Args) > 16 {
+		if t, ok := c.Args[16].(time.Time); ok {
+			x.snapshotTime = t
+		}
+	}
+	if len(c.Args) > 17 {
+		if r, _ := c.Args[17].(string); r != "" && r != schema.NullRef {
+			x.snapshotOf = r
+		}
+	}
+	var ref string
+	err = c.Update(func(tx *db.Tx) (err error) {
+		for _, other := range vdisOf(tx, sr.Ref) {
+			if other.String(dm.VDI.Location) == loc {
+				return xerr.New(errLocationNotUnique, sr.Ref, loc)
+			}
+		}
+		if id != "" {
+			if _, taken := tx.ByUUID(dm.VDI.Class, id); taken {
+				return xerr.New(xerr.UUIDInvalid, "VDI", id)
+			}
+		}
+		ref, err = s.insertVDI(tx, sr.Ref, v, x)
+		return err
+	})
+	return ref, err
+}
+
+func (s *Service) handleVDIForget(c *api.Call) (any, error) {
+	vdi, err := c.Row(0, dm.VDI.Class)
+	if err != nil {
+		return nil, err
+	}
+	srRef := vdi.String(dm.VDI.SR)
+	objs := []marked{{dm.VDI.Class, vdi.Ref, "forget"}}
+	if _, ok := s.db.Snapshot().Get(dm.SR.Class, srRef); ok {
+		objs = append(objs, marked{dm.SR.Class, srRef, "vdi_forget"})
+	}
+	done, err := s.mark(c.Ctx, opKey(c), objs...)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	if s.vdiBusy(s.db.Snapshot(), vdi.Ref) {
+		return nil, xerr.New(errVDIInUse, vdi.Ref, "forget")
+	}
+	return nil, c.Update(func(tx *db.Tx) error { return tx.Delete(dm.VDI.Class, vdi.Ref) })
+}
+
+func (s *Service) handleVDIUpdate(c *api.Call) (any, error) {
+	vdi, sr, b, err := s.vdiContext(c, 0)
+	if err != nil {
+		return nil, err
+	}
+	done, err := s.mark(c.Ctx, opKey(c), marked{dm.VDI.Class, vdi.Ref, "update"}, marked{dm.SR.Class, sr.Ref, "vdi_update"})
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	v, err := b.sr.VolumeStat(c.Ctx, vdi.String(dm.VDI.Location))
+	if err != nil {
+		return nil, asBackend(err, smVDIUnavailable)
+	}
+	return nil, c.Update(func(tx *db.Tx) error { s.applyVolume(tx, vdi.Ref, v); return nil })
+}
+
+// handleVDISetOnBoot: VDI.set_on_boot(vdi, persist|reset).
+func (s *Service) handleVDISetOnBoot(c *api.Call) (any, error) {
+	vdi, sr, b, err := s.vdiContext(c, 0)
+	if err != nil {
+		return nil, err
+	}
+	value := c.String(1)
+	if value != "persist" && value != "reset" {
+		return nil, xerr.New(xerr.InvalidValue, "on_boot", value)
+	}
+	if value == vdi.String(dm.VDI.OnBoot) {
+		return nil, nil
+	}
+	rs, ok := b.sr.(Resetter)
+	if !ok || !b.driver.Info().Has("VDI_RESET_ON_BOOT") {
+		return nil, xerr.New(errSROperationNotSupported, sr.Ref)
+	}
+	done, err := s.mark(c.Ctx, opKey(c), marked{dm.VDI.Class, vdi.Ref, "set_on_boot"}, marked{dm.SR.Class, sr.Ref, "vdi_set_on_boot"})
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	unlock := s.lock("vdi:" + vdi.Ref)
+	defer unlock()
+	if s.vdiBusy(s.db.Snapshot(), vdi.Ref) {
+		return nil, xerr.New(errVDIInUse, vdi.Ref, "set_on_boot")
+	}
+	if err := rs.SetResetOnBoot(c.Ctx, vdi.String(dm.VDI.Location), value == "reset"); err != nil {
+		return nil, asBackend(err, smGeneral)
+	}
+	return nil, c.Update(func(tx *db.Tx) error { return tx.Set(dm.VDI.OnBoot, vdi.Ref, value) })
+}
+
+func (s *Service) handleVDISetAllowCaching(c *api.Call) (any, error) {
+	vdi, err := c.Row(0, dm.VDI.Class)
+	if err != nil {
+		return nil, err
+	}
+	return nil, c.Update(func(tx *db.Tx) error { return tx.Set(dm.VDI.AllowCaching, vdi.Ref, boolArg(c, 1)) })
+}
+
+// handleVDISetName keeps the driver's copy of a VDI's name in step.
+func (s *Service) handleVDISetName(c *api.Call) (any, error) {
+	vdi, err := c.Row(0, dm.VDI.Class)
+	if err != nil {
+		return nil, err
+	}
+	f := dm.VDI.NameLabel
+	if strings.HasSuffix(c.Msg.Name, "description") {
+		f = dm.VDI.NameDescription
+	}
+	if err := c.Update(func(tx *db.Tx) error { return tx.Set(f, vdi.Ref, c.String(1)) }); err != nil {
+		return nil, err
+	}
+	if b := s.boundSR(vdi.String(dm.VDI.SR)); b != nil {
+		row := mustGet(s.db.Snapshot(), dm.VDI.Class, vdi.Ref)
+		if err := b.sr.VolumeSetName(c.Ctx, row.String(dm.VDI.Location), row.String(dm.VDI.NameLabel), row.String(dm.VDI.NameDescription)); err != nil {
+			s.log.Debug("recording VDI name with its storage", "vdi", vdi.UUID(), "err", err)
+		}
+	}
+	return nil, nil
+}

@@ -1,0 +1,101 @@
+package xenops
+
+import (
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	dm "toolstackd/internal/api/datamodel"
+	"toolstackd/internal/db"
+	"toolstackd/internal/schema"
+)
+
+// consoleRoles may use consoles (xapi: vm-operator and above).
+var consoleRoles = schema.RoleSet(0).With(schema.RolePoolAdmin).With(schema.RolePoolOperator).
+	With(schema.RoleVMPowerAdmin).With(schema.RoleVMAdmin).With(schema.RoleVMOperator)
+
+// serveConsole is /console: "CONNECT /console?uuid=...", or ?ref=, as a
+// console record's location says, authenticated as any HTTP handler of
+// xapi's (session_id parameter or cookie, or basic authentication). After
+// "200 OK" the connection carries the console's own protocol: RFB from
+// QEMU's VNC server for an rfb console, the serial port's bytes for a
+// vt100 one.
+func (m *Manager) serveConsole(w http.ResponseWriter, r *http.Request) {
+	if m.srv.HTTPSession(w, r, consoleRoles) == nil {
+		return
+	}
+	snap := m.db.Snapshot()
+	q := r.URL.Query()
+	var con *db.Row
+	var ok bool
+	switch {
+	case q.Get("ref") != "":
+		con, ok = snap.Get(dm.Console.Class, q.Get("ref"))
+	case q.Get("uuid") != "":
+		con, ok = snap.ByUUID(dm.Console.Class, q.Get("uuid"))
+	}
+	if !ok {
+		http.Error(w, "no such console", http.StatusNotFound)
+		return
+	}
+	vm, ok := snap.Get(dm.VM.Class, con.String(dm.Console.VM))
+	if !ok {
+		http.Error(w, "the console's VM is gone", http.StatusNotFound)
+		return
+	}
+	path, err := m.be.ConsolePath(vm.UUID(), con.String(dm.Console.Protocol))
+	if err != nil {
+		http.Error(w, "console unavailable: "+err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	backend, err := net.DialTimeout("unix", path, 5*time.Second)
+	if err != nil {
+		http.Error(w, "console unavailable: "+err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		backend.Close()
+		http.Error(w, "connection cannot be taken over", http.StatusInternalServerError)
+		return
+	}
+	client, rw, err := hj.Hijack()
+	if err != nil {
+		backend.Close()
+		return
+	}
+	client.SetDeadline(time.Time{})
+	if _, err := client.Write([]byte("HTTP/1.1 200 OK\r\nConnection: keep-alive\r\n\r\n")); err != nil {
+		client.Close()
+		backend.Close()
+		return
+	}
+	m.log.Debug("console connected", "vm", vm.UUID(), "protocol", con.String(dm.Console.Protocol), "peer", r.RemoteAddr)
+	proxy(client, rw.Reader, backend)
+}
+
+// proxy copies both ways until either side ends, then closes both.
+func proxy(client net.Conn, fromClient io.Reader, backend net.Conn) {
+	var once sync.Once
+	closeBoth := func() {
+		once.Do(func() {
+			client.Close()
+			backend.Close()
+		})
+	}
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		io.Copy(backend, fromClient)
+		closeBoth()
+	}()
+	go func() {
+		defer wg.Done()
+		io.Copy(client, backend)
+		closeBoth()
+	}()
+	wg.Wait()
+}

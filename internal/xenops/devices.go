@@ -1,0 +1,248 @@
+package xenops
+
+import (
+	"context"
+	"strconv"
+
+	"toolstackd/internal/api"
+	dm "toolstackd/internal/api/datamodel"
+	"toolstackd/internal/db"
+	"toolstackd/internal/schema"
+	"toolstackd/internal/xerr"
+)
+
+// Device hotplug: VBD.plug/unplug/unplug_force/insert/eject and
+// VIF.plug/unplug, each run on the VM's queue.
+
+func (m *Manager) vbdPlug(c *api.Call) (any, error) {
+	row, err := c.Row(0, dm.VBD.Class)
+	if err != nil {
+		return nil, err
+	}
+	return nil, m.withDevOp(c, dm.VBD.Class, row.Ref, "plug", func(o *opCtx, vbd *db.Row) error {
+		snap := m.db.Snapshot()
+		vm, ok := snap.Get(dm.VM.Class, o.vm)
+		if !ok {
+			return xerr.New(xerr.HandleInvalid, "VM", o.vm)
+		}
+		dev := vbd.String(dm.VBD.Userdevice)
+		if dev == "autodetect" || dev == "" {
+			used := map[string]bool{}
+			for _, ref := range strs(snap.Value(vm, dm.VM.VBDs)) {
+				if v, ok := snap.Get(dm.VBD.Class, ref); ok && ref != vbd.Ref {
+					used[v.String(dm.VBD.Userdevice)] = true
+				}
+			}
+			free := freeDevices(maxVBDDevices, used)
+			if len(free) == 0 {
+				return xerr.New("INVALID_DEVICE", "autodetect")
+			}
+			dev = free[0]
+		} else if n, err := strconv.Atoi(dev); err != nil || n < 0 || n >= maxVBDDevices {
+			return xerr.New("INVALID_DEVICE", dev)
+		}
+		info, _ := m.be.Info(o.uuid)
+		for _, d := range info.Disks {
+			if d.Device == dev {
+				return xerr.New("DEVICE_ALREADY_EXISTS", dev)
+			}
+		}
+		d, skip, err := m.diskOf(snap, o.vm, vbd, dev)
+		if err != nil {
+			return err
+		}
+		if skip {
+			return xerr.New("VBD_IS_EMPTY", vbd.Ref)
+		}
+		if err := o.run("plug", func(ctx context.Context) error {
+			if d.VDI != "" {
+				path, format, err := m.disks.Attach(ctx, o.uuid, d.VDI, d.ReadOnly)
+				if err != nil {
+					return err
+				}
+				d.Path, d.Format = path, format
+			}
+			if err := m.be.PlugDisk(ctx, o.uuid, d); err != nil {
+				if d.VDI != "" {
+					m.disks.Detach(context.WithoutCancel(ctx), o.uuid, d.VDI)
+				}
+				return err
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		_, err = m.db.Update(func(tx *db.Tx) error {
+			if err := tx.Set(dm.VBD.Userdevice, vbd.Ref, dev); err != nil {
+				return err
+			}
+			tx.Set(dm.VBD.Device, vbd.Ref, guestDeviceName(d, vm))
+			return tx.Set(dm.VBD.CurrentlyAttached, vbd.Ref, true)
+		})
+		return err
+	})
+}
+
+// attachedDisk finds a VBD among a domain's disks.
+func (m *Manager) attachedDisk(uuid, vbd string) (Disk, bool) {
+	info, ok := m.be.Info(uuid)
+	if !ok {
+		return Disk{}, false
+	}
+	for _, d := range info.Disks {
+		if d.VBD == vbd {
+			return d, true
+		}
+	}
+	return Disk{}, false
+}
+
+func (m *Manager) vbdUnplug(force bool) api.Handler {
+	name := "unplug"
+	if force {
+		name = "unplug_force"
+	}
+	return func(c *api.Call) (any, error) {
+		row, err := c.Row(0, dm.VBD.Class)
+		if err != nil {
+			return nil, err
+		}
+		return nil, m.withDevOp(c, dm.VBD.Class, row.Ref, name, func(o *opCtx, vbd *db.Row) error {
+			d, ok := m.attachedDisk(o.uuid, vbd.Ref)
+			if ok {
+				if err := o.run("unplug", func(ctx context.Context) error {
+					return m.be.UnplugDisk(ctx, o.uuid, d.Device, force)
+				}); err != nil {
+					return err
+				}
+				if d.VDI != "" {
+					if err := m.disks.Detach(context.WithoutCancel(o.ctx), o.uuid, d.VDI); err != nil {
+						m.log.Warn("detaching VDI", "vdi", d.VDI, "err", err)
+					}
+				}
+			}
+			_, err := m.db.Update(func(tx *db.Tx) error { return tx.Set(dm.VBD.CurrentlyAttached, vbd.Ref, false) })
+			return err
+		})
+	}
+}
+
+func (m *Manager) vbdInsert(c *api.Call) (any, error) {
+	row, err := c.Row(0, dm.VBD.Class)
+	if err != nil {
+		return nil, err
+	}
+	vdi, err := c.Row(1, dm.VDI.Class)
+	if err != nil {
+		return nil, err
+	}
+	return nil, m.withDevOp(c, dm.VBD.Class, row.Ref, "insert", func(o *opCtx, vbd *db.Row) error {
+		if d, ok := m.attachedDisk(o.uuid, vbd.Ref); ok {
+			if err := o.run("insert", func(ctx context.Context) error {
+				path, format, err := m.disks.Attach(ctx, o.uuid, vdi.Ref, true)
+				if err != nil {
+					return err
+				}
+				d.VDI, d.Path, d.Format = vdi.Ref, path, format
+				if err := m.be.ChangeMedium(ctx, o.uuid, d); err != nil {
+					m.disks.Detach(context.WithoutCancel(ctx), o.uuid, vdi.Ref)
+					return err
+				}
+				return nil
+			}); err != nil {
+				return err
+			}
+		}
+		_, err := m.db.Update(func(tx *db.Tx) error {
+			if err := tx.Set(dm.VBD.VDI, vbd.Ref, vdi.Ref); err != nil {
+				return err
+			}
+			return tx.Set(dm.VBD.Empty, vbd.Ref, false)
+		})
+		return err
+	})
+}
+
+func (m *Manager) vbdEject(c *api.Call) (any, error) {
+	row, err := c.Row(0, dm.VBD.Class)
+	if err != nil {
+		return nil, err
+	}
+	return nil, m.withDevOp(c, dm.VBD.Class, row.Ref, "eject", func(o *opCtx, vbd *db.Row) error {
+		if d, ok := m.attachedDisk(o.uuid, vbd.Ref); ok {
+			old := d.VDI
+			if err := o.run("eject", func(ctx context.Context) error {
+				d.VDI, d.Path, d.Format = "", "", ""
+				return m.be.ChangeMedium(ctx, o.uuid, d)
+			}); err != nil {
+				return err
+			}
+			if old != "" {
+				if err := m.disks.Detach(context.WithoutCancel(o.ctx), o.uuid, old); err != nil {
+					m.log.Warn("detaching ejected VDI", "vdi", old, "err", err)
+				}
+			}
+		}
+		_, err := m.db.Update(func(tx *db.Tx) error {
+			if err := tx.Set(dm.VBD.VDI, vbd.Ref, schema.NullRef); err != nil {
+				return err
+			}
+			return tx.Set(dm.VBD.Empty, vbd.Ref, true)
+		})
+		return err
+	})
+}
+
+func (m *Manager) vifPlug(c *api.Call) (any, error) {
+	row, err := c.Row(0, dm.VIF.Class)
+	if err != nil {
+		return nil, err
+	}
+	return nil, m.withDevOp(c, dm.VIF.Class, row.Ref, "plug", func(o *opCtx, vif *db.Row) error {
+		dev := vif.String(dm.VIF.Device)
+		if n, err := strconv.Atoi(dev); err != nil || n < 0 || n >= maxVIFDevices {
+			return xerr.New("INVALID_DEVICE", dev)
+		}
+		info, _ := m.be.Info(o.uuid)
+		for _, n := range info.NICs {
+			if n.Device == dev {
+				return xerr.New("DEVICE_ALREADY_EXISTS", dev)
+			}
+		}
+		nic, err := m.nicOf(m.db.Snapshot(), o.vm, vif)
+		if err != nil {
+			return err
+		}
+		if err := o.run("plug", func(ctx context.Context) error { return m.be.PlugNIC(ctx, o.uuid, nic) }); err != nil {
+			return err
+		}
+		_, err = m.db.Update(func(tx *db.Tx) error {
+			if vif.String(dm.VIF.MAC) == "" {
+				tx.Set(dm.VIF.MAC, vif.Ref, nic.MAC)
+			}
+			return tx.Set(dm.VIF.CurrentlyAttached, vif.Ref, true)
+		})
+		return err
+	})
+}
+
+func (m *Manager) vifUnplug(c *api.Call) (any, error) {
+	row, err := c.Row(0, dm.VIF.Class)
+	if err != nil {
+		return nil, err
+	}
+	return nil, m.withDevOp(c, dm.VIF.Class, row.Ref, "unplug", func(o *opCtx, vif *db.Row) error {
+		dev := vif.String(dm.VIF.Device)
+		info, _ := m.be.Info(o.uuid)
+		for _, n := range info.NICs {
+			if n.VIF == vif.Ref {
+				dev = n.Device
+			}
+		}
+		if err := o.run("unplug", func(ctx context.Context) error { return m.be.UnplugNIC(ctx, o.uuid, dev) }); err != nil {
+			return err
+		}
+		_, err := m.db.Update(func(tx *db.Tx) error { return tx.Set(dm.VIF.CurrentlyAttached, vif.Ref, false) })
+		return err
+	})
+}

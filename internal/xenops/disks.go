@@ -1,0 +1,106 @@
+package xenops
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	dm "toolstackd/internal/api/datamodel"
+	"toolstackd/internal/db"
+	"toolstackd/internal/schema"
+	"toolstackd/internal/xerr"
+)
+
+// DiskResolver is what xenops needs from storage: a VDI's data as a file
+// or block device on this host, for as long as a VM uses it. Storage
+// provides it; xenops never looks inside an SR itself.
+type DiskResolver interface {
+	// Attach makes a VDI usable on this host for a VM (by uuid: storage
+	// names the datapath after it) and returns what QEMU opens: a file
+	// or block device path, or an NBD URI (nbd://host:port/export,
+	// nbd+unix:///export?socket=PATH), and the image format there
+	// ("raw", "qcow2", "vpc"). Errors should be XenAPI errors
+	// (VDI_MISSING, SR_BACKEND_FAILURE_*).
+	Attach(ctx context.Context, vm, vdi string, readonly bool) (path, format string, err error)
+	// Detach undoes Attach. Detaching what is not attached is not an
+	// error.
+	Detach(ctx context.Context, vm, vdi string) error
+}
+
+// Kinds of VDI copy that VM.clone, snapshot and copy ask for.
+const (
+	CopyClone    = "clone"    // a copy-on-write clone (VDI.clone)
+	CopySnapshot = "snapshot" // a read-only snapshot (VDI.snapshot)
+	CopyFull     = "copy"     // a full copy into an SR (VDI.copy)
+)
+
+// VDICopier is implemented by a DiskResolver that can copy VDIs itself.
+// Without it, xenops asks for VDI.clone, VDI.snapshot and VDI.copy
+// through the XenAPI, as the calling session.
+type VDICopier interface {
+	// CopyVDI makes a new VDI from vdi and returns its ref. sr is the
+	// destination for CopyFull (the null ref: the VDI's own SR).
+	CopyVDI(ctx context.Context, vdi, kind, sr string) (string, error)
+}
+
+// SuspendStore is implemented by a DiskResolver that can hold suspend
+// images in VDIs on the suspend SR. Without it, images are files under
+// DATA_DIR/xenops/suspend and VM.suspend_VDI stays null.
+type SuspendStore interface {
+	// CreateSuspendVDI makes a raw VDI of at least size bytes for vm's
+	// memory image on sr (the null ref: the pool's suspend_image_SR or
+	// default SR) and returns its ref; Attach then gives its path.
+	CreateSuspendVDI(ctx context.Context, vm, sr string, size int64) (string, error)
+	// DestroySuspendVDI deletes it.
+	DestroySuspendVDI(ctx context.Context, vdi string) error
+}
+
+// LocationResolver is the DiskResolver used until storage provides one:
+// a VDI's location is taken as the path of an image file or block device
+// on this host, its format from sm_config:type or from qemu-img.
+type LocationResolver struct{ DB *db.DB }
+
+// Attach implements DiskResolver.
+func (l LocationResolver) Attach(ctx context.Context, vm, vdi string, readonly bool) (string, string, error) {
+	row, ok := l.DB.Snapshot().Get(dm.VDI.Class, vdi)
+	if !ok {
+		return "", "", xerr.New("VDI_MISSING", schema.NullRef, vdi)
+	}
+	path := row.String(dm.VDI.Location)
+	if !filepath.IsAbs(path) {
+		return "", "", xerr.New("VDI_MISSING", row.String(dm.VDI.SR), vdi)
+	}
+	if _, err := os.Stat(path); err != nil {
+		return "", "", xerr.New("VDI_MISSING", row.String(dm.VDI.SR), vdi)
+	}
+	smc, _ := row.Get(dm.VDI.SMConfig).(map[string]string)
+	switch f := smc["type"]; f {
+	case "raw", "qcow2", "vhd", "vpc":
+		if f == "vhd" {
+			f = "vpc"
+		}
+		return path, f, nil
+	}
+	return path, probeFormat(ctx, path), nil
+}
+
+// Detach implements DiskResolver.
+func (LocationResolver) Detach(context.Context, string, string) error { return nil }
+
+// probeFormat asks qemu-img for an image's format (raw when unsure).
+func probeFormat(ctx context.Context, path string) string {
+	out, err := exec.CommandContext(ctx, "qemu-img", "info", "--output=json", "-U", path).Output()
+	if err != nil {
+		return "raw"
+	}
+	var info struct {
+		Format string `json:"format"`
+	}
+	if json.Unmarshal(out, &info) != nil || info.Format == "" {
+		return "raw"
+	}
+	return strings.TrimSpace(info.Format)
+}

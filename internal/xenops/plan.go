@@ -1,0 +1,363 @@
+package xenops
+
+import (
+	"crypto/sha256"
+	"fmt"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	dm "toolstackd/internal/api/datamodel"
+	"toolstackd/internal/db"
+	"toolstackd/internal/schema"
+	"toolstackd/internal/xerr"
+)
+
+// bootPlan is a VM's domain as its record and devices describe it, with
+// everything checked before anything is made.
+type bootPlan struct {
+	spec  *Spec
+	disks []Disk
+	nics  []NIC
+	// Values decided at start that go back into the database.
+	userdevices map[string]string // VBD -> userdevice (for "autodetect")
+	macs        map[string]string // VIF -> MAC (for VIFs created without one)
+}
+
+const (
+	minMemory     = 16 << 20
+	maxVCPUs      = 255
+	maxVBDDevices = 16
+	maxVIFDevices = 7
+)
+
+// checkMemory is xapi's memory constraint.
+func checkMemory(sMin, dMin, dMax, sMax int64) error {
+	if !(sMin <= dMin && dMin <= dMax && dMax <= sMax) {
+		return xerr.New("MEMORY_CONSTRAINT_VIOLATION_ORDER")
+	}
+	return nil
+}
+
+func (m *Manager) plan(r db.Reader, ref string) (*bootPlan, error) {
+	row, ok := r.Get(dm.VM.Class, ref)
+	if !ok {
+		return nil, xerr.New(xerr.HandleInvalid, "VM", ref)
+	}
+	var vm dm.VMRecord
+	vm.FromRow(r.Values(row))
+	if err := checkMemory(vm.MemoryStaticMin, vm.MemoryDynamicMin, vm.MemoryDynamicMax, vm.MemoryStaticMax); err != nil {
+		return nil, err
+	}
+	if vm.MemoryStaticMax < minMemory {
+		return nil, xerr.New("VM_MEMORY_SIZE_TOO_LOW", ref)
+	}
+	if vm.VCPUsMax < 1 {
+		return nil, xerr.New(xerr.InvalidValue, "VCPUs_max", strconv.FormatInt(vm.VCPUsMax, 10))
+	}
+	if vm.VCPUsAtStartup < 1 {
+		return nil, xerr.New("VM_NO_VCPUS", ref)
+	}
+	if vm.VCPUsAtStartup > vm.VCPUsMax {
+		return nil, xerr.New(xerr.InvalidValue, "VCPUs_at_startup", strconv.FormatInt(vm.VCPUsAtStartup, 10))
+	}
+	if vm.VCPUsMax > maxVCPUs {
+		return nil, xerr.New("VM_TOO_MANY_VCPUS", ref)
+	}
+	if pc := hostCPUs(r, m.host); vm.VCPUsMax > int64(pc) {
+		return nil, xerr.New("HOST_NOT_ENOUGH_PCPUS", strconv.FormatInt(vm.VCPUsMax, 10), strconv.Itoa(pc))
+	}
+	spec := &Spec{
+		UUID: vm.UUID, Name: vm.NameLabel, VMRef: ref,
+		Memory: vm.MemoryStaticMax, Target: vm.MemoryDynamicMax,
+		VCPUs: int(vm.VCPUsAtStartup), MaxCPU: int(vm.VCPUsMax), HVM: true,
+		Firmware: "bios", BootOrder: vm.HVMBootParams["order"], Platform: map[string]string{},
+	}
+	for k, v := range vm.Platform {
+		spec.Platform[k] = v
+	}
+	if strings.EqualFold(vm.HVMBootParams["firmware"], "uefi") {
+		spec.Firmware = "uefi"
+	}
+	if vm.PVKernel != "" {
+		for _, f := range []struct{ field, path string }{{"PV_kernel", vm.PVKernel}, {"PV_ramdisk", vm.PVRamdisk}} {
+			if f.path != "" && !m.kernelAllowed(f.path) {
+				return nil, xerr.New(xerr.InvalidValue, f.field, f.path)
+			}
+		}
+		spec.Kernel, spec.Ramdisk = vm.PVKernel, vm.PVRamdisk
+		spec.Cmdline = strings.TrimSpace(vm.PVArgs + " " + vm.PVLegacyArgs)
+	}
+	p := &bootPlan{spec: spec, userdevices: map[string]string{}, macs: map[string]string{}}
+	if err := m.planDisks(r, row, p); err != nil {
+		return nil, err
+	}
+	if err := m.planNICs(r, row, p); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// restorePlan is the domain a suspend image describes: the devices the
+// guest had when it was saved, whose VDIs are attached again.
+func (m *Manager) restorePlan(r db.Reader, ref, image string) (*bootPlan, error) {
+	meta, err := ReadImageMeta(image)
+	if err != nil {
+		m.log.Warn("unusable suspend image", "vm", ref, "image", image, "err", err)
+		return nil, xerr.New("SUSPEND_IMAGE_NOT_ACCESSIBLE", image)
+	}
+	spec := meta.Spec
+	spec.VMRef, spec.RestoreFrom = ref, image
+	spec.HotCPUs = meta.HotCPUs
+	p := &bootPlan{spec: &spec, userdevices: map[string]string{}, macs: map[string]string{}}
+	for _, d := range meta.Disks {
+		d.Path, d.Format = "", ""
+		if d.VDI != "" {
+			vrow, ok := r.Get(dm.VDI.Class, d.VDI)
+			if !ok {
+				return nil, xerr.New("VDI_MISSING", schema.NullRef, d.VDI)
+			}
+			if vrow.Get(dm.VDI.Missing) == true {
+				return nil, xerr.New("VDI_MISSING", vrow.String(dm.VDI.SR), d.VDI)
+			}
+		}
+		p.disks = append(p.disks, d)
+	}
+	for _, n := range meta.NICs {
+		n.Tap, n.Mode = "", ""
+		if row, ok := r.Get(dm.VIF.Class, n.VIF); ok {
+			if nrow, ok := r.Get(dm.Network.Class, row.String(dm.VIF.Network)); ok {
+				n.Bridge = nrow.String(dm.Network.Bridge)
+			}
+		}
+		p.nics = append(p.nics, n)
+	}
+	return p, nil
+}
+
+// kernelAllowed keeps guests from booting arbitrary host files: kernels
+// come from the configured directories only.
+func (m *Manager) kernelAllowed(path string) bool {
+	if !filepath.IsAbs(path) {
+		return false
+	}
+	clean := filepath.Clean(path)
+	if real, err := filepath.EvalSymlinks(clean); err == nil {
+		clean = real
+	}
+	for _, dir := range m.cfg.KernelDirs {
+		d := filepath.Clean(dir)
+		if real, err := filepath.EvalSymlinks(d); err == nil {
+			d = real
+		}
+		if strings.HasPrefix(clean, d+string(filepath.Separator)) {
+			return true
+		}
+	}
+	return false
+}
+
+func (m *Manager) planDisks(r db.Reader, vm *db.Row, p *bootPlan) error {
+	type vbdInfo struct {
+		row    *db.Row
+		device string
+	}
+	var vbds []vbdInfo
+	used := map[string]string{}
+	var auto []*db.Row
+	for _, ref := range strs(r.Value(vm, dm.VM.VBDs)) {
+		row, ok := r.Get(dm.VBD.Class, ref)
+		if !ok {
+			continue
+		}
+		dev := row.String(dm.VBD.Userdevice)
+		if dev == "autodetect" || dev == "" {
+			auto = append(auto, row)
+			continue
+		}
+		n, err := strconv.Atoi(dev)
+		if err != nil || n < 0 || n >= maxVBDDevices {
+			return xerr.New("INVALID_DEVICE", dev)
+		}
+		dev = strconv.Itoa(n)
+		if other, dup := used[dev]; dup {
+			_ = other
+			return xerr.New("VM_DUPLICATE_VBD_DEVICE", vm.Ref, ref, dev)
+		}
+		used[dev] = ref
+		vbds = append(vbds, vbdInfo{row, dev})
+	}
+	for _, row := range auto {
+		dev := ""
+		for n := 0; n < maxVBDDevices; n++ {
+			if _, taken := used[strconv.Itoa(n)]; !taken {
+				dev = strconv.Itoa(n)
+				break
+			}
+		}
+		if dev == "" {
+			return xerr.New("INVALID_DEVICE", "autodetect")
+		}
+		used[dev] = row.Ref
+		p.userdevices[row.Ref] = dev
+		vbds = append(vbds, vbdInfo{row, dev})
+	}
+	// Read-write disks before read-only ones: a VDI attached read-only
+	// cannot then be attached read-write.
+	sort.SliceStable(vbds, func(i, j int) bool {
+		ri := vbds[i].row.String(dm.VBD.Mode) == string(dm.VBDModeRW)
+		rj := vbds[j].row.String(dm.VBD.Mode) == string(dm.VBDModeRW)
+		if ri != rj {
+			return ri
+		}
+		a, _ := strconv.Atoi(vbds[i].device)
+		b, _ := strconv.Atoi(vbds[j].device)
+		return a < b
+	})
+	for _, v := range vbds {
+		d, skip, err := m.diskOf(r, vm.Ref, v.row, v.device)
+		if err != nil {
+			return err
+		}
+		if !skip {
+			p.disks = append(p.disks, d)
+		}
+	}
+	return nil
+}
+
+// diskOf describes a VBD for the backend, checking its VDI can be used.
+// skip is true for an empty disk drive, which has nothing to attach.
+func (m *Manager) diskOf(r db.Reader, vm string, row *db.Row, device string) (Disk, bool, error) {
+	cd := row.String(dm.VBD.Type) == string(dm.VBDTypeCD)
+	d := Disk{VBD: row.Ref, Device: device, CD: cd, Bootable: row.Get(dm.VBD.Bootable) == true,
+		ReadOnly: cd || row.String(dm.VBD.Mode) == string(dm.VBDModeRO)}
+	if cd {
+		if _, _, ok := ideSlot(device); !ok {
+			return d, false, xerr.New("INVALID_DEVICE", device)
+		}
+	}
+	if row.Get(dm.VBD.Empty) == true {
+		return d, !cd, nil
+	}
+	vdi := row.String(dm.VBD.VDI)
+	vrow, ok := r.Get(dm.VDI.Class, vdi)
+	if !ok {
+		return d, false, xerr.New("VDI_MISSING", schema.NullRef, vdi)
+	}
+	sr := vrow.String(dm.VDI.SR)
+	if vrow.Get(dm.VDI.Missing) == true {
+		return d, false, xerr.New("VDI_MISSING", sr, vdi)
+	}
+	if err := m.assertSRReachable(r, vm, sr); err != nil {
+		return d, false, err
+	}
+	if vrow.Get(dm.VDI.ReadOnly) == true {
+		d.ReadOnly = true
+	}
+	if err := assertVDIFree(r, vm, vrow, d.ReadOnly); err != nil {
+		return d, false, err
+	}
+	d.VDI = vdi
+	return d, false, nil
+}
+
+// assertSRReachable: once storage plugs PBDs, a VDI's SR must be plugged
+// on this host.
+func (m *Manager) assertSRReachable(r db.Reader, vm, sr string) error {
+	srRow, ok := r.Get(dm.SR.Class, sr)
+	if !ok {
+		return nil
+	}
+	pbds := strs(r.Value(srRow, dm.SR.PBDs))
+	if len(pbds) == 0 {
+		return nil
+	}
+	for _, pbd := range pbds {
+		if p, ok := r.Get(dm.PBD.Class, pbd); ok && p.String(dm.PBD.Host) == m.host && p.Get(dm.PBD.CurrentlyAttached) == true {
+			return nil
+		}
+	}
+	return xerr.New("VM_REQUIRES_SR", vm, sr)
+}
+
+// assertVDIFree: a VDI that is not sharable is used read-write by one
+// running VM at most.
+func assertVDIFree(r db.Reader, vm string, vdi *db.Row, readonly bool) error {
+	if vdi.Get(dm.VDI.Sharable) == true {
+		return nil
+	}
+	for _, vbd := range strs(r.Value(vdi, dm.VDI.VBDs)) {
+		other, ok := r.Get(dm.VBD.Class, vbd)
+		if !ok || other.String(dm.VBD.VM) == vm || other.Get(dm.VBD.CurrentlyAttached) != true {
+			continue
+		}
+		if !readonly || other.String(dm.VBD.Mode) == string(dm.VBDModeRW) {
+			return xerr.New("VDI_IN_USE", vdi.Ref, "start")
+		}
+	}
+	return nil
+}
+
+func (m *Manager) planNICs(r db.Reader, vm *db.Row, p *bootPlan) error {
+	var rows []*db.Row
+	seen := map[string]bool{}
+	for _, ref := range strs(r.Value(vm, dm.VM.VIFs)) {
+		row, ok := r.Get(dm.VIF.Class, ref)
+		if !ok {
+			continue
+		}
+		dev := row.String(dm.VIF.Device)
+		n, err := strconv.Atoi(dev)
+		if err != nil || n < 0 || n >= maxVIFDevices {
+			return xerr.New("INVALID_DEVICE", dev)
+		}
+		if seen[dev] {
+			return xerr.New("DEVICE_ALREADY_EXISTS", dev)
+		}
+		seen[dev] = true
+		rows = append(rows, row)
+	}
+	// Stable device order: guests name NICs by discovery order.
+	sort.Slice(rows, func(i, j int) bool {
+		a, _ := strconv.Atoi(rows[i].String(dm.VIF.Device))
+		b, _ := strconv.Atoi(rows[j].String(dm.VIF.Device))
+		return a < b
+	})
+	for _, row := range rows {
+		n, err := m.nicOf(r, vm.Ref, row)
+		if err != nil {
+			return err
+		}
+		if row.String(dm.VIF.MAC) == "" {
+			p.macs[row.Ref] = n.MAC
+		}
+		p.nics = append(p.nics, n)
+	}
+	return nil
+}
+
+// nicOf describes a VIF for the backend.
+func (m *Manager) nicOf(r db.Reader, vm string, row *db.Row) (NIC, error) {
+	net := row.String(dm.VIF.Network)
+	nrow, ok := r.Get(dm.Network.Class, net)
+	if !ok {
+		return NIC{}, xerr.New("VM_REQUIRES_NETWORK", vm, net)
+	}
+	mac := strings.ToLower(row.String(dm.VIF.MAC))
+	if mac == "" {
+		mac = macFor(row.UUID())
+	}
+	mtu, _ := row.Get(dm.VIF.MTU).(int64)
+	if mtu <= 0 {
+		mtu, _ = nrow.Get(dm.Network.MTU).(int64)
+	}
+	return NIC{VIF: row.Ref, Device: row.String(dm.VIF.Device), MAC: mac, MTU: mtu, Bridge: nrow.String(dm.Network.Bridge)}, nil
+}
+
+// macFor derives a locally administered unicast MAC from a seed.
+func macFor(seed string) string {
+	h := sha256.Sum256([]byte(seed))
+	return fmt.Sprintf("02:%02x:%02x:%02x:%02x:%02x", h[0], h[1], h[2], h[3], h[4])
+}

@@ -1,0 +1,1417 @@
+package xenops
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"toolstackd/internal/xerr"
+)
+
+// QEMUConfig tunes the QEMU backend.
+type QEMUConfig struct {
+	// Binary is the emulator (default qemu-system-x86_64 from PATH).
+	Binary string
+	// Accel is "auto" (KVM when /dev/kvm is usable, TCG otherwise),
+	// "kvm" (KVM or refuse to start) or "tcg".
+	Accel string
+	// KVMDevice is the KVM device (default /dev/kvm).
+	KVMDevice string
+	// CPUModel overrides -cpu (default host with KVM, max with TCG).
+	CPUModel string
+	// Machine is the machine type (default pc).
+	Machine string
+	// OVMFCode and OVMFVars are the UEFI firmware and its variable store
+	// template (default Debian's ovmf package).
+	OVMFCode, OVMFVars string
+	// StateDir holds one directory per domain: its journal, sockets,
+	// log and firmware variables. It must survive a daemon restart.
+	StateDir string
+	// NoUserNet leaves a VIF without any network backend when it cannot
+	// have a tap on its bridge, instead of user-mode networking.
+	NoUserNet bool
+	// UnplugTimeout bounds how long an unplug waits for the guest to
+	// release a device (default 10 s).
+	UnplugTimeout time.Duration
+}
+
+// QEMU runs one qemu-system-x86_64 process per domain and drives it over
+// QMP. Processes run in their own session and outlive the daemon; each
+// domain's journal (StateDir/UUID/domain.json) lets a new daemon find
+// them again.
+type QEMU struct {
+	cfg QEMUConfig
+	log *slog.Logger
+
+	mu        sync.Mutex
+	doms      map[string]*qemuDomain
+	nextDomid int64
+	notify    func(string)
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+// qemuJournal is what is kept on disk about a domain.
+type qemuJournal struct {
+	UUID       string
+	Domid      int64
+	Spec       Spec
+	Disks      []Disk
+	NICs       []NIC
+	Accel      string
+	Dir        string
+	QMPPath    string
+	VNCPath    string
+	SerialPath string
+	LogPath    string
+	Pid        int
+	PidStart   uint64
+	Complete   bool
+	StartTime  time.Time
+	HotCPUs    []CPUDevice
+	Argv       []string
+}
+
+type qemuDomain struct {
+	mu       sync.Mutex
+	j        qemuJournal
+	state    DomainState
+	reason   string
+	vcpus    int
+	memory   int64
+	qmp      *QMP
+	child    bool
+	stopping bool
+	exited   chan struct{}
+	exitOnce sync.Once
+	waiters  []*eventWaiter
+}
+
+type eventWaiter struct {
+	match func(QMPEvent) bool
+	ch    chan QMPEvent
+}
+
+var _ Backend = (*QEMU)(nil)
+
+// NewQEMU makes the backend and re-attaches to the domains journalled in
+// cfg.StateDir: those whose process still runs are managed again (none is
+// killed); the others are reported as Gone.
+func NewQEMU(cfg QEMUConfig, log *slog.Logger) (*QEMU, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	if cfg.Binary == "" {
+		cfg.Binary = "qemu-system-x86_64"
+	}
+	if cfg.Accel == "" {
+		cfg.Accel = "auto"
+	}
+	if cfg.KVMDevice == "" {
+		cfg.KVMDevice = "/dev/kvm"
+	}
+	if cfg.OVMFCode == "" {
+		cfg.OVMFCode = "/usr/share/OVMF/OVMF_CODE.fd"
+	}
+	if cfg.OVMFVars == "" {
+		cfg.OVMFVars = "/usr/share/OVMF/OVMF_VARS.fd"
+	}
+	if cfg.UnplugTimeout <= 0 {
+		cfg.UnplugTimeout = 10 * time.Second
+	}
+	if cfg.StateDir == "" {
+		return nil, errors.New("qemu backend: no state directory")
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, err
+	}
+	q := &QEMU{cfg: cfg, log: log, doms: map[string]*qemuDomain{}, nextDomid: 1, stop: make(chan struct{})}
+	ents, err := os.ReadDir(cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(cfg.StateDir, e.Name(), "domain.json"))
+		if err != nil {
+			continue
+		}
+		d := &qemuDomain{exited: make(chan struct{})}
+		if err := json.Unmarshal(b, &d.j); err != nil || d.j.UUID == "" {
+			log.Warn("qemu: unreadable domain journal", "dir", e.Name(), "err", err)
+			continue
+		}
+		q.doms[d.j.UUID] = d
+		if d.j.Domid >= q.nextDomid {
+			q.nextDomid = d.j.Domid + 1
+		}
+		q.reattach(d)
+	}
+	q.wg.Add(1)
+	go q.watch()
+	return q, nil
+}
+
+// reattach connects to a journalled domain's process if it still runs.
+func (q *QEMU) reattach(d *qemuDomain) {
+	j := &d.j
+	d.vcpus, d.memory = j.Spec.VCPUs, j.Spec.Target
+	if !sameProcess(j.Pid, j.PidStart, j.UUID) {
+		d.state, d.reason = DomainGone, "emulator process no longer running"
+		d.exitOnce.Do(func() { close(d.exited) })
+		q.log.Info("qemu: journalled domain has no process", "vm", j.UUID, "pid", j.Pid)
+		return
+	}
+	d.state = DomainRunning
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := q.connect(ctx, d); err != nil {
+		q.log.Warn("qemu: re-attached process but QMP is unreachable", "vm", j.UUID, "pid", j.Pid, "err", err)
+		return
+	}
+	d.mu.Lock()
+	qmp := d.qmp
+	d.mu.Unlock()
+	var st struct{ Status string }
+	if err := qmp.Execute(ctx, "query-status", nil, &st); err == nil {
+		d.mu.Lock()
+		d.state = stateOfStatus(st.Status)
+		d.mu.Unlock()
+	}
+	var cpus []json.RawMessage
+	if qmp.Execute(ctx, "query-cpus-fast", nil, &cpus) == nil && len(cpus) > 0 {
+		d.vcpus = len(cpus)
+	}
+	q.log.Info("qemu: re-attached to running domain", "vm", j.UUID, "pid", j.Pid, "domid", j.Domid, "state", d.state)
+}
+
+func stateOfStatus(s string) DomainState {
+	switch s {
+	case "running":
+		return DomainRunning
+	case "shutdown":
+		return DomainShutdown
+	case "guest-panicked", "internal-error", "io-error":
+		return DomainCrashed
+	case "inmigrate":
+		return DomainBuilding
+	}
+	return DomainPaused // paused, prelaunch, postmigrate, suspended, ...
+}
+
+// Name implements Backend.
+func (q *QEMU) Name() string { return "qemu" }
+
+// SetNotify implements Backend.
+func (q *QEMU) SetNotify(f func(string)) {
+	q.mu.Lock()
+	q.notify = f
+	q.mu.Unlock()
+}
+
+func (q *QEMU) tell(uuid string) {
+	q.mu.Lock()
+	f := q.notify
+	q.mu.Unlock()
+	if f != nil {
+		f(uuid)
+	}
+}
+
+// Close implements Backend: it stops watching and drops QMP connections;
+// the processes go on.
+func (q *QEMU) Close() {
+	select {
+	case <-q.stop:
+		return
+	default:
+	}
+	close(q.stop)
+	q.wg.Wait()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, d := range q.doms {
+		d.mu.Lock()
+		d.stopping = true // an EOF now is ours, not a death
+		if d.qmp != nil {
+			d.qmp.Close()
+		}
+		d.mu.Unlock()
+	}
+}
+
+// watch notices the death of processes that are not our children (those
+// re-attached after a restart), within half a second.
+func (q *QEMU) watch() {
+	defer q.wg.Done()
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-q.stop:
+			return
+		case <-t.C:
+		}
+		q.mu.Lock()
+		doms := make([]*qemuDomain, 0, len(q.doms))
+		for _, d := range q.doms {
+			doms = append(doms, d)
+		}
+		q.mu.Unlock()
+		for _, d := range doms {
+			d.mu.Lock()
+			check := !d.child && d.j.Pid > 0 && d.state != DomainGone
+			pid, start, id := d.j.Pid, d.j.PidStart, d.j.UUID
+			d.mu.Unlock()
+			if check && !sameProcess(pid, start, id) {
+				q.processGone(d)
+			}
+		}
+	}
+}
+
+func (q *QEMU) dom(uuid string) (*qemuDomain, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	d := q.doms[uuid]
+	if d == nil {
+		return nil, fmt.Errorf("qemu: no domain for VM %s", uuid)
+	}
+	return d, nil
+}
+
+func (q *QEMU) save(d *qemuDomain) error {
+	d.mu.Lock()
+	b, err := json.MarshalIndent(&d.j, "", " ")
+	dir := d.j.Dir
+	d.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	p := filepath.Join(dir, "domain.json")
+	if err := os.WriteFile(p+".tmp", b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(p+".tmp", p)
+}
+
+func (q *QEMU) accel(spec *Spec) (string, error) {
+	switch q.cfg.Accel {
+	case "tcg":
+		return "tcg", nil
+	case "kvm":
+		if ok, why := kvmAvailable(q.cfg.KVMDevice); !ok {
+			q.log.Warn("qemu: KVM required but unusable", "reason", why)
+			return "", xerr.New("VM_HVM_REQUIRED", spec.VMRef)
+		}
+		return "kvm", nil
+	default:
+		if ok, _ := kvmAvailable(q.cfg.KVMDevice); ok {
+			return "kvm", nil
+		}
+		return "tcg", nil
+	}
+}
+
+// Check implements Backend.
+func (q *QEMU) Check(spec *Spec) error {
+	if _, err := exec.LookPath(q.cfg.Binary); err != nil {
+		return xerr.New("FAILED_TO_START_EMULATOR", spec.VMRef, "qemu", "cannot find the emulator "+q.cfg.Binary+": "+err.Error())
+	}
+	if _, err := q.accel(spec); err != nil {
+		return err
+	}
+	if spec.Firmware == "uefi" {
+		for _, f := range []string{q.cfg.OVMFCode, q.cfg.OVMFVars} {
+			if _, err := os.Stat(f); err != nil {
+				return xerr.New("FAILED_TO_START_EMULATOR", spec.VMRef, "qemu", "UEFI firmware missing: "+err.Error())
+			}
+		}
+	}
+	return nil
+}
+
+// sockDir picks where a domain's sockets go: its own directory, unless
+// that makes a path too long for a Unix socket.
+func (q *QEMU) sockDir(dir, uuid string) string {
+	if len(dir)+len("/serial.sock") < 100 {
+		return dir
+	}
+	return filepath.Join(os.TempDir(), "toolstackd-"+uuid[:8]+"-"+strconv.FormatInt(time.Now().UnixNano()%1e6, 36))
+}
+
+// Create implements Backend.
+func (q *QEMU) Create(ctx context.Context, spec *Spec) (int64, error) {
+	accel, err := q.accel(spec)
+	if err != nil {
+		return 0, err
+	}
+	q.mu.Lock()
+	if old := q.doms[spec.UUID]; old != nil {
+		q.mu.Unlock()
+		return 0, xerr.New("DOMAIN_EXISTS", spec.VMRef, strconv.FormatInt(old.j.Domid, 10))
+	}
+	domid := q.nextDomid
+	q.nextDomid++
+	dir := filepath.Join(q.cfg.StateDir, spec.UUID)
+	d := &qemuDomain{state: DomainBuilding, exited: make(chan struct{}), vcpus: spec.VCPUs, memory: spec.Target}
+	sd := q.sockDir(dir, spec.UUID)
+	d.j = qemuJournal{UUID: spec.UUID, Domid: domid, Spec: *spec, Accel: accel, Dir: dir,
+		QMPPath: filepath.Join(sd, "qmp.sock"), VNCPath: filepath.Join(sd, "vnc.sock"), SerialPath: filepath.Join(sd, "serial.sock"),
+		LogPath: filepath.Join(dir, "qemu.log"), HotCPUs: spec.HotCPUs}
+	q.doms[spec.UUID] = d
+	q.mu.Unlock()
+	fail := func(err error) (int64, error) {
+		q.mu.Lock()
+		delete(q.doms, spec.UUID)
+		q.mu.Unlock()
+		os.RemoveAll(dir)
+		if sd != dir {
+			os.RemoveAll(sd)
+		}
+		return 0, err
+	}
+	os.RemoveAll(dir) // leftovers of a domain destroyed half-way
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fail(err)
+	}
+	if err := os.MkdirAll(sd, 0o700); err != nil {
+		return fail(err)
+	}
+	if err := q.save(d); err != nil {
+		return fail(err)
+	}
+	return domid, nil
+}
+
+// Build implements Backend: it checks the boot files and makes the UEFI
+// variable store.
+func (q *QEMU) Build(ctx context.Context, uuid string) error {
+	d, err := q.dom(uuid)
+	if err != nil {
+		return err
+	}
+	s := &d.j.Spec
+	for _, f := range []string{s.Kernel, s.Ramdisk} {
+		if f == "" {
+			continue
+		}
+		if _, err := os.Stat(f); err != nil {
+			return xerr.New("BOOTLOADER_FAILED", s.VMRef, err.Error())
+		}
+	}
+	if s.RestoreFrom != "" {
+		if _, err := os.Stat(s.RestoreFrom); err != nil {
+			return xerr.New("SUSPEND_IMAGE_NOT_ACCESSIBLE", s.RestoreFrom)
+		}
+	}
+	if s.Firmware == "uefi" {
+		vars := filepath.Join(d.j.Dir, "OVMF_VARS.fd")
+		if _, err := os.Stat(vars); err != nil {
+			if err := copyFile(q.cfg.OVMFVars, vars); err != nil {
+				return xerr.New("FAILED_TO_START_EMULATOR", s.VMRef, "qemu", "UEFI variable store: "+err.Error())
+			}
+		}
+	}
+	return nil
+}
+
+func copyFile(from, to string) error {
+	in, err := os.Open(from)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// AddDisk implements Backend.
+func (q *QEMU) AddDisk(ctx context.Context, uuid string, disk Disk) error {
+	d, err := q.dom(uuid)
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	d.j.Disks = append(d.j.Disks, disk)
+	d.mu.Unlock()
+	return q.save(d)
+}
+
+// AddNIC implements Backend: it makes the NIC's tap (or decides on
+// user-mode networking) now, so the device model finds it ready.
+func (q *QEMU) AddNIC(ctx context.Context, uuid string, n NIC) error {
+	d, err := q.dom(uuid)
+	if err != nil {
+		return err
+	}
+	return q.setupNIC(d, &n)
+}
+
+// StartDeviceModel implements Backend.
+func (q *QEMU) StartDeviceModel(ctx context.Context, uuid string) error {
+	d, err := q.dom(uuid)
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	argv, err := q.qemuArgv(&d.j)
+	if err != nil {
+		d.mu.Unlock()
+		return err
+	}
+	d.j.Argv = argv
+	j := d.j
+	d.mu.Unlock()
+	vm := j.Spec.VMRef
+	logf, err := os.OpenFile(j.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(q.cfg.Binary, argv...)
+	cmd.Dir = j.Dir
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// Its own session: signals to the daemon's process group never reach
+	// it, and it outlives the daemon.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if j.Spec.RestoreFrom != "" {
+		img, _, err := openImageStream(j.Spec.RestoreFrom)
+		if err != nil {
+			logf.Close()
+			q.log.Warn("qemu: unusable suspend image", "vm", j.UUID, "err", err)
+			return xerr.New("SUSPEND_IMAGE_NOT_ACCESSIBLE", j.Spec.RestoreFrom)
+		}
+		defer img.Close()
+		cmd.ExtraFiles = []*os.File{img}
+	}
+	err = cmd.Start()
+	logf.Close()
+	if err != nil {
+		return xerr.New("FAILED_TO_START_EMULATOR", vm, "qemu", err.Error())
+	}
+	pid := cmd.Process.Pid
+	start, _ := procStartTime(pid)
+	d.mu.Lock()
+	d.j.Pid, d.j.PidStart, d.child = pid, start, true
+	d.mu.Unlock()
+	go func() {
+		cmd.Wait()
+		q.processGone(d)
+	}()
+	if err := q.save(d); err != nil {
+		return err
+	}
+	if err := q.connect(ctx, d); err != nil {
+		select {
+		case <-d.exited:
+			return xerr.New("FAILED_TO_START_EMULATOR", vm, "qemu", emulatorError(j.LogPath))
+		default:
+		}
+		return err
+	}
+	d.mu.Lock()
+	qmp := d.qmp
+	d.mu.Unlock()
+	if j.Spec.RestoreFrom != "" {
+		if err := q.waitRestored(ctx, d, qmp); err != nil {
+			return err
+		}
+	}
+	d.mu.Lock()
+	d.state = DomainPaused
+	if j.Spec.AutoStart {
+		d.state = DomainRunning
+	}
+	d.j.StartTime = time.Now().UTC()
+	d.mu.Unlock()
+	return q.save(d)
+}
+
+// emulatorError is the useful part of a failed emulator's log.
+func emulatorError(logPath string) string {
+	msg := tailFile(logPath, 600)
+	if msg == "" {
+		msg = "the emulator exited during start-up"
+	}
+	return msg
+}
+
+func (q *QEMU) waitRestored(ctx context.Context, d *qemuDomain, qmp *QMP) error {
+	for {
+		var st struct{ Status string }
+		if err := qmp.Execute(ctx, "query-status", nil, &st); err != nil {
+			select {
+			case <-d.exited:
+				return xerr.New("FAILED_TO_START_EMULATOR", d.j.Spec.VMRef, "qemu", emulatorError(d.j.LogPath))
+			default:
+			}
+			return err
+		}
+		if st.Status != "inmigrate" {
+			return nil
+		}
+		select {
+		case <-time.After(20 * time.Millisecond):
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-d.exited:
+			return xerr.New("FAILED_TO_START_EMULATOR", d.j.Spec.VMRef, "qemu", emulatorError(d.j.LogPath))
+		}
+	}
+}
+
+// connect waits for the domain's QMP socket and connects to it.
+func (q *QEMU) connect(ctx context.Context, d *qemuDomain) error {
+	path := d.j.QMPPath
+	const delay = 2 * time.Millisecond
+	for {
+		dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		qmp, err := DialQMP(dctx, path, func(ev QMPEvent) { q.onEvent(d, ev) })
+		cancel()
+		if err == nil {
+			d.mu.Lock()
+			if old := d.qmp; old != nil {
+				old.Close()
+			}
+			d.qmp = qmp
+			d.mu.Unlock()
+			go func() {
+				<-qmp.Done()
+				// An EOF usually means the process ended; make sure.
+				time.Sleep(50 * time.Millisecond)
+				d.mu.Lock()
+				pid, start, id, child := d.j.Pid, d.j.PidStart, d.j.UUID, d.child
+				d.mu.Unlock()
+				if !child && !sameProcess(pid, start, id) {
+					q.processGone(d)
+				}
+			}()
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-d.exited:
+			return fmt.Errorf("qemu exited before its monitor came up")
+		case <-time.After(delay):
+		}
+	}
+}
+
+// onEvent follows QEMU's events (called from the QMP reader).
+func (q *QEMU) onEvent(d *qemuDomain, ev QMPEvent) {
+	d.mu.Lock()
+	for i := 0; i < len(d.waiters); i++ {
+		w := d.waiters[i]
+		if w.match(ev) {
+			select {
+			case w.ch <- ev:
+			default:
+			}
+			d.waiters = append(d.waiters[:i:i], d.waiters[i+1:]...)
+			i--
+		}
+	}
+	changed := false
+	switch ev.Event {
+	case "SHUTDOWN":
+		var data struct {
+			Guest  bool
+			Reason string
+		}
+		json.Unmarshal(ev.Data, &data)
+		if data.Guest {
+			switch data.Reason {
+			case "guest-reset":
+				d.state = DomainReboot
+			case "guest-panic":
+				d.state, d.reason = DomainCrashed, "guest panicked"
+			default:
+				d.state = DomainShutdown
+			}
+			changed = true
+		}
+	case "GUEST_PANICKED":
+		d.state, d.reason, changed = DomainCrashed, "guest panicked", true
+	case "STOP":
+		if d.state == DomainRunning {
+			d.state, changed = DomainPaused, true
+		}
+	case "RESUME":
+		if d.state == DomainPaused {
+			d.state, changed = DomainRunning, true
+		}
+	}
+	uuid := d.j.UUID
+	stopping := d.stopping
+	d.mu.Unlock()
+	if changed && !stopping {
+		go q.tell(uuid)
+	}
+}
+
+// processGone records that a domain's process has ended.
+func (q *QEMU) processGone(d *qemuDomain) {
+	first := false
+	d.exitOnce.Do(func() { close(d.exited); first = true })
+	if !first {
+		return
+	}
+	d.mu.Lock()
+	expected := d.stopping
+	if !expected {
+		switch d.state {
+		case DomainShutdown, DomainReboot, DomainCrashed:
+		default:
+			d.state, d.reason = DomainCrashed, "emulator exited: "+truncate(tailFile(d.j.LogPath, 300), 300)
+		}
+	}
+	uuid := d.j.UUID
+	d.mu.Unlock()
+	if !expected {
+		q.log.Warn("qemu: emulator process ended", "vm", uuid)
+		q.tell(uuid)
+	}
+}
+
+func (q *QEMU) monitor(d *qemuDomain) (*QMP, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.qmp == nil {
+		return nil, fmt.Errorf("qemu: domain %s has no monitor connection", d.j.UUID)
+	}
+	select {
+	case <-d.exited:
+		return nil, fmt.Errorf("qemu: domain %s has no running emulator", d.j.UUID)
+	default:
+	}
+	return d.qmp, nil
+}
+
+// MarkComplete implements Backend.
+func (q *QEMU) MarkComplete(uuid string) error {
+	d, err := q.dom(uuid)
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	d.j.Complete = true
+	d.mu.Unlock()
+	return q.save(d)
+}
+
+func (q *QEMU) command(ctx context.Context, uuid, cmd string, args any, out any) (*qemuDomain, error) {
+	d, err := q.dom(uuid)
+	if err != nil {
+		return nil, err
+	}
+	qmp, err := q.monitor(d)
+	if err != nil {
+		return d, err
+	}
+	return d, qmp.Execute(ctx, cmd, args, out)
+}
+
+// stopped refuses pause and unpause on a domain whose guest has already
+// stopped: the pending check must see that, not a paused domain.
+func (d *qemuDomain) stopped() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch d.state {
+	case DomainShutdown, DomainReboot, DomainCrashed, DomainGone:
+		return xerr.New("VM_BAD_POWER_STATE", d.j.Spec.VMRef, powerName(psRunning), powerName(psHalted))
+	}
+	return nil
+}
+
+// Pause implements Backend.
+func (q *QEMU) Pause(ctx context.Context, uuid string) error {
+	if d, err := q.dom(uuid); err == nil {
+		if err := d.stopped(); err != nil {
+			return err
+		}
+	}
+	d, err := q.command(ctx, uuid, "stop", nil, nil)
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	d.state = DomainPaused
+	d.mu.Unlock()
+	return nil
+}
+
+// Unpause implements Backend.
+func (q *QEMU) Unpause(ctx context.Context, uuid string) error {
+	if d, err := q.dom(uuid); err == nil {
+		d.mu.Lock()
+		running := d.state == DomainRunning && !d.j.Complete && d.j.Spec.AutoStart
+		d.mu.Unlock()
+		if running {
+			return nil // started by itself (Spec.AutoStart)
+		}
+		if err := d.stopped(); err != nil {
+			return err
+		}
+	}
+	d, err := q.command(ctx, uuid, "cont", nil, nil)
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	d.state = DomainRunning
+	d.mu.Unlock()
+	return nil
+}
+
+// RequestShutdown implements Backend.
+func (q *QEMU) RequestShutdown(ctx context.Context, uuid string) error {
+	_, err := q.command(ctx, uuid, "system_powerdown", nil, nil)
+	return err
+}
+
+// Suspend implements Backend: QEMU migrates the domain into a file it is
+// handed over the monitor socket.
+func (q *QEMU) Suspend(ctx context.Context, uuid, path string, progress func(float64)) error {
+	d, err := q.dom(uuid)
+	if err != nil {
+		return err
+	}
+	qmp, err := q.monitor(d)
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	wasRunning := d.state == DomainRunning
+	d.mu.Unlock()
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	d.mu.Lock()
+	meta := &ImageMeta{Spec: d.j.Spec, Disks: append([]Disk(nil), d.j.Disks...), NICs: append([]NIC(nil), d.j.NICs...),
+		HotCPUs: append([]CPUDevice(nil), d.j.HotCPUs...), Backend: "qemu"}
+	d.mu.Unlock()
+	meta.Spec.RestoreFrom, meta.Spec.HotCPUs = "", nil
+	lengthAt, err := writeImageHeader(f, meta, recQEMU)
+	if err != nil {
+		return err
+	}
+	// QEMU gets the same open file, positioned after the header.
+	if err := qmp.ExecuteFD(ctx, "getfd", map[string]any{"fdname": "suspend"}, int(f.Fd())); err != nil {
+		return err
+	}
+	if wasRunning {
+		if err := q.Pause(ctx, uuid); err != nil {
+			return err
+		}
+	}
+	undo := func(cause error) error {
+		bg, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		qmp.Execute(bg, "migrate_cancel", nil, nil)
+		for i := 0; i < 200; i++ {
+			var st struct{ Status string }
+			if qmp.Execute(bg, "query-migrate", nil, &st) != nil || st.Status != "active" && st.Status != "cancelling" {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		qmp.Execute(bg, "closefd", map[string]any{"fdname": "suspend"}, nil)
+		if wasRunning {
+			q.Unpause(bg, uuid)
+		}
+		os.Remove(path)
+		return cause
+	}
+	// Saving would crawl at QEMU's default migration speed (32 MiB/s).
+	qmp.Execute(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(8) << 30}, nil)
+	if err := qmp.Execute(ctx, "migrate", map[string]any{"uri": "fd:suspend"}, nil); err != nil {
+		return undo(err)
+	}
+	for {
+		var st struct {
+			Status    string `json:"status"`
+			ErrorDesc string `json:"error-desc"`
+			RAM       struct {
+				Transferred int64 `json:"transferred"`
+				Total       int64 `json:"total"`
+			} `json:"ram"`
+		}
+		if err := qmp.Execute(ctx, "query-migrate", nil, &st); err != nil {
+			return undo(err)
+		}
+		switch st.Status {
+		case "completed":
+			if err := finishImage(f, lengthAt); err != nil {
+				return undo(err)
+			}
+			d.mu.Lock()
+			d.state = DomainPaused
+			d.mu.Unlock()
+			return nil
+		case "failed", "cancelled":
+			return undo(fmt.Errorf("saving the memory image failed: %s", st.ErrorDesc))
+		}
+		if progress != nil && st.RAM.Total > 0 {
+			progress(min(0.99, float64(st.RAM.Transferred)/float64(st.RAM.Total)))
+		}
+		select {
+		case <-ctx.Done():
+			return undo(ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Destroy implements Backend. It does not stop half-way: once begun it
+// runs to the end, whatever the context says.
+func (q *QEMU) Destroy(ctx context.Context, uuid string) error {
+	q.mu.Lock()
+	d := q.doms[uuid]
+	q.mu.Unlock()
+	if d == nil {
+		os.RemoveAll(filepath.Join(q.cfg.StateDir, uuid))
+		return nil
+	}
+	d.mu.Lock()
+	d.stopping = true
+	qmp, j, child := d.qmp, d.j, d.child
+	d.mu.Unlock()
+	alive := func() bool {
+		select {
+		case <-d.exited:
+			return false
+		default:
+		}
+		return j.Pid > 0 && (child || sameProcess(j.Pid, j.PidStart, j.UUID))
+	}
+	if alive() && qmp != nil {
+		qctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		qmp.Execute(qctx, "quit", nil, nil)
+		cancel()
+		if child {
+			select {
+			case <-d.exited:
+			case <-time.After(3 * time.Second):
+			}
+		} else {
+			for i := 0; i < 150 && alive(); i++ {
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+	}
+	if alive() {
+		if !killProcess(j.Pid, j.PidStart, j.UUID, 10*time.Second) {
+			return fmt.Errorf("qemu: process %d of VM %s would not die", j.Pid, uuid)
+		}
+		if child {
+			select {
+			case <-d.exited:
+			case <-time.After(5 * time.Second):
+			}
+		}
+	}
+	d.exitOnce.Do(func() { close(d.exited) })
+	if qmp != nil {
+		qmp.Close()
+	}
+	for _, n := range j.NICs {
+		if n.Tap != "" {
+			if err := deleteTap(n.Tap); err != nil {
+				q.log.Warn("qemu: removing tap", "tap", n.Tap, "err", err)
+			}
+		}
+	}
+	if sd := filepath.Dir(j.QMPPath); sd != j.Dir {
+		os.RemoveAll(sd)
+	}
+	os.RemoveAll(j.Dir)
+	q.mu.Lock()
+	if q.doms[uuid] == d {
+		delete(q.doms, uuid)
+	}
+	q.mu.Unlock()
+	return nil
+}
+
+// waitEvent registers interest in an event before the command that
+// causes it is sent.
+func (d *qemuDomain) waitEvent(match func(QMPEvent) bool) *eventWaiter {
+	w := &eventWaiter{match: match, ch: make(chan QMPEvent, 1)}
+	d.mu.Lock()
+	d.waiters = append(d.waiters, w)
+	d.mu.Unlock()
+	return w
+}
+
+func (d *qemuDomain) dropWaiter(w *eventWaiter) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for i, x := range d.waiters {
+		if x == w {
+			d.waiters = append(d.waiters[:i:i], d.waiters[i+1:]...)
+			return
+		}
+	}
+}
+
+func deviceDeleted(id string) func(QMPEvent) bool {
+	return func(ev QMPEvent) bool {
+		if ev.Event != "DEVICE_DELETED" {
+			return false
+		}
+		var data struct{ Device string }
+		json.Unmarshal(ev.Data, &data)
+		return data.Device == id
+	}
+}
+
+// deviceDel asks the guest to release a device and waits for it. ok is
+// false when the guest did not within the timeout.
+func (q *QEMU) deviceDel(ctx context.Context, d *qemuDomain, qmp *QMP, id string, timeout time.Duration) (bool, error) {
+	w := d.waitEvent(deviceDeleted(id))
+	defer d.dropWaiter(w)
+	if err := qmp.Execute(ctx, "device_del", map[string]any{"id": id}, nil); err != nil {
+		var qe *QMPError
+		if errors.As(err, &qe) && qe.Class == "DeviceNotFound" {
+			return true, nil
+		}
+		return false, err
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-w.ch:
+		return true, nil
+	case <-t.C:
+		return false, nil
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+}
+
+// PlugDisk implements Backend.
+func (q *QEMU) PlugDisk(ctx context.Context, uuid string, disk Disk) error {
+	d, err := q.dom(uuid)
+	if err != nil {
+		return err
+	}
+	qmp, err := q.monitor(d)
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	bus := d.j.Spec.Platform["disk-bus"]
+	d.mu.Unlock()
+	if disk.CD {
+		return xerr.New("OPERATION_NOT_ALLOWED", "CD drives cannot be hot-plugged; insert media into an existing one")
+	}
+	dev, err := diskDevice(disk, bus, 0)
+	if err != nil {
+		return err
+	}
+	if dev["driver"] != "virtio-blk-pci" {
+		return xerr.New("OPERATION_NOT_ALLOWED", "IDE disks cannot be hot-plugged")
+	}
+	if disk.Path != "" {
+		if err := qmp.Execute(ctx, "blockdev-add", blockdevArg(disk), nil); err != nil {
+			return err
+		}
+	}
+	if err := qmp.Execute(ctx, "device_add", dev, nil); err != nil {
+		if disk.Path != "" {
+			qmp.Execute(context.Background(), "blockdev-del", map[string]any{"node-name": nodeName(disk.Device)}, nil)
+		}
+		return err
+	}
+	d.mu.Lock()
+	d.j.Disks = append(d.j.Disks, disk)
+	d.mu.Unlock()
+	return q.save(d)
+}
+
+// UnplugDisk implements Backend.
+func (q *QEMU) UnplugDisk(ctx context.Context, uuid, device string, force bool) error {
+	d, err := q.dom(uuid)
+	if err != nil {
+		return err
+	}
+	qmp, err := q.monitor(d)
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	var disk *Disk
+	for i := range d.j.Disks {
+		if d.j.Disks[i].Device == device {
+			x := d.j.Disks[i]
+			disk = &x
+		}
+	}
+	d.mu.Unlock()
+	if disk == nil {
+		return nil
+	}
+	timeout := q.cfg.UnplugTimeout
+	if force {
+		timeout = min(timeout, 2*time.Second)
+	}
+	ok, err := q.deviceDel(ctx, d, qmp, devID(device), timeout)
+	if err != nil {
+		return err
+	}
+	if !ok && !force {
+		return xerr.New("DEVICE_DETACH_REJECTED", "VBD", disk.VBD, "the guest did not release the device")
+	}
+	if ok && disk.Path != "" {
+		for i := len(disk.Overlays) - 1; i >= 0; i-- {
+			qmp.Execute(ctx, "blockdev-del", map[string]any{"node-name": disk.Overlays[i]}, nil)
+		}
+		qmp.Execute(ctx, "blockdev-del", map[string]any{"node-name": nodeName(device)}, nil)
+	}
+	if !ok {
+		q.log.Warn("qemu: forced unplug; the guest still holds the device until it reboots", "vm", uuid, "device", device)
+	}
+	d.mu.Lock()
+	for i := range d.j.Disks {
+		if d.j.Disks[i].Device == device {
+			d.j.Disks = append(d.j.Disks[:i:i], d.j.Disks[i+1:]...)
+			break
+		}
+	}
+	d.mu.Unlock()
+	return q.save(d)
+}
+
+// ChangeMedium implements Backend.
+func (q *QEMU) ChangeMedium(ctx context.Context, uuid string, disk Disk) error {
+	d, err := q.dom(uuid)
+	if err != nil {
+		return err
+	}
+	qmp, err := q.monitor(d)
+	if err != nil {
+		return err
+	}
+	if disk.Path == "" {
+		err = qmp.Execute(ctx, "eject", map[string]any{"id": devID(disk.Device), "force": true}, nil)
+	} else {
+		format := disk.Format
+		if format == "" {
+			format = "raw"
+		}
+		err = qmp.Execute(ctx, "blockdev-change-medium", map[string]any{
+			"id": devID(disk.Device), "filename": disk.Path, "format": format, "read-only-mode": "read-only"}, nil)
+	}
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	for i := range d.j.Disks {
+		if d.j.Disks[i].Device == disk.Device {
+			d.j.Disks[i] = disk
+		}
+	}
+	d.mu.Unlock()
+	return q.save(d)
+}
+
+// LiveSnapshot makes the image at path (an empty overlay whose backing
+// file is what the disk has open) the disk's active image, with QMP
+// blockdev-snapshot: storage calls this when it snapshots a VDI a running
+// VM writes to.
+func (q *QEMU) LiveSnapshot(ctx context.Context, uuid, device, path, format string) error {
+	d, err := q.dom(uuid)
+	if err != nil {
+		return err
+	}
+	qmp, err := q.monitor(d)
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	idx := -1
+	for i := range d.j.Disks {
+		if d.j.Disks[i].Device == device {
+			idx = i
+		}
+	}
+	if idx < 0 {
+		d.mu.Unlock()
+		return fmt.Errorf("qemu: VM %s has no disk %s", uuid, device)
+	}
+	disk := d.j.Disks[idx]
+	d.mu.Unlock()
+	top := nodeName(device)
+	if n := len(disk.Overlays); n > 0 {
+		top = disk.Overlays[n-1]
+	}
+	node := fmt.Sprintf("vbd%s-overlay%d", device, len(disk.Overlays)+1)
+	if format == "" {
+		format = "qcow2"
+	}
+	args := map[string]any{"driver": format, "node-name": node, "backing": nil, "file": protocolNode(path, false)}
+	if err := qmp.Execute(ctx, "blockdev-add", args, nil); err != nil {
+		return err
+	}
+	if err := qmp.Execute(ctx, "blockdev-snapshot", map[string]any{"node": top, "overlay": node}, nil); err != nil {
+		qmp.Execute(context.WithoutCancel(ctx), "blockdev-del", map[string]any{"node-name": node}, nil)
+		return err
+	}
+	d.mu.Lock()
+	d.j.Disks[idx].Overlays = append(d.j.Disks[idx].Overlays, node)
+	d.j.Disks[idx].Path, d.j.Disks[idx].Format = path, format
+	d.mu.Unlock()
+	return q.save(d)
+}
+
+// PlugNIC implements Backend.
+func (q *QEMU) PlugNIC(ctx context.Context, uuid string, n NIC) error {
+	d, err := q.dom(uuid)
+	if err != nil {
+		return err
+	}
+	qmp, err := q.monitor(d)
+	if err != nil {
+		return err
+	}
+	if err := q.setupNIC(d, &n); err != nil {
+		return err
+	}
+	nd := netdevArg(n)
+	if nd == nil {
+		return nil
+	}
+	undo := func(err error) error {
+		qmp.Execute(context.Background(), "netdev_del", map[string]any{"id": netID(n.Device)}, nil)
+		q.forgetNIC(d, n.Device)
+		return err
+	}
+	if err := qmp.Execute(ctx, "netdev_add", nd, nil); err != nil {
+		return undo(err)
+	}
+	d.mu.Lock()
+	model := nicModel(d.j.Spec.Platform)
+	d.mu.Unlock()
+	if err := qmp.Execute(ctx, "device_add", nicDevice(n, model, 0), nil); err != nil {
+		return undo(err)
+	}
+	return nil
+}
+
+// UnplugNIC implements Backend.
+func (q *QEMU) UnplugNIC(ctx context.Context, uuid, device string) error {
+	d, err := q.dom(uuid)
+	if err != nil {
+		return err
+	}
+	qmp, err := q.monitor(d)
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	var nic *NIC
+	for i := range d.j.NICs {
+		if d.j.NICs[i].Device == device {
+			x := d.j.NICs[i]
+			nic = &x
+		}
+	}
+	d.mu.Unlock()
+	if nic == nil {
+		return nil
+	}
+	if nic.Mode != "none" {
+		ok, err := q.deviceDel(ctx, d, qmp, nicID(device), q.cfg.UnplugTimeout)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return xerr.New("DEVICE_DETACH_REJECTED", "VIF", nic.VIF, "the guest did not release the device")
+		}
+		qmp.Execute(ctx, "netdev_del", map[string]any{"id": netID(device)}, nil)
+	}
+	q.forgetNIC(d, device)
+	return nil
+}
+
+func (q *QEMU) forgetNIC(d *qemuDomain, device string) {
+	d.mu.Lock()
+	var tap string
+	for i := range d.j.NICs {
+		if d.j.NICs[i].Device == device {
+			tap = d.j.NICs[i].Tap
+			d.j.NICs = append(d.j.NICs[:i:i], d.j.NICs[i+1:]...)
+			break
+		}
+	}
+	d.mu.Unlock()
+	if tap != "" {
+		if err := deleteTap(tap); err != nil {
+			q.log.Warn("qemu: removing tap", "tap", tap, "err", err)
+		}
+	}
+	q.save(d)
+}
+
+// SetVCPUs implements Backend: VCPUs are hot-added from the free slots
+// QEMU offers (up to VCPUs_max); only hot-added ones can be removed.
+func (q *QEMU) SetVCPUs(ctx context.Context, uuid string, n int) error {
+	d, err := q.dom(uuid)
+	if err != nil {
+		return err
+	}
+	qmp, err := q.monitor(d)
+	if err != nil {
+		return err
+	}
+	var slots []struct {
+		Type    string         `json:"type"`
+		Props   map[string]any `json:"props"`
+		QOMPath string         `json:"qom-path"`
+	}
+	if err := qmp.Execute(ctx, "query-hotpluggable-cpus", nil, &slots); err != nil {
+		return err
+	}
+	present := 0
+	for _, s := range slots {
+		if s.QOMPath != "" {
+			present++
+		}
+	}
+	// QEMU lists slots from the highest; plug from the lowest.
+	slices.Reverse(slots)
+	for _, s := range slots {
+		if present >= n {
+			break
+		}
+		if s.QOMPath != "" {
+			continue
+		}
+		id := fmt.Sprintf("cpu-hot-%v-%v-%v", s.Props["socket-id"], s.Props["core-id"], s.Props["thread-id"])
+		args := map[string]any{"driver": s.Type, "id": id}
+		for k, v := range s.Props {
+			if k != "node-id" {
+				args[k] = v
+			}
+		}
+		if err := qmp.Execute(ctx, "device_add", args, nil); err != nil {
+			return err
+		}
+		present++
+		d.mu.Lock()
+		d.j.HotCPUs = append(d.j.HotCPUs, CPUDevice{ID: id, Args: args})
+		d.mu.Unlock()
+	}
+	for present > n {
+		d.mu.Lock()
+		if len(d.j.HotCPUs) == 0 {
+			d.mu.Unlock()
+			return xerr.New("OPERATION_NOT_ALLOWED", "only VCPUs added while the VM runs can be removed while it runs")
+		}
+		id := d.j.HotCPUs[len(d.j.HotCPUs)-1].ID
+		d.mu.Unlock()
+		if err := qmp.Execute(ctx, "device_del", map[string]any{"id": id}, nil); err != nil {
+			return err
+		}
+		d.mu.Lock()
+		d.j.HotCPUs = d.j.HotCPUs[:len(d.j.HotCPUs)-1]
+		d.mu.Unlock()
+		present--
+	}
+	d.mu.Lock()
+	d.vcpus = n
+	d.mu.Unlock()
+	return q.save(d)
+}
+
+// SetMemoryTarget implements Backend (virtio-balloon).
+func (q *QEMU) SetMemoryTarget(ctx context.Context, uuid string, bytes int64) error {
+	d, err := q.command(ctx, uuid, "balloon", map[string]any{"value": bytes}, nil)
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	d.memory = bytes
+	d.mu.Unlock()
+	return nil
+}
+
+func (q *QEMU) info(d *qemuDomain) DomainInfo {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	i := DomainInfo{UUID: d.j.UUID, Domid: d.j.Domid, State: d.state, Complete: d.j.Complete, StartTime: d.j.StartTime,
+		VCPUs: d.vcpus, Memory: d.memory, Reason: d.reason,
+		Disks: append([]Disk(nil), d.j.Disks...), NICs: append([]NIC(nil), d.j.NICs...)}
+	select {
+	case <-d.exited:
+	default:
+		i.Pid = d.j.Pid
+	}
+	return i
+}
+
+// Info implements Backend.
+func (q *QEMU) Info(uuid string) (DomainInfo, bool) {
+	q.mu.Lock()
+	d := q.doms[uuid]
+	q.mu.Unlock()
+	if d == nil {
+		return DomainInfo{}, false
+	}
+	return q.info(d), true
+}
+
+// List implements Backend.
+func (q *QEMU) List() []DomainInfo {
+	q.mu.Lock()
+	doms := make([]*qemuDomain, 0, len(q.doms))
+	for _, d := range q.doms {
+		doms = append(doms, d)
+	}
+	q.mu.Unlock()
+	out := make([]DomainInfo, 0, len(doms))
+	for _, d := range doms {
+		out = append(out, q.info(d))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Domid < out[j].Domid })
+	return out
+}
+
+// ConsolePath implements Backend.
+func (q *QEMU) ConsolePath(uuid, protocol string) (string, error) {
+	d, err := q.dom(uuid)
+	if err != nil {
+		return "", err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch protocol {
+	case "rfb":
+		return d.j.VNCPath, nil
+	case "vt100":
+		return d.j.SerialPath, nil
+	}
+	return "", fmt.Errorf("qemu: no %s console", protocol)
+}

@@ -1,0 +1,225 @@
+package xenops
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// A small client for the QEMU Machine Protocol: JSON objects, one per
+// line, over a Unix socket. Commands carry an id and their replies are
+// matched by it; asynchronous events go to a callback. A file descriptor
+// can ride along with a command (SCM_RIGHTS), which is how getfd hands
+// QEMU the file a suspend image is written to.
+
+// QMPError is an error reply from QEMU.
+type QMPError struct {
+	Class string `json:"class"`
+	Desc  string `json:"desc"`
+}
+
+func (e *QMPError) Error() string { return "qmp: " + e.Class + ": " + e.Desc }
+
+// QMPEvent is one asynchronous event.
+type QMPEvent struct {
+	Event     string          `json:"event"`
+	Data      json.RawMessage `json:"data"`
+	Timestamp struct {
+		Seconds      int64 `json:"seconds"`
+		Microseconds int64 `json:"microseconds"`
+	} `json:"timestamp"`
+}
+
+// ErrQMPClosed is returned for commands on a connection that has ended
+// (QEMU exited or the socket closed).
+var ErrQMPClosed = errors.New("qmp: connection closed")
+
+type qmpReply struct {
+	Return json.RawMessage `json:"return"`
+	Error  *QMPError       `json:"error"`
+	Event  string          `json:"event"`
+	ID     json.RawMessage `json:"id"`
+	QMP    json.RawMessage `json:"QMP"`
+}
+
+// QMP is one connection to a QEMU monitor.
+type QMP struct {
+	conn    *net.UnixConn
+	onEvent func(QMPEvent)
+
+	wmu     sync.Mutex // one writer at a time
+	mu      sync.Mutex
+	nextID  uint64
+	pending map[string]chan qmpReply
+	closed  chan struct{}
+	err     error
+}
+
+// DialQMP connects to a QMP socket, reads the greeting and leaves
+// capabilities negotiation done, so that commands can be sent. onEvent,
+// if not nil, is called from the reader goroutine for every event; it
+// must not block for long.
+func DialQMP(ctx context.Context, path string, onEvent func(QMPEvent)) (*QMP, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		return nil, err
+	}
+	q := &QMP{conn: c.(*net.UnixConn), onEvent: onEvent, pending: map[string]chan qmpReply{}, closed: make(chan struct{})}
+	r := bufio.NewReader(q.conn)
+	// The greeting comes first, before anything is asked.
+	if dl, ok := ctx.Deadline(); ok {
+		q.conn.SetReadDeadline(dl)
+	} else {
+		q.conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	}
+	line, err := r.ReadBytes('\n')
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("qmp greeting: %w", err)
+	}
+	var greet qmpReply
+	if json.Unmarshal(line, &greet) != nil || greet.QMP == nil {
+		c.Close()
+		return nil, fmt.Errorf("qmp greeting: unexpected %q", truncate(string(line), 200))
+	}
+	q.conn.SetReadDeadline(time.Time{})
+	go q.readLoop(r)
+	if err := q.Execute(ctx, "qmp_capabilities", nil, nil); err != nil {
+		q.Close()
+		return nil, err
+	}
+	return q, nil
+}
+
+// Done is closed when the connection ends.
+func (q *QMP) Done() <-chan struct{} { return q.closed }
+
+// Close ends the connection.
+func (q *QMP) Close() error { return q.conn.Close() }
+
+func (q *QMP) readLoop(r *bufio.Reader) {
+	var err error
+	for {
+		var line []byte
+		line, err = r.ReadBytes('\n')
+		if err != nil {
+			break
+		}
+		var m qmpReply
+		if json.Unmarshal(line, &m) != nil {
+			continue
+		}
+		if m.Event != "" {
+			if q.onEvent != nil {
+				var ev QMPEvent
+				if json.Unmarshal(line, &ev) == nil {
+					q.onEvent(ev)
+				}
+			}
+			continue
+		}
+		id := string(m.ID)
+		q.mu.Lock()
+		ch := q.pending[id]
+		delete(q.pending, id)
+		q.mu.Unlock()
+		if ch != nil {
+			ch <- m
+		}
+	}
+	q.mu.Lock()
+	q.err = err
+	q.pending = nil
+	close(q.closed)
+	q.mu.Unlock()
+	q.conn.Close()
+}
+
+// Execute runs a command and decodes its return value into out (when out
+// is not nil). A QEMU error reply is a *QMPError.
+func (q *QMP) Execute(ctx context.Context, cmd string, args any, out any) error {
+	return q.execute(ctx, cmd, args, out, -1)
+}
+
+// ExecuteFD is Execute with a file descriptor passed alongside the
+// command (for getfd and add-fd).
+func (q *QMP) ExecuteFD(ctx context.Context, cmd string, args any, fd int) error {
+	return q.execute(ctx, cmd, args, nil, fd)
+}
+
+func (q *QMP) execute(ctx context.Context, cmd string, args any, out any, fd int) error {
+	q.mu.Lock()
+	if q.pending == nil {
+		q.mu.Unlock()
+		return ErrQMPClosed
+	}
+	q.nextID++
+	id := strconv.FormatUint(q.nextID, 10)
+	ch := make(chan qmpReply, 1)
+	q.pending[`"`+id+`"`] = ch
+	q.mu.Unlock()
+	forget := func() {
+		q.mu.Lock()
+		if q.pending != nil {
+			delete(q.pending, `"`+id+`"`)
+		}
+		q.mu.Unlock()
+	}
+
+	msg := map[string]any{"execute": cmd, "id": id}
+	if args != nil {
+		msg["arguments"] = args
+	}
+	b, err := json.Marshal(msg)
+	if err != nil {
+		forget()
+		return err
+	}
+	b = append(b, '\n')
+	q.wmu.Lock()
+	if dl, ok := ctx.Deadline(); ok {
+		q.conn.SetWriteDeadline(dl)
+	} else {
+		q.conn.SetWriteDeadline(time.Now().Add(30 * time.Second))
+	}
+	if fd >= 0 {
+		_, _, err = q.conn.WriteMsgUnix(b, syscall.UnixRights(fd), nil)
+	} else {
+		_, err = q.conn.Write(b)
+	}
+	q.wmu.Unlock()
+	if err != nil {
+		forget()
+		return fmt.Errorf("qmp %s: %w", cmd, err)
+	}
+	select {
+	case m := <-ch:
+		if m.Error != nil {
+			return m.Error
+		}
+		if out != nil && len(m.Return) > 0 {
+			return json.Unmarshal(m.Return, out)
+		}
+		return nil
+	case <-q.closed:
+		return ErrQMPClosed
+	case <-ctx.Done():
+		forget()
+		return ctx.Err()
+	}
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}

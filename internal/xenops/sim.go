@@ -1,0 +1,541 @@
+package xenops
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"toolstackd/internal/xerr"
+)
+
+// SimConfig tunes the simulator.
+type SimConfig struct {
+	// StepDelay is how long every micro-op takes unless Delays names it.
+	StepDelay time.Duration
+	// Delays by micro-op: create, build, disk, nic, device-model,
+	// unpause, pause, suspend, destroy, plug, unplug, and guest-shutdown
+	// (how long a guest takes to power off after an ACPI request).
+	Delays map[string]time.Duration
+	// NoACPI makes guests ignore shutdown requests.
+	NoACPI bool
+	// StateDir, when set, keeps each started domain in a file there, so
+	// that simulated domains outlive a daemon restart as processes would
+	// (a start cut short by a restart leaves nothing behind).
+	StateDir string
+}
+
+// Simulator is a backend with no processes: the same state machine, with
+// configurable delays and failure injection, for tests and large
+// simulated pools.
+type Simulator struct {
+	cfg SimConfig
+
+	mu        sync.Mutex
+	doms      map[string]*simDomain
+	nextDomid int64
+	fail      map[string]error
+	notify    func(string)
+	delays    map[string]time.Duration
+}
+
+type simDomain struct {
+	Info      DomainInfo
+	Spec      Spec
+	ShutdownT *time.Timer `json:"-"`
+}
+
+var _ Backend = (*Simulator)(nil)
+
+// NewSimulator makes a simulator, loading the domains kept in
+// cfg.StateDir.
+func NewSimulator(cfg SimConfig) (*Simulator, error) {
+	s := &Simulator{cfg: cfg, doms: map[string]*simDomain{}, nextDomid: 1, fail: map[string]error{}, delays: map[string]time.Duration{}}
+	for k, v := range cfg.Delays {
+		s.delays[k] = v
+	}
+	if cfg.StateDir != "" {
+		if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+			return nil, err
+		}
+		ents, _ := os.ReadDir(cfg.StateDir)
+		for _, e := range ents {
+			if !strings.HasSuffix(e.Name(), ".json") {
+				continue
+			}
+			b, err := os.ReadFile(filepath.Join(cfg.StateDir, e.Name()))
+			if err != nil {
+				continue
+			}
+			var d simDomain
+			if json.Unmarshal(b, &d) != nil || d.Info.UUID == "" {
+				continue
+			}
+			s.doms[d.Info.UUID] = &d
+			if d.Info.Domid >= s.nextDomid {
+				s.nextDomid = d.Info.Domid + 1
+			}
+		}
+	}
+	return s, nil
+}
+
+// Name implements Backend.
+func (s *Simulator) Name() string { return "simulator" }
+
+// SetFail makes micro-op op (as named in SimConfig.Delays, or "check")
+// fail with err from now on; a nil err clears it.
+func (s *Simulator) SetFail(op string, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err == nil {
+		delete(s.fail, op)
+	} else {
+		s.fail[op] = err
+	}
+}
+
+// SetDelay changes how long micro-op op takes.
+func (s *Simulator) SetDelay(op string, d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.delays[op] = d
+}
+
+func (s *Simulator) step(ctx context.Context, op string) error {
+	s.mu.Lock()
+	d, ok := s.delays[op]
+	if !ok {
+		d = s.cfg.StepDelay
+	}
+	err := s.fail[op]
+	s.mu.Unlock()
+	if d > 0 {
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return err
+}
+
+// SetNotify implements Backend.
+func (s *Simulator) SetNotify(f func(string)) {
+	s.mu.Lock()
+	s.notify = f
+	s.mu.Unlock()
+}
+
+func (s *Simulator) tell(uuid string) {
+	s.mu.Lock()
+	f := s.notify
+	s.mu.Unlock()
+	if f != nil {
+		f(uuid)
+	}
+}
+
+// snapshotFile returns what save writes for a domain (under s.mu).
+func (s *Simulator) snapshotFile(d *simDomain) []byte {
+	if s.cfg.StateDir == "" {
+		return nil
+	}
+	b, _ := json.Marshal(d)
+	return b
+}
+
+// save writes a domain's file, outside s.mu: the manager never runs two
+// operations on one domain at once, so writes for a domain do not race.
+func (s *Simulator) save(uuid string, b []byte) {
+	if b == nil {
+		return
+	}
+	p := filepath.Join(s.cfg.StateDir, uuid+".json")
+	tmp := p + "." + strconv.FormatInt(time.Now().UnixNano(), 36)
+	if os.WriteFile(tmp, b, 0o600) == nil {
+		os.Rename(tmp, p)
+	}
+}
+
+func (s *Simulator) get(uuid string) (*simDomain, error) {
+	d := s.doms[uuid]
+	if d == nil {
+		return nil, fmt.Errorf("simulator: no domain %s", uuid)
+	}
+	return d, nil
+}
+
+// Check implements Backend.
+func (s *Simulator) Check(spec *Spec) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.fail["check"]
+}
+
+// Create implements Backend.
+func (s *Simulator) Create(ctx context.Context, spec *Spec) (int64, error) {
+	if err := s.step(ctx, "create"); err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if d := s.doms[spec.UUID]; d != nil {
+		return 0, xerr.New("DOMAIN_EXISTS", spec.VMRef, fmt.Sprint(d.Info.Domid))
+	}
+	domid := s.nextDomid
+	s.nextDomid++
+	d := &simDomain{Spec: *spec, Info: DomainInfo{UUID: spec.UUID, Domid: domid, State: DomainBuilding, VCPUs: spec.VCPUs, Memory: spec.Target}}
+	s.doms[spec.UUID] = d // journalled only once complete: see MarkComplete
+	return domid, nil
+}
+
+// modify runs one micro-op on a domain. Only changes a restart must see
+// (persist) are written to the domain's file.
+func (s *Simulator) modify(ctx context.Context, op, uuid string, fn func(d *simDomain) error, persist ...bool) error {
+	if err := s.step(ctx, op); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	d, err := s.get(uuid)
+	if err == nil {
+		err = fn(d)
+	}
+	var b []byte
+	if err == nil && len(persist) > 0 && persist[0] && d.Info.Complete {
+		b = s.snapshotFile(d)
+	}
+	s.mu.Unlock()
+	s.save(uuid, b)
+	return err
+}
+
+// Build implements Backend.
+func (s *Simulator) Build(ctx context.Context, uuid string) error {
+	return s.modify(ctx, "build", uuid, func(*simDomain) error { return nil })
+}
+
+// AddDisk implements Backend.
+func (s *Simulator) AddDisk(ctx context.Context, uuid string, disk Disk) error {
+	return s.modify(ctx, "disk", uuid, func(d *simDomain) error {
+		d.Info.Disks = append(d.Info.Disks, disk)
+		return nil
+	})
+}
+
+// AddNIC implements Backend.
+func (s *Simulator) AddNIC(ctx context.Context, uuid string, n NIC) error {
+	return s.modify(ctx, "nic", uuid, func(d *simDomain) error {
+		n.Mode = "none"
+		d.Info.NICs = append(d.Info.NICs, n)
+		return nil
+	})
+}
+
+// StartDeviceModel implements Backend.
+func (s *Simulator) StartDeviceModel(ctx context.Context, uuid string) error {
+	return s.modify(ctx, "device-model", uuid, func(d *simDomain) error {
+		if p := d.Spec.RestoreFrom; p != "" {
+			if _, err := ReadImageMeta(p); err != nil {
+				return xerr.New("SUSPEND_IMAGE_NOT_ACCESSIBLE", p)
+			}
+		}
+		d.Info.State = DomainPaused
+		d.Info.StartTime = time.Now().UTC()
+		return nil
+	})
+}
+
+// MarkComplete implements Backend.
+func (s *Simulator) MarkComplete(uuid string) error {
+	s.mu.Lock()
+	d, err := s.get(uuid)
+	if err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	d.Info.Complete = true
+	b := s.snapshotFile(d)
+	s.mu.Unlock()
+	s.save(uuid, b)
+	return nil
+}
+
+func simStopped(d *simDomain) error {
+	switch d.Info.State {
+	case DomainShutdown, DomainReboot, DomainCrashed, DomainGone:
+		return xerr.New("VM_BAD_POWER_STATE", d.Spec.VMRef, powerName(psRunning), powerName(psHalted))
+	}
+	return nil
+}
+
+// Pause implements Backend.
+func (s *Simulator) Pause(ctx context.Context, uuid string) error {
+	return s.modify(ctx, "pause", uuid, func(d *simDomain) error {
+		if err := simStopped(d); err != nil {
+			return err
+		}
+		d.Info.State = DomainPaused
+		return nil
+	}, true)
+}
+
+// Unpause implements Backend.
+func (s *Simulator) Unpause(ctx context.Context, uuid string) error {
+	return s.modify(ctx, "unpause", uuid, func(d *simDomain) error {
+		if err := simStopped(d); err != nil {
+			return err
+		}
+		d.Info.State = DomainRunning
+		return nil
+	}, true)
+}
+
+// RequestShutdown implements Backend: unless NoACPI, the guest powers
+// off after the guest-shutdown delay.
+func (s *Simulator) RequestShutdown(ctx context.Context, uuid string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d, err := s.get(uuid)
+	if err != nil {
+		return err
+	}
+	if s.cfg.NoACPI || d.Info.State != DomainRunning || d.ShutdownT != nil {
+		return nil
+	}
+	delay := s.delays["guest-shutdown"]
+	d.ShutdownT = time.AfterFunc(delay, func() { s.GuestPowerOff(uuid) })
+	return nil
+}
+
+// Suspend implements Backend: it writes a small image to path.
+func (s *Simulator) Suspend(ctx context.Context, uuid, path string, progress func(float64)) error {
+	s.mu.Lock()
+	d, err := s.get(uuid)
+	var spec Spec
+	if err == nil {
+		spec = d.Spec
+		d.Info.State = DomainPaused
+	}
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	for i := 1; i <= 4; i++ {
+		if err := s.step(ctx, "suspend"); err != nil {
+			s.mu.Lock()
+			if d := s.doms[uuid]; d != nil {
+				d.Info.State = DomainRunning
+			}
+			s.mu.Unlock()
+			return err
+		}
+		if progress != nil {
+			progress(float64(i) / 4)
+		}
+	}
+	s.mu.Lock()
+	meta := &ImageMeta{Spec: spec, Backend: "simulator"}
+	if d := s.doms[uuid]; d != nil {
+		meta.Disks, meta.NICs = append([]Disk(nil), d.Info.Disks...), append([]NIC(nil), d.Info.NICs...)
+	}
+	s.mu.Unlock()
+	meta.Spec.RestoreFrom = ""
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	at, err := writeImageHeader(f, meta, recSim)
+	if err != nil {
+		return err
+	}
+	b, _ := json.Marshal(map[string]any{"simulated-memory": spec.Target})
+	if _, err := f.Write(b); err != nil {
+		return err
+	}
+	return finishImage(f, at)
+}
+
+// Destroy implements Backend.
+func (s *Simulator) Destroy(ctx context.Context, uuid string) error {
+	if err := s.step(ctx, "destroy"); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if d := s.doms[uuid]; d != nil && d.ShutdownT != nil {
+		d.ShutdownT.Stop()
+	}
+	delete(s.doms, uuid)
+	if s.cfg.StateDir != "" {
+		os.Remove(filepath.Join(s.cfg.StateDir, uuid+".json"))
+	}
+	return nil
+}
+
+// PlugDisk implements Backend.
+func (s *Simulator) PlugDisk(ctx context.Context, uuid string, disk Disk) error {
+	return s.modify(ctx, "plug", uuid, func(d *simDomain) error {
+		for _, x := range d.Info.Disks {
+			if x.Device == disk.Device {
+				return xerr.New("DEVICE_ALREADY_ATTACHED", disk.VBD)
+			}
+		}
+		d.Info.Disks = append(d.Info.Disks, disk)
+		return nil
+	})
+}
+
+// UnplugDisk implements Backend.
+func (s *Simulator) UnplugDisk(ctx context.Context, uuid, device string, force bool) error {
+	return s.modify(ctx, "unplug", uuid, func(d *simDomain) error {
+		for i, x := range d.Info.Disks {
+			if x.Device == device {
+				d.Info.Disks = append(d.Info.Disks[:i:i], d.Info.Disks[i+1:]...)
+				return nil
+			}
+		}
+		return nil
+	})
+}
+
+// ChangeMedium implements Backend.
+func (s *Simulator) ChangeMedium(ctx context.Context, uuid string, disk Disk) error {
+	return s.modify(ctx, "plug", uuid, func(d *simDomain) error {
+		for i, x := range d.Info.Disks {
+			if x.Device == disk.Device {
+				d.Info.Disks[i] = disk
+				return nil
+			}
+		}
+		return fmt.Errorf("simulator: no drive %s", disk.Device)
+	})
+}
+
+// PlugNIC implements Backend.
+func (s *Simulator) PlugNIC(ctx context.Context, uuid string, n NIC) error {
+	return s.modify(ctx, "plug", uuid, func(d *simDomain) error {
+		n.Mode = "none"
+		d.Info.NICs = append(d.Info.NICs, n)
+		return nil
+	})
+}
+
+// UnplugNIC implements Backend.
+func (s *Simulator) UnplugNIC(ctx context.Context, uuid, device string) error {
+	return s.modify(ctx, "unplug", uuid, func(d *simDomain) error {
+		for i, x := range d.Info.NICs {
+			if x.Device == device {
+				d.Info.NICs = append(d.Info.NICs[:i:i], d.Info.NICs[i+1:]...)
+				return nil
+			}
+		}
+		return nil
+	})
+}
+
+// SetVCPUs implements Backend.
+func (s *Simulator) SetVCPUs(ctx context.Context, uuid string, n int) error {
+	return s.modify(ctx, "vcpus", uuid, func(d *simDomain) error {
+		d.Info.VCPUs = n
+		return nil
+	})
+}
+
+// SetMemoryTarget implements Backend.
+func (s *Simulator) SetMemoryTarget(ctx context.Context, uuid string, bytes int64) error {
+	return s.modify(ctx, "memory", uuid, func(d *simDomain) error {
+		d.Info.Memory = bytes
+		return nil
+	})
+}
+
+// Info implements Backend.
+func (s *Simulator) Info(uuid string) (DomainInfo, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d := s.doms[uuid]
+	if d == nil {
+		return DomainInfo{}, false
+	}
+	return cloneInfo(d.Info), true
+}
+
+func cloneInfo(i DomainInfo) DomainInfo {
+	i.Disks = append([]Disk(nil), i.Disks...)
+	i.NICs = append([]NIC(nil), i.NICs...)
+	return i
+}
+
+// List implements Backend.
+func (s *Simulator) List() []DomainInfo {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]DomainInfo, 0, len(s.doms))
+	for _, d := range s.doms {
+		out = append(out, cloneInfo(d.Info))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Domid < out[j].Domid })
+	return out
+}
+
+// ConsolePath implements Backend: simulated domains have no consoles to
+// connect to.
+func (s *Simulator) ConsolePath(uuid, protocol string) (string, error) {
+	return "", fmt.Errorf("simulated domains have no console")
+}
+
+// Close implements Backend.
+func (s *Simulator) Close() {}
+
+// The methods below change a simulated domain the way a guest or the
+// host would, behind the manager's back.
+
+func (s *Simulator) change(uuid string, fn func(d *simDomain)) bool {
+	s.mu.Lock()
+	d := s.doms[uuid]
+	var b []byte
+	if d != nil {
+		fn(d)
+		d.ShutdownT = nil
+		b = s.snapshotFile(d)
+	}
+	s.mu.Unlock()
+	s.save(uuid, b)
+	if d != nil {
+		s.tell(uuid)
+	}
+	return d != nil
+}
+
+// GuestPowerOff makes the guest power itself off.
+func (s *Simulator) GuestPowerOff(uuid string) bool {
+	return s.change(uuid, func(d *simDomain) { d.Info.State = DomainShutdown })
+}
+
+// GuestReboot makes the guest ask for a reboot.
+func (s *Simulator) GuestReboot(uuid string) bool {
+	return s.change(uuid, func(d *simDomain) { d.Info.State = DomainReboot })
+}
+
+// Crash makes the guest crash.
+func (s *Simulator) Crash(uuid string) bool {
+	return s.change(uuid, func(d *simDomain) { d.Info.State = DomainCrashed; d.Info.Reason = "guest panicked" })
+}
+
+// Vanish makes the domain disappear as if its process had been killed.
+func (s *Simulator) Vanish(uuid string) bool {
+	return s.change(uuid, func(d *simDomain) { d.Info.State = DomainGone; d.Info.Reason = "process vanished" })
+}

@@ -1,0 +1,602 @@
+package xenops
+
+import (
+	"context"
+	"errors"
+	"os"
+	"slices"
+	"strconv"
+	"time"
+
+	dm "toolstackd/internal/api/datamodel"
+	"toolstackd/internal/db"
+	"toolstackd/internal/schema"
+	"toolstackd/internal/xerr"
+)
+
+// The micro-ops of the power operations, shared by the XenAPI calls and
+// by the automatic actions after a guest stops.
+
+// internalOp is an operation the manager starts itself (restarting a
+// crashed guest): no task, no progress.
+func (m *Manager) internalOp(ctx context.Context, ref, uuid, name string) *opCtx {
+	return &opCtx{m: m, ctx: ctx, vm: ref, uuid: uuid, op: name, hi: 1, total: 1}
+}
+
+// boot builds and starts a VM's domain: pre-start hook, create, build,
+// disks (read-write first), NICs (in device order), device model and,
+// unless paused, unpause; then the database. Any failure or cancellation
+// removes what was made, leaving the VM as it was (Halted, or Suspended
+// for a resume). restore names a memory image to resume from.
+func (m *Manager) boot(o *opCtx, lo, hi float64, paused bool, restore string) (err error) {
+	var p *bootPlan
+	if restore != "" {
+		p, err = m.restorePlan(m.db.Snapshot(), o.vm, restore)
+	} else {
+		p, err = m.plan(m.db.Snapshot(), o.vm)
+	}
+	if err != nil {
+		return err
+	}
+	spec := p.spec
+	spec.AutoStart = !paused && restore == ""
+	if err := m.be.Check(spec); err != nil {
+		return err
+	}
+	if err := m.reserve(spec.Memory); err != nil {
+		return err
+	}
+	defer m.reserved.Add(-spec.Memory)
+
+	steps := 5 + len(p.disks) + len(p.nics)
+	if !paused {
+		steps++
+	}
+	o.window(lo, hi, steps)
+	hook := hookPreStart
+	if restore != "" {
+		hook = hookPreResume
+	}
+	if err := o.run("hook:"+hook, func(ctx context.Context) error { return m.runHooks(ctx, hook, o.uuid, reasonNone) }); err != nil {
+		return err
+	}
+	created := false
+	var attached []Disk
+	defer func() {
+		if err == nil {
+			return
+		}
+		bg := context.WithoutCancel(o.ctx)
+		if created {
+			if derr := m.be.Destroy(bg, o.uuid); derr != nil {
+				m.log.Error("removing a domain after a failed start", "vm", o.uuid, "err", derr)
+			}
+		}
+		m.detachAll(bg, o.uuid, attached)
+	}()
+	if err = o.run("create", func(ctx context.Context) error {
+		_, e := m.be.Create(ctx, spec)
+		created = e == nil
+		return e
+	}); err != nil {
+		return err
+	}
+	if err = o.run("build", func(ctx context.Context) error { return m.be.Build(ctx, o.uuid) }); err != nil {
+		return err
+	}
+	for _, d := range p.disks {
+		if err = o.run("attach-disk:"+d.Device, func(ctx context.Context) error {
+			if d.VDI != "" {
+				path, format, err := m.disks.Attach(ctx, o.uuid, d.VDI, d.ReadOnly)
+				if err != nil {
+					return err
+				}
+				attached = append(attached, d)
+				d.Path, d.Format = path, format
+			}
+			return m.be.AddDisk(ctx, o.uuid, d)
+		}); err != nil {
+			return err
+		}
+	}
+	for _, n := range p.nics {
+		if err = o.run("attach-nic:"+n.Device, func(ctx context.Context) error { return m.be.AddNIC(ctx, o.uuid, n) }); err != nil {
+			return err
+		}
+	}
+	if err = o.run("device-model", func(ctx context.Context) error { return m.be.StartDeviceModel(ctx, o.uuid) }); err != nil {
+		return err
+	}
+	if !paused {
+		if err = o.run("unpause", func(ctx context.Context) error { return m.be.Unpause(ctx, o.uuid) }); err != nil {
+			return err
+		}
+	}
+	return o.run("finish", func(ctx context.Context) error {
+		if err := m.be.MarkComplete(o.uuid); err != nil {
+			return err
+		}
+		info, ok := m.be.Info(o.uuid)
+		if !ok {
+			return xerr.New(xerr.InternalError, "domain disappeared during start")
+		}
+		power := psRunning
+		if paused {
+			power = psPaused
+		}
+		_, err := m.db.Update(func(tx *db.Tx) error {
+			for vbd, dev := range p.userdevices {
+				if _, ok := tx.Get(dm.VBD.Class, vbd); ok {
+					tx.Set(dm.VBD.Userdevice, vbd, dev)
+				}
+			}
+			for vif, mac := range p.macs {
+				if _, ok := tx.Get(dm.VIF.Class, vif); ok {
+					tx.Set(dm.VIF.MAC, vif, mac)
+				}
+			}
+			if restore != "" {
+				if err := tx.Set(dm.VM.SuspendVDI, o.vm, schema.NullRef); err != nil {
+					return err
+				}
+			}
+			if err := o.release(tx); err != nil {
+				return err
+			}
+			return m.setLive(tx, o.vm, info, power)
+		})
+		return err
+	})
+}
+
+// stop destroys a VM's domain: the pre-shutdown hook (whose failure stops
+// a clean operation but not a hard one), the domain and its taps, its
+// VDIs, then the post-destroy hook. Once the domain is being destroyed,
+// cancelling no longer interrupts.
+func (m *Manager) stop(o *opCtx, lo, hi float64, reason string, hard bool) error {
+	o.window(lo, hi, 3)
+	info, ok := m.be.Info(o.uuid)
+	if err := o.run("hook:"+hookPreShutdown, func(ctx context.Context) error {
+		return m.runHooks(ctx, hookPreShutdown, o.uuid, reason)
+	}); err != nil {
+		if !hard || xerr.HasCode(err, "TASK_CANCELLED") {
+			return err
+		}
+		m.log.Warn("pre-shutdown hook failed; going on with a hard operation", "vm", o.uuid, "err", err)
+	}
+	bg := context.WithoutCancel(o.ctx)
+	keep := o.ctx
+	o.ctx = bg
+	defer func() { o.ctx = keep }()
+	if err := o.run("destroy", func(ctx context.Context) error { return m.be.Destroy(ctx, o.uuid) }); err != nil {
+		return err
+	}
+	if ok {
+		m.detachAll(bg, o.uuid, info.Disks)
+	}
+	return o.run("hook:"+hookPostDestroy, func(ctx context.Context) error {
+		if err := m.runHooks(ctx, hookPostDestroy, o.uuid, reason); err != nil {
+			m.log.Warn("post-destroy hook failed", "vm", o.uuid, "err", err)
+		}
+		return nil
+	})
+}
+
+func (m *Manager) halt(o *opCtx) error {
+	_, err := m.db.Update(func(tx *db.Tx) error {
+		if err := o.release(tx); err != nil {
+			return err
+		}
+		return m.setHalted(tx, o.vm)
+	})
+	return err
+}
+
+// stopAndHalt is stop, then the record goes Halted.
+func (m *Manager) stopAndHalt(o *opCtx, lo, hi float64, reason string, hard bool) error {
+	if err := m.stop(o, lo, hi, reason, hard); err != nil {
+		return err
+	}
+	return m.halt(o)
+}
+
+// errTimeout is waitGuestStop's timeout.
+var errTimeout = errors.New("timed out")
+
+// waitGuestStop waits for the guest to power off (or reboot, or crash, or
+// vanish) after a shutdown request.
+func (m *Manager) waitGuestStop(o *opCtx, timeout time.Duration) (DomainInfo, error) {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		ch := m.changes(o.uuid)
+		info, ok := m.be.Info(o.uuid)
+		if !ok {
+			return info, nil
+		}
+		switch info.State {
+		case DomainShutdown, DomainReboot, DomainCrashed, DomainGone:
+			return info, nil
+		}
+		select {
+		case <-ch:
+		case <-time.After(500 * time.Millisecond):
+		case <-deadline.C:
+			return info, errTimeout
+		case <-o.ctx.Done():
+			return info, cancelledErr(o.task)
+		}
+	}
+}
+
+// shutdownTimeout and shutdownFallback read the VM's own settings.
+func (m *Manager) shutdownPolicy(ref string) (time.Duration, bool) {
+	timeout, hard := m.cfg.ShutdownTimeout, m.cfg.ShutdownFallback == "hard"
+	if row, ok := m.db.Snapshot().Get(dm.VM.Class, ref); ok {
+		oc, _ := row.Get(dm.VM.OtherConfig).(map[string]string)
+		if s, err := strconv.ParseFloat(oc["clean_shutdown_timeout"], 64); err == nil && s > 0 {
+			timeout = time.Duration(s * float64(time.Second))
+		}
+		switch oc["clean_shutdown_fallback"] {
+		case "hard":
+			hard = true
+		case "none":
+			hard = false
+		}
+	}
+	return timeout, hard
+}
+
+// requestStop asks the guest to power off and waits. It returns true when
+// the guest did; false when it timed out and the policy says to go on
+// hard.
+func (m *Manager) requestStop(o *opCtx, alwaysFallback bool) (bool, error) {
+	timeout, fallback := m.shutdownPolicy(o.vm)
+	fallback = fallback || alwaysFallback
+	o.window(0, 0.5, 2)
+	if err := o.run("acpi-shutdown", func(ctx context.Context) error { return m.be.RequestShutdown(ctx, o.uuid) }); err != nil {
+		return false, err
+	}
+	var waitErr error
+	if err := o.run("wait-guest", func(ctx context.Context) error {
+		_, waitErr = m.waitGuestStop(o, timeout)
+		if waitErr == errTimeout {
+			return nil
+		}
+		return waitErr
+	}); err != nil {
+		return false, err
+	}
+	if waitErr == errTimeout {
+		if !fallback {
+			return false, xerr.New("VM_SHUTDOWN_TIMEOUT", o.vm, strconv.FormatFloat(timeout.Seconds(), 'f', -1, 64))
+		}
+		m.log.Info("guest did not shut down in time; shutting it down hard", "vm", o.uuid, "timeout", timeout)
+		return false, nil
+	}
+	return true, nil
+}
+
+// cleanShutdown is VM.clean_shutdown (and VM.shutdown with fallback).
+func (m *Manager) cleanShutdown(o *opCtx, alwaysFallback bool) error {
+	clean, err := m.requestStop(o, alwaysFallback)
+	if err != nil {
+		return err
+	}
+	reason := reasonCleanShutdown
+	if !clean {
+		reason = reasonHardShutdown
+	}
+	return m.stopAndHalt(o, 0.5, 1, reason, !clean)
+}
+
+// hardShutdown is VM.hard_shutdown: a live domain is destroyed; a
+// suspended VM loses its memory image.
+func (m *Manager) hardShutdown(o *opCtx) error {
+	row, ok := m.db.Snapshot().Get(dm.VM.Class, o.vm)
+	if ok && row.String(dm.VM.PowerState) == psSuspended {
+		o.window(0, 1, 1)
+		if err := o.run("discard-suspend-image", func(ctx context.Context) error {
+			return m.discardSuspendImage(ctx, row)
+		}); err != nil {
+			return err
+		}
+		_, err := m.db.Update(func(tx *db.Tx) error {
+			if err := tx.Set(dm.VM.SuspendVDI, o.vm, schema.NullRef); err != nil {
+				return err
+			}
+			return m.setHalted(tx, o.vm)
+		})
+		return err
+	}
+	return m.stopAndHalt(o, 0, 1, reasonHardShutdown, true)
+}
+
+// reboot stops the domain and starts a new one from the current record.
+func (m *Manager) reboot(o *opCtx, lo float64, reason string, hard bool) error {
+	o.window(lo, lo+0.05, 1)
+	if err := o.run("hook:"+hookPreReboot, func(ctx context.Context) error {
+		return m.runHooks(ctx, hookPreReboot, o.uuid, reason)
+	}); err != nil {
+		if !hard || xerr.HasCode(err, "TASK_CANCELLED") {
+			return err
+		}
+		m.log.Warn("pre-reboot hook failed; going on with a hard reboot", "vm", o.uuid, "err", err)
+	}
+	mid := lo + (1-lo)/3
+	if err := m.stop(o, lo+0.05, mid, reason, hard); err != nil {
+		return err
+	}
+	if err := m.boot(o, mid, 1, false, ""); err != nil {
+		// The old domain is gone and the new one did not come: Halted.
+		if herr := m.halt(o); herr != nil {
+			m.log.Error("recording a failed reboot", "vm", o.uuid, "err", herr)
+		}
+		return err
+	}
+	return nil
+}
+
+// suspend saves the domain's memory to an image and destroys it.
+func (m *Manager) suspend(o *opCtx) error {
+	row, ok := m.db.Snapshot().Get(dm.VM.Class, o.vm)
+	if !ok {
+		return xerr.New(xerr.HandleInvalid, "VM", o.vm)
+	}
+	o.window(0, 0.1, 1)
+	img, err := m.newSuspendImage(o, row, o.uuid)
+	if err != nil {
+		return err
+	}
+	o.window(0.1, 0.8, 1)
+	if err := o.run("save-memory", func(ctx context.Context) error {
+		return m.be.Suspend(ctx, o.uuid, img.path, func(f float64) { o.prog.set(0.1 + 0.7*f) })
+	}); err != nil {
+		img.discard(m)
+		return err
+	}
+	// The memory is saved: from here the suspend completes.
+	o.ctx = context.WithoutCancel(o.ctx)
+	img.release(m)
+	if err := m.stop(o, 0.8, 1, reasonSuspend, true); err != nil {
+		return err
+	}
+	_, err = m.db.Update(func(tx *db.Tx) error {
+		if err := o.release(tx); err != nil {
+			return err
+		}
+		return m.setSuspended(tx, o.vm, img.vdi)
+	})
+	return err
+}
+
+// resume starts a suspended VM from its memory image.
+func (m *Manager) resume(o *opCtx, paused bool) error {
+	row, ok := m.db.Snapshot().Get(dm.VM.Class, o.vm)
+	if !ok {
+		return xerr.New(xerr.HandleInvalid, "VM", o.vm)
+	}
+	img, err := m.openSuspendImage(o.ctx, row)
+	if err != nil {
+		return err
+	}
+	err = m.boot(o, 0, 0.95, paused, img.path)
+	img.release(m)
+	if err != nil {
+		return err
+	}
+	bg := context.WithoutCancel(o.ctx)
+	if err := m.discardImage(bg, img); err != nil {
+		m.log.Warn("removing a used suspend image", "vm", o.uuid, "err", err)
+	}
+	if err := m.runHooks(bg, hookPostResume, o.uuid, reasonNone); err != nil {
+		m.log.Warn("post-resume hook failed", "vm", o.uuid, "err", err)
+	}
+	return nil
+}
+
+// suspendImage is where a memory image goes: a VDI from storage, or a
+// file under the data directory.
+type suspendImage struct {
+	vm       string // the VM uuid it was attached for
+	vdi      string // "" (null) when a plain file
+	path     string
+	attached bool
+}
+
+func (m *Manager) newSuspendImage(o *opCtx, vm *db.Row, forUUID string) (*suspendImage, error) {
+	img := &suspendImage{vm: vm.UUID(), vdi: schema.NullRef}
+	err := o.run("prepare-image", func(ctx context.Context) error {
+		store, ok := m.disks.(SuspendStore)
+		if !ok {
+			if m.cfg.DataDir == "" {
+				return xerr.New("VM_NO_SUSPEND_SR", vm.Ref)
+			}
+			img.path = m.suspendPath(forUUID)
+			return nil
+		}
+		size := vm.Get(dm.VM.MemoryStaticMax).(int64) + 64<<20
+		vdi, err := store.CreateSuspendVDI(ctx, vm.Ref, vm.String(dm.VM.SuspendSR), size)
+		if err != nil {
+			return err
+		}
+		img.vdi = vdi
+		path, _, err := m.disks.Attach(ctx, img.vm, vdi, false)
+		if err != nil {
+			store.DestroySuspendVDI(context.WithoutCancel(ctx), vdi)
+			return err
+		}
+		img.path, img.attached = path, true
+		return nil
+	})
+	return img, err
+}
+
+func (m *Manager) openSuspendImage(ctx context.Context, vm *db.Row) (*suspendImage, error) {
+	vdi := vm.String(dm.VM.SuspendVDI)
+	if vdi != "" && vdi != schema.NullRef {
+		path, _, err := m.disks.Attach(ctx, vm.UUID(), vdi, true)
+		if err != nil {
+			return nil, xerr.New("SUSPEND_IMAGE_NOT_ACCESSIBLE", vdi)
+		}
+		return &suspendImage{vm: vm.UUID(), vdi: vdi, path: path, attached: true}, nil
+	}
+	path := m.suspendPath(vm.UUID())
+	if _, err := os.Stat(path); err != nil {
+		return nil, xerr.New("VM_HAS_NO_SUSPEND_VDI", vm.Ref)
+	}
+	return &suspendImage{vdi: schema.NullRef, path: path}, nil
+}
+
+func (img *suspendImage) release(m *Manager) {
+	if img.attached {
+		if err := m.disks.Detach(context.Background(), img.vm, img.vdi); err != nil {
+			m.log.Warn("detaching suspend image", "vdi", img.vdi, "err", err)
+		}
+		img.attached = false
+	}
+}
+
+func (img *suspendImage) discard(m *Manager) {
+	img.release(m)
+	if err := m.discardImage(context.Background(), img); err != nil {
+		m.log.Warn("removing suspend image", "err", err)
+	}
+}
+
+func (m *Manager) discardImage(ctx context.Context, img *suspendImage) error {
+	if img.vdi != "" && img.vdi != schema.NullRef {
+		if store, ok := m.disks.(SuspendStore); ok {
+			return store.DestroySuspendVDI(ctx, img.vdi)
+		}
+		return nil
+	}
+	if img.path != "" {
+		if err := os.Remove(img.path); err != nil && !os.IsNotExist(err) {
+			return err
+		}
+	}
+	return nil
+}
+
+// discardSuspendImage drops a suspended (or checkpoint) VM's memory.
+func (m *Manager) discardSuspendImage(ctx context.Context, vm *db.Row) error {
+	vdi := vm.String(dm.VM.SuspendVDI)
+	img := &suspendImage{vdi: vdi}
+	if vdi == "" || vdi == schema.NullRef {
+		img.vdi, img.path = schema.NullRef, m.suspendPath(vm.UUID())
+	}
+	return m.discardImage(ctx, img)
+}
+
+// --- Reacting to domains --------------------------------------------
+
+// checkState brings a VM's record in line with its domain, and applies
+// the VM's actions when the guest stopped on its own.
+func (m *Manager) checkState(ctx context.Context, ref string) error {
+	row, ok := m.db.Snapshot().Get(dm.VM.Class, ref)
+	if !ok {
+		return nil
+	}
+	uuid := row.UUID()
+	power := row.String(dm.VM.PowerState)
+	here := row.String(dm.VM.ResidentOn) == m.host
+	live := (power == psRunning || power == psPaused) && here
+	info, ok := m.be.Info(uuid)
+	if !ok {
+		if live {
+			m.log.Warn("VM has no domain any more: Halted", "vm", uuid)
+			_, err := m.db.Update(func(tx *db.Tx) error { return m.setHalted(tx, ref) })
+			return err
+		}
+		return nil
+	}
+	if !info.Complete {
+		if !m.busy(ref) { // a start interrupted by a restart
+			m.cleanupDomain(ctx, info)
+			if live {
+				_, err := m.db.Update(func(tx *db.Tx) error { return m.setHalted(tx, ref) })
+				return err
+			}
+		}
+		return nil
+	}
+	switch info.State {
+	case DomainGone:
+		m.log.Warn("VM's emulator vanished: Halted", "vm", uuid)
+		m.cleanupDomain(ctx, info)
+		_, err := m.db.Update(func(tx *db.Tx) error { return m.setHalted(tx, ref) })
+		return err
+	case DomainShutdown, DomainReboot, DomainCrashed:
+		return m.afterGuestStop(ctx, row, info)
+	case DomainRunning, DomainPaused:
+		want := psRunning
+		if info.State == DomainPaused {
+			want = psPaused
+		}
+		if power != want || !here || row.Get(dm.VM.Domid) != info.Domid {
+			m.log.Info("VM record follows its domain", "vm", uuid, "was", power, "now", want)
+			_, err := m.db.Update(func(tx *db.Tx) error { return m.setLive(tx, ref, info, want) })
+			return err
+		}
+	}
+	return nil
+}
+
+// afterGuestStop applies actions_after_shutdown, _reboot or _crash.
+func (m *Manager) afterGuestStop(ctx context.Context, row *db.Row, info DomainInfo) error {
+	ref, uuid := row.Ref, row.UUID()
+	var action, reason string
+	switch info.State {
+	case DomainShutdown:
+		action, reason = row.String(dm.VM.ActionsAfterShutdown), reasonCleanShutdown
+		if action == "" {
+			action = string(dm.OnNormalExitDestroy)
+		}
+	case DomainReboot:
+		action, reason = row.String(dm.VM.ActionsAfterReboot), reasonCleanReboot
+		if action == "" {
+			action = string(dm.OnNormalExitRestart)
+		}
+	default:
+		action, reason = row.String(dm.VM.ActionsAfterCrash), reasonHardShutdown
+		if action == "" {
+			action = string(dm.OnCrashBehaviourDestroy)
+		}
+		m.log.Warn("VM crashed", "vm", uuid, "what", info.Reason, "action", action)
+	}
+	o := m.internalOp(ctx, ref, uuid, "auto-"+string(info.State))
+	switch action {
+	case string(dm.OnCrashBehaviourPreserve):
+		_, err := m.db.Update(func(tx *db.Tx) error { return m.setLive(tx, ref, info, psPaused) })
+		return err
+	case string(dm.OnNormalExitRestart), string(dm.OnCrashBehaviourCoredumpAndRestart), string(dm.OnCrashBehaviourRenameRestart):
+		if m.restartLoop(ref) {
+			m.log.Error("VM restarts too often: leaving it Halted", "vm", uuid)
+			return m.stopAndHalt(o, 0, 1, reason, true)
+		}
+		m.log.Info("restarting VM", "vm", uuid, "after", info.State)
+		return m.reboot(o, 0, reasonOf(reason), true)
+	default:
+		return m.stopAndHalt(o, 0, 1, reason, true)
+	}
+}
+
+func reasonOf(r string) string {
+	if r == reasonCleanReboot {
+		return reasonCleanReboot
+	}
+	return reasonHardReboot
+}
+
+// restartLoop records an automatic restart and reports whether there
+// were too many lately (more than 5 in 5 minutes).
+func (m *Manager) restartLoop(ref string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := time.Now()
+	recent := slices.DeleteFunc(m.restarts[ref], func(t time.Time) bool { return now.Sub(t) > 5*time.Minute })
+	recent = append(recent, now)
+	m.restarts[ref] = recent
+	return len(recent) > 5
+}

@@ -1,0 +1,481 @@
+// Package xenops_test exercises the VM lifecycle over the XenAPI, on the
+// simulator and on real QEMU.
+package xenops_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorilla/mux"
+
+	"toolstackd/internal/api"
+	dm "toolstackd/internal/api/datamodel"
+	"toolstackd/internal/db"
+	"toolstackd/internal/db/persist"
+	"toolstackd/internal/xenops"
+)
+
+const rootPW = "xenops-test"
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if guestRoot != "" {
+		os.RemoveAll(guestRoot)
+	}
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+// env is a toolstackd in the test process: database, API server, xenops.
+type env struct {
+	t     *testing.T
+	dir   string
+	d     *db.DB
+	store *persist.Store
+	srv   *api.Server
+	http  *httptest.Server
+	url   string
+	m     *xenops.Manager
+	host  string
+	sess  string
+	cfg   xenops.Config
+}
+
+type envOptions struct {
+	persist bool // a durable database, as the daemon has
+	dir     string
+	quiet   bool
+}
+
+func testLogger(t *testing.T, quiet bool) *slog.Logger {
+	level := slog.LevelInfo
+	switch {
+	case quiet || os.Getenv("XENOPS_TEST_VERBOSE") == "":
+		level = slog.LevelError
+	case os.Getenv("XENOPS_TEST_VERBOSE") == "debug":
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: level}))
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Helper()
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// newEnv starts a toolstackd with xenops configured by cfg (DataDir,
+// HostRef, Log are filled in).
+func newEnv(t *testing.T, cfg xenops.Config, opts envOptions) *env {
+	t.Helper()
+	dir := opts.dir
+	if dir == "" {
+		dir = shortTempDir(t)
+	}
+	e := &env{t: t, dir: dir}
+	var pers db.Persister
+	if opts.persist {
+		st, err := persist.Open(filepath.Join(dir, "toolstackd.db"), dm.Model, persist.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.store = st
+		pers = st
+	}
+	first := e.store == nil || e.store.Empty()
+	e.d = db.New(dm.Model, db.Options{Persister: pers})
+	if e.store != nil {
+		if err := e.store.Load(e.d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	acfg := api.DefaultConfig()
+	acfg.PasswordIterations = 1000
+	if first {
+		hash, _ := api.HashPassword(rootPW, acfg.PasswordIterations)
+		host, err := api.FirstBoot(e.d, api.ProbeHost(), api.BootOptions{RootPasswordHash: hash})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.host = host
+		os.WriteFile(filepath.Join(dir, "host-ref"), []byte(host), 0o600)
+	} else {
+		b, err := os.ReadFile(filepath.Join(dir, "host-ref"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.host = string(b)
+		if err := api.StartupReset(e.d, e.host, api.ProbeHost()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	acfg.HostRef = e.host
+	e.srv = api.New(e.d, acfg, testLogger(t, opts.quiet))
+	e.srv.Start()
+	router := mux.NewRouter()
+	e.srv.Routes(router)
+	cfg.DataDir, cfg.HostRef = dir, e.host
+	if cfg.Log == nil {
+		cfg.Log = testLogger(t, opts.quiet)
+	}
+	m, err := xenops.Register(e.srv, router, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.m, e.cfg = m, cfg
+	e.http = httptest.NewServer(router)
+	e.url = e.http.URL
+	e.sess = e.str(e.call("session.login_with_password", "root", rootPW, "2.21", "xenops-test"))
+	t.Cleanup(e.close)
+	return e
+}
+
+// close stops the toolstackd; domains stay as they are.
+func (e *env) close() {
+	if e.http == nil {
+		return
+	}
+	e.http.Close()
+	e.srv.Close()
+	e.m.Close()
+	if e.store != nil {
+		e.store.Close()
+	}
+	e.http = nil
+}
+
+// shortTempDir is a temporary directory with a short path: QEMU's Unix
+// sockets live under it.
+func shortTempDir(t *testing.T) string {
+	d, err := os.MkdirTemp("", "xo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(d) })
+	return d
+}
+
+// xapiError is a XenAPI failure.
+type xapiError struct {
+	Code   string
+	Params []string
+}
+
+func (x *xapiError) Error() string { return x.Code + " " + strings.Join(x.Params, " ") }
+
+var client = &http.Client{Timeout: 5 * time.Minute}
+
+// rpc makes a JSON-RPC call.
+func (e *env) rpc(method string, params ...any) (json.RawMessage, *xapiError) {
+	e.t.Helper()
+	if params == nil {
+		params = []any{}
+	}
+	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+	resp, err := client.Post(e.url+"/jsonrpc", "application/json", bytes.NewReader(body))
+	if err != nil {
+		e.t.Fatalf("%s: %v", method, err)
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Result json.RawMessage
+		Error  *struct {
+			Message string
+			Data    []string
+		}
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		e.t.Fatalf("%s: %v", method, err)
+	}
+	if out.Error != nil {
+		return nil, &xapiError{out.Error.Message, out.Error.Data}
+	}
+	return out.Result, nil
+}
+
+// call makes a call with the session that must succeed.
+func (e *env) call(method string, params ...any) json.RawMessage {
+	e.t.Helper()
+	if e.sess != "" {
+		params = append([]any{e.sess}, params...)
+	}
+	r, x := e.rpc(method, params...)
+	if x != nil {
+		e.t.Fatalf("%s: %s %v", method, x.Code, x.Params)
+	}
+	return r
+}
+
+// try makes a call with the session and returns its error.
+func (e *env) try(method string, params ...any) *xapiError {
+	e.t.Helper()
+	_, x := e.rpc(method, append([]any{e.sess}, params...)...)
+	return x
+}
+
+// fails makes a call that must fail with code; it returns the params.
+func (e *env) fails(code, method string, params ...any) []string {
+	e.t.Helper()
+	x := e.try(method, params...)
+	if x == nil {
+		e.t.Fatalf("%s succeeded, want %s", method, code)
+	}
+	if x.Code != code {
+		e.t.Fatalf("%s: %s %v, want %s", method, x.Code, x.Params, code)
+	}
+	return x.Params
+}
+
+func (e *env) str(raw json.RawMessage) string {
+	e.t.Helper()
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		e.t.Fatalf("not a string: %s", raw)
+	}
+	return s
+}
+
+func (e *env) record(class, ref string) map[string]any {
+	e.t.Helper()
+	var r map[string]any
+	json.Unmarshal(e.call(class+".get_record", ref), &r)
+	return r
+}
+
+func (e *env) field(class, ref, f string) any { return e.record(class, ref)[f] }
+
+func (e *env) power(vm string) string { return e.field("VM", vm, "power_state").(string) }
+
+func (e *env) row(class string, ref string) *db.Row {
+	r, ok := e.d.Snapshot().Get(dm.Model.Class(class), ref)
+	if !ok {
+		e.t.Fatalf("no %s %s", class, ref)
+	}
+	return r
+}
+
+// template finds a built-in template.
+func (e *env) template(name string) string {
+	var refs []string
+	json.Unmarshal(e.call("VM.get_by_name_label", name), &refs)
+	if len(refs) != 1 {
+		e.t.Fatalf("template %q: %v", name, refs)
+	}
+	return refs[0]
+}
+
+// newVM makes a VM with VM.create from a record based on a template's.
+func (e *env) newVM(name string, tweak map[string]any) string {
+	e.t.Helper()
+	rec := map[string]any{
+		"name_label": name, "name_description": "", "user_version": 1, "is_a_template": false,
+		"affinity": "OpaqueRef:NULL", "memory_target": 128 << 20,
+		"memory_static_max": 128 << 20, "memory_dynamic_max": 128 << 20, "memory_dynamic_min": 128 << 20, "memory_static_min": 64 << 20,
+		"VCPUs_params": map[string]string{}, "VCPUs_max": 1, "VCPUs_at_startup": 1,
+		"actions_after_shutdown": "destroy", "actions_after_reboot": "restart", "actions_after_crash": "destroy",
+		"PV_bootloader": "", "PV_kernel": "", "PV_ramdisk": "", "PV_args": "", "PV_bootloader_args": "", "PV_legacy_args": "",
+		"HVM_boot_policy": "BIOS order", "HVM_boot_params": map[string]string{"order": "cd"}, "HVM_shadow_multiplier": 1.0,
+		"platform": map[string]string{"acpi": "1"}, "PCI_bus": "", "other_config": map[string]string{},
+		"recommendations": "", "xenstore_data": map[string]string{}, "ha_always_run": false, "ha_restart_priority": "",
+		"tags": []string{}, "blocked_operations": map[string]string{}, "protection_policy": "OpaqueRef:NULL",
+		"is_snapshot_from_vmpp": false, "appliance": "OpaqueRef:NULL", "start_delay": 0, "shutdown_delay": 0, "order": 0,
+		"suspend_SR": "OpaqueRef:NULL", "version": 0, "generation_id": "", "hardware_platform_version": 0,
+		"has_vendor_device": false, "reference_label": "", "domain_type": "hvm", "NVRAM": map[string]string{},
+	}
+	for k, v := range tweak {
+		rec[k] = v
+	}
+	return e.str(e.call("VM.create", rec))
+}
+
+// network is the management network first boot made.
+func (e *env) network() string {
+	var refs []string
+	json.Unmarshal(e.call("network.get_all"), &refs)
+	if len(refs) == 0 {
+		e.t.Fatal("no network")
+	}
+	return refs[0]
+}
+
+func (e *env) addVIF(vm, device string) string {
+	return e.str(e.call("VIF.create", map[string]any{
+		"device": device, "network": e.network(), "VM": vm, "MAC": "", "MTU": 1500, "other_config": map[string]string{},
+		"qos_algorithm_type": "", "qos_algorithm_params": map[string]string{}, "locking_mode": "network_default",
+		"ipv4_allowed": []string{}, "ipv6_allowed": []string{},
+	}))
+}
+
+// addVDI makes a VDI record whose location is path.
+func (e *env) addVDI(name, path string, size int64) string {
+	var ref string
+	_, err := e.d.Update(func(tx *db.Tx) (err error) {
+		rec := &dm.VDIRecord{NameLabel: name, Location: path, VirtualSize: size, Type: dm.VDITypeUser, SR: "OpaqueRef:NULL",
+			OtherConfig: map[string]string{}, XenstoreData: map[string]string{}, SMConfig: map[string]string{}, Managed: true}
+		ref, err = tx.Insert(dm.VDI.Class, "", rec.Row())
+		return err
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return ref
+}
+
+func (e *env) addVBD(vm, vdi, device, typ, mode string) string {
+	empty := vdi == "OpaqueRef:NULL"
+	return e.str(e.call("VBD.create", map[string]any{
+		"VM": vm, "VDI": vdi, "userdevice": device, "bootable": device == "0", "mode": mode, "type": typ,
+		"unpluggable": true, "empty": empty, "other_config": map[string]string{}, "qos_algorithm_type": "",
+		"qos_algorithm_params": map[string]string{},
+	}))
+}
+
+// async starts an Async call and returns its task.
+func (e *env) async(method string, params ...any) string {
+	e.t.Helper()
+	return e.str(e.call("Async."+method, params...))
+}
+
+// wait waits for a task to finish and returns its status and error.
+func (e *env) wait(task string, timeout time.Duration) (string, []string) {
+	e.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		rec := e.record("task", task)
+		if st := rec["status"].(string); st != "pending" && st != "cancelling" {
+			var info []string
+			for _, x := range rec["error_info"].([]any) {
+				info = append(info, x.(string))
+			}
+			return st, info
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	e.t.Fatalf("task %s did not finish in %v", task, timeout)
+	return "", nil
+}
+
+// eventually polls cond until it holds.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func strSet(v any) []string {
+	var out []string
+	for _, x := range v.([]any) {
+		out = append(out, x.(string))
+	}
+	return out
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// resolver is a DiskResolver over files, counting attachments.
+type resolver struct {
+	mu       sync.Mutex
+	files    map[string]string // VDI -> path
+	attached map[string]int
+	attaches int
+	fail     error
+}
+
+func newResolver() *resolver {
+	return &resolver{files: map[string]string{}, attached: map[string]int{}}
+}
+
+func (r *resolver) add(vdi, path string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.files[vdi] = path
+}
+
+func (r *resolver) Attach(ctx context.Context, vm, vdi string, ro bool) (string, string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.fail != nil {
+		return "", "", r.fail
+	}
+	p, ok := r.files[vdi]
+	if !ok {
+		return "", "", fmt.Errorf("no file for %s", vdi)
+	}
+	r.attached[vdi]++
+	r.attaches++
+	format := "raw"
+	if strings.HasSuffix(p, ".qcow2") {
+		format = "qcow2"
+	}
+	return p, format, nil
+}
+
+func (r *resolver) Detach(ctx context.Context, vm, vdi string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.attached[vdi] > 0 {
+		r.attached[vdi]--
+	}
+	return nil
+}
+
+func (r *resolver) inUse() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, c := range r.attached {
+		n += c
+	}
+	return n
+}
+
+var _ io.Writer = testWriter{}
+
+var (
+	vmClass    = dm.VM.Class
+	powerField = dm.VM.PowerState
+)
+
+// setOC sets other_config:key on a VM.
+func (e *env) setOC(vm, key, value string) {
+	e.call("VM.remove_from_other_config", vm, key)
+	e.call("VM.add_to_other_config", vm, key, value)
+}
+
+// post makes a JSON-RPC call from any goroutine, without failing the test.
+func (e *env) post(method string, params ...any) error {
+	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+	resp, err := client.Post(e.url+"/jsonrpc", "application/json", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	return resp.Body.Close()
+}
