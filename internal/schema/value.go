@@ -395,8 +395,10 @@ func ParseTime(s string) (time.Time, error) {
 	return time.Time{}, fmt.Errorf("not a datetime: %q", s)
 }
 
-// FormatFloat writes a float as OCaml's string_of_float does ("%.12g", with a
-// trailing "." when the result looks like an integer): xapi's stored form.
+// FormatFloat writes a float in xapi's stored style (OCaml's spelling: a
+// trailing "." when the result looks like an integer, "1e+20" exponents),
+// but with as many digits as the value needs to read back exactly, where
+// OCaml's string_of_float stops at 12 and loses the rest.
 func FormatFloat(f float64) string {
 	switch {
 	case math.IsNaN(f):
@@ -406,7 +408,7 @@ func FormatFloat(f float64) string {
 	case math.IsInf(f, -1):
 		return "-inf"
 	}
-	s := strconv.FormatFloat(f, 'g', 12, 64)
+	s := strconv.FormatFloat(f, 'g', -1, 64)
 	if !strings.ContainsAny(s, ".e") {
 		s += "."
 	}

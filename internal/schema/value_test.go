@@ -49,6 +49,8 @@ func TestDBFormRoundTrip(t *testing.T) {
 		{"float", 0.0, "0."},
 		{"float", 1.5, "1.5"},
 		{"float", 1e20, "1e+20"},
+		{"float", 1.000000000001e12, "1.000000000001e+12"},
+		{"float", 0.1, "0.1"},
 		{"bool", true, "true"},
 		{"datetime", time.Date(2024, 1, 2, 3, 4, 5, 0, time.UTC), "20240102T03:04:05Z"},
 		{"string set", []string{"a", "it's", `b\c`}, `('a' 'it\'s' 'b\\c')`},
