@@ -175,11 +175,13 @@ func run(ctx context.Context, o options) error {
 	}
 	// xenops (issue 7): VM lifecycle, hotplug and /console, with disks from
 	// the storage layer's datapaths.
+	disks := &storageDisks{s: stor}
 	xm, err := xenops.Register(srv, router, xenops.Config{Backend: o.backend, DataDir: o.dataDir, HostRef: hostRef, Log: log,
-		ListenAddr: o.listen, Disks: storageDisks{stor}})
+		ListenAddr: o.listen, Disks: disks})
 	if err != nil {
 		return fmt.Errorf("xenops: %w", err)
 	}
+	disks.vm.Store(xm)
 	// xe CLI (issue 5): POST /cli, the thin-CLI protocol.
 	cli.New(srv, cli.Options{Log: log}).Routes(router)
 	var servers []*http.Server

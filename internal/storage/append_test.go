@@ -48,9 +48,7 @@ func TestAppender(t *testing.T) {
 				continue
 			}
 			b := make([]byte, n)
-			for i := range b {
-				b[i] = byte(rng.Uint32()) | 1
-			}
+			fillRandom(b, rng.Uint64())
 			if rng.IntN(4) == 0 {
 				clear(b[:n/2]) // a zero run inside
 			}

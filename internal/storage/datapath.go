@@ -220,6 +220,9 @@ func (s *Service) liveSwitch(vdiRef, op string) (LiveSwitch, error) {
 		s.mu.Unlock()
 		if h != nil {
 			hooks = append(hooks, h)
+		} else {
+			s.log.Warn("VDI "+op+" while a datapath holds it read-write without a live-snapshot hook: consistent only if nothing writes it now",
+				"vdi", vdiRef, "dp", dp)
 		}
 	}
 	if len(hooks) == 0 {

@@ -793,8 +793,9 @@ func (s *fileSR) branch(ctx context.Context, op, key string, meta VolumeSpec, li
 	fail := func(err error) (Volume, error) { return Volume{}, asBackend(err, code) }
 	a := s.attached[key]
 	writing := a != nil && !a.readonly
-	if s.d.shared && !writing {
-		// Nobody else may write it while it changes shape.
+	if s.d.shared && a == nil {
+		// Nobody else may write it while it changes shape (when this host
+		// holds it, its lock already keeps other hosts' writers out).
 		l, err := s.tryLock(key, true)
 		if err != nil {
 			return Volume{}, err
@@ -921,11 +922,21 @@ func (s *fileSR) VolumeAttach(ctx context.Context, key string, readonly bool) (D
 	}
 	a := &fileAttach{readonly: readonly}
 	if s.d.shared {
+		// Going from read-only to read-write: let go of the shared lock
+		// first (a second open file would conflict with it), and take it
+		// back if the exclusive one cannot be had.
+		old := s.attached[key]
+		if old != nil && old.lock != nil {
+			old.lock.Close()
+			old.lock = nil
+		}
 		if a.lock, err = s.tryLock(key, !readonly); err != nil {
+			if old != nil {
+				old.lock, _ = s.tryLock(key, !old.readonly)
+			}
 			return Datapath{}, err
 		}
-	}
-	if old := s.attached[key]; old != nil && old.lock != nil {
+	} else if old := s.attached[key]; old != nil && old.lock != nil {
 		old.lock.Close()
 	}
 	s.attached[key] = a

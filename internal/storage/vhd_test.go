@@ -39,9 +39,7 @@ func randomDisk(rng *rand.Rand, size int64) ([]byte, []Extent) {
 		n := min(int64(1+rng.IntN(5<<20))/512*512+512, size-off)
 		zero := rng.IntN(2) == 0
 		if !zero {
-			for i := off; i < off+n; i++ {
-				b[i] = byte(rng.Uint32()) | 1
-			}
+			fillRandom(b[off:off+n], rng.Uint64())
 		}
 		exts = append(exts, Extent{Offset: off, Length: n, Zero: zero})
 		off += n

@@ -101,6 +101,34 @@ func suiteHalfUpload(h *harness, sr string) {
 	h.importRaw(vdi, second)
 	sameDisk(t, h.export(vdi, nil), second, size)
 	h.ok("VDI.destroy", vdi)
+
+	// The same into a new, empty VDI (written directly, not through
+	// qemu-nbd): what arrived is there, the rest reads as zeroes.
+	fresh := h.createVDI(sr, size)
+	task = h.str(h.ok("task.create", "upload", ""))
+	u, _ = url.Parse(h.xferURL("/import_raw_vdi", url.Values{"vdi": {fresh}, "format": {"raw"}, "task_id": {task}}))
+	if conn, err = net.Dial("tcp", u.Host); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(conn, "PUT %s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n", u.RequestURI(), u.Host, size)
+	conn.Write(second[:20<<20])
+	time.Sleep(100 * time.Millisecond)
+	conn.Close()
+	if r := h.waitTask(task); r["status"] != "failure" || !strings.Contains(fmt.Sprint(r["error_info"]), "IMPORT_ERROR_PREMATURE_EOF") {
+		t.Fatalf("task after a broken upload into a new VDI: %v", r)
+	}
+	if p := h.vdiImage(sr, fresh); p != "" {
+		run(t, "qemu-img", "check", "-q", p)
+	}
+	got = h.export(fresh, nil)
+	for off := 0; off < size; off += 1 << 20 {
+		blk := got[off : off+1<<20]
+		if !isZero(blk) && (off >= 20<<20 || !bytes.Equal(blk, second[off:off+1<<20])) {
+			t.Fatalf("MiB %d of the new VDI holds neither what was sent nor zeroes", off>>20)
+		}
+	}
+	h.waitNoDatapaths()
+	h.ok("VDI.destroy", fresh)
 }
 
 // vdiImage is the qcow2 file of a VDI on a directory SR, or "".
@@ -246,4 +274,17 @@ func TestSRFull(t *testing.T) {
 	h.ok("SR.add_to_sm_config", sr, "overprovision", "true")
 	v := h.createVDI(sr, free+1<<30)
 	h.ok("VDI.destroy", v)
+}
+
+// waitNoDatapaths waits for transfers that have sent their last byte to
+// let go of their VDIs.
+func (h *harness) waitNoDatapaths() {
+	h.t.Helper()
+	for range 500 {
+		if len(h.svc.Datapaths()) == 0 {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	h.t.Fatalf("datapaths left: %v", h.svc.Datapaths())
 }

@@ -369,6 +369,20 @@ func TestSharedSRTwoHosts(t *testing.T) {
 		t.Fatal(err)
 	}
 	h2.svc.Detach(ctx, "vbd/b/x", vdis2[0])
+	// One host reads, then also writes (the attachment is upgraded in
+	// place); a snapshot meanwhile is fine; the other host is kept out.
+	if _, err := h.svc.Attach(ctx, "export/x", vdi, true); err != nil {
+		t.Fatal(err)
+	}
+	h.str(h.ok("VDI.snapshot", vdi, map[string]string{}))
+	if _, err := h.svc.Attach(ctx, "vbd/a/x", vdi, false); err != nil {
+		t.Fatalf("upgrading to read-write: %v", err)
+	}
+	if _, err := h2.svc.Attach(ctx, "vbd/b/x", vdis2[0], true); err == nil || !strings.Contains(err.Error(), "VDI_IN_USE") {
+		t.Fatalf("reading on the second host while the first writes: %v", err)
+	}
+	h.svc.Detach(ctx, "vbd/a/x", vdi)
+	h.svc.Detach(ctx, "export/x", vdi)
 }
 
 // on_boot=reset: every activation starts from the content the VDI had
@@ -443,5 +457,76 @@ func TestConcurrentOperations(t *testing.T) {
 		if !strings.HasPrefix(f, ".") {
 			t.Errorf("file left in the SR: %s", f)
 		}
+	}
+}
+
+// The plugin's SR lifecycle: probe, scan, forget and introduce, destroy.
+func TestPluginSRLifecycle(t *testing.T) {
+	h := newHarness(t)
+	dir := t.TempDir()
+	sr := h.createSR("sample", map[string]string{"path": dir}, nil)
+	uuid := h.field("SR", sr, "uuid").(string)
+	vdi := h.createVDI(sr, 4<<20)
+	h.ok("VDI.set_name_label", vdi, "plugged in")
+	xml := h.str(h.ok("SR.probe", h.host, map[string]string{"path": dir}, "sample", map[string]string{}))
+	if !strings.Contains(xml, "<UUID>"+uuid+"</UUID>") {
+		t.Fatalf("probe: %s", xml)
+	}
+	var pbds []string
+	json.Unmarshal(h.ok("SR.get_PBDs", sr), &pbds)
+	h.ok("PBD.unplug", pbds[0])
+	h.ok("SR.forget", sr)
+	sr = h.str(h.ok("SR.introduce", uuid, "again", "", "sample", "user", false, map[string]string{}))
+	pbd := h.str(h.ok("PBD.create", map[string]any{"host": h.host, "SR": sr, "device_config": map[string]string{"path": dir},
+		"other_config": map[string]string{}}))
+	h.ok("PBD.plug", pbd)
+	h.ok("SR.scan", sr)
+	var vdis []string
+	json.Unmarshal(h.ok("SR.get_VDIs", sr), &vdis)
+	if len(vdis) != 1 || h.field("VDI", vdis[0], "name_label") != "plugged in" {
+		t.Fatalf("after introduce and scan: %v", vdis)
+	}
+	h.ok("PBD.unplug", pbd)
+	h.ok("SR.destroy", sr)
+	if left := listDir(t, dir); len(left) != 0 {
+		t.Fatalf("left after SR.destroy: %v", left)
+	}
+}
+
+// Cancelling a copy removes the half-made VDI.
+func TestCancelCopy(t *testing.T) {
+	h := newHarness(t)
+	sr := h.localSR()
+	vdi := h.createVDI(sr, 512<<20)
+	h.importRaw(vdi, randomBytes(512<<20))
+	var before []string
+	json.Unmarshal(h.ok("SR.get_VDIs", sr), &before)
+	task := h.str(h.ok("Async.VDI.copy", vdi, sr, "", ""))
+	for h.record("VDI", vdi)["current_operations"].(map[string]any)[task] == nil && h.field("task", task, "status") == "pending" {
+		time.Sleep(time.Millisecond)
+	}
+	h.ok("task.cancel", task)
+	r := h.waitTask(task)
+	if r["status"] == "success" {
+		t.Skip("the copy finished before the cancel")
+	}
+	if r["status"] != "cancelled" {
+		t.Fatalf("task %v", r)
+	}
+	var after []string
+	json.Unmarshal(h.ok("SR.get_VDIs", sr), &after)
+	if len(after) != len(before) {
+		t.Fatalf("VDIs before %d, after a cancelled copy %d", len(before), len(after))
+	}
+	h.waitNoDatapaths()
+	dir := h.srDir(sr)
+	n := 0
+	for _, f := range listDir(t, dir) {
+		if strings.HasSuffix(f, ".qcow2") {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Fatalf("images in the SR after a cancelled copy: %v", listDir(t, dir))
 	}
 }

@@ -355,9 +355,7 @@ func suiteDatapath(h *harness, sr string) {
 	if err := h.svc.Detach(ctx, "vbd/other/x", vdi); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(h.svc.Datapaths()); n != 0 {
-		t.Fatalf("datapaths left: %v", h.svc.Datapaths())
-	}
+	h.waitNoDatapaths()
 	if sm := h.record("VDI", vdi)["sm_config"].(map[string]any); sm["host_"+h.host] != nil {
 		t.Fatalf("sm_config %v after detach", sm)
 	}
