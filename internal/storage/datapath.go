@@ -52,58 +52,6 @@ func internalDP(dp string) bool {
 	return strings.HasPrefix(dp, "import/") || strings.HasPrefix(dp, "copy/")
 }
 
-func noService() error { return xerr.New(xerr.InternalError, "the storage layer is not running") }
-
-// Attach attaches a VDI for a datapath on this host (the daemon's storage
-// service) and returns how to reach it.
-func Attach(ctx context.Context, dp, vdiRef string, readonly bool) (Datapath, error) {
-	if s := Default(); s != nil {
-		return s.Attach(ctx, dp, vdiRef, readonly)
-	}
-	return Datapath{}, noService()
-}
-
-// Activate readies an attached VDI for I/O.
-func Activate(ctx context.Context, dp, vdiRef string) error {
-	if s := Default(); s != nil {
-		return s.Activate(ctx, dp, vdiRef)
-	}
-	return noService()
-}
-
-// Deactivate ends I/O on a VDI for a datapath.
-func Deactivate(ctx context.Context, dp, vdiRef string) error {
-	if s := Default(); s != nil {
-		return s.Deactivate(ctx, dp, vdiRef)
-	}
-	return noService()
-}
-
-// Detach releases a VDI from a datapath.
-func Detach(ctx context.Context, dp, vdiRef string) error {
-	if s := Default(); s != nil {
-		return s.Detach(ctx, dp, vdiRef)
-	}
-	return noService()
-}
-
-// DestroyDatapath deactivates and detaches every VDI a datapath holds.
-func DestroyDatapath(ctx context.Context, dp string) error {
-	if s := Default(); s != nil {
-		return s.DestroyDatapath(ctx, dp)
-	}
-	return noService()
-}
-
-// SetLiveSnapshotHook registers what to call when a VDI this datapath
-// holds read-write is snapshotted or cloned while it runs (nil removes
-// it). Without a hook the storage layer assumes nothing writes the VDI.
-func SetLiveSnapshotHook(dp string, fn LiveSwitch) {
-	if s := Default(); s != nil {
-		s.SetLiveSnapshotHook(dp, fn)
-	}
-}
-
 // Attach attaches vdiRef for datapath dp, read-only or read-write.
 func (s *Service) Attach(ctx context.Context, dp, vdiRef string, readonly bool) (Datapath, error) {
 	m := RW

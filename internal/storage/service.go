@@ -83,19 +83,6 @@ type boundSR struct {
 	sr             SR
 }
 
-var (
-	defaultMu  sync.RWMutex
-	defaultSvc *Service
-)
-
-// Default returns the service Register made last (the daemon's), for the
-// package-level datapath functions.
-func Default() *Service {
-	defaultMu.RLock()
-	defer defaultMu.RUnlock()
-	return defaultSvc
-}
-
 // Register installs the storage layer into a server: drivers, SM records,
 // XenAPI handlers and HTTP routes. On first boot it creates the "Local
 // storage" SR; on later starts it plugs again the PBDs of this host that
@@ -156,9 +143,6 @@ func Register(srv *api.Server, router *mux.Router, cfg Config) (*Service, error)
 	} else {
 		s.restart(ctx)
 	}
-	defaultMu.Lock()
-	defaultSvc = s
-	defaultMu.Unlock()
 	return s, nil
 }
 
@@ -173,11 +157,6 @@ func (s *Service) Close() {
 	for _, b := range bound {
 		b.sr.Detach(context.Background())
 	}
-	defaultMu.Lock()
-	if defaultSvc == s {
-		defaultSvc = nil
-	}
-	defaultMu.Unlock()
 }
 
 // firstBoot makes the "Local storage" SR as a XenServer install does and
