@@ -268,7 +268,7 @@ func Equal(a, b any) bool {
 		return ok && x == y
 	case float64:
 		y, ok := b.(float64)
-		return ok && (x == y || math.IsNaN(x) && math.IsNaN(y))
+		return ok && floatEqual(x, y)
 	case bool:
 		y, ok := b.(bool)
 		return ok && x == y
@@ -276,97 +276,56 @@ func Equal(a, b any) bool {
 		y, ok := b.(time.Time)
 		return ok && x.Equal(y)
 	case []string:
-		y, ok := b.([]string)
-		if !ok || len(x) != len(y) {
-			return ok && len(x) == 0 && len(y) == 0
-		}
-		for i := range x {
-			if x[i] != y[i] {
-				return false
-			}
-		}
-		return true
+		return sliceEqual(x, b, func(p, q string) bool { return p == q })
 	case []int64:
-		y, ok := b.([]int64)
-		if !ok || len(x) != len(y) {
-			return false
-		}
-		for i := range x {
-			if x[i] != y[i] {
-				return false
-			}
-		}
-		return true
-	case map[string]string:
-		y, ok := b.(map[string]string)
-		if !ok || len(x) != len(y) {
-			return false
-		}
-		for k, v := range x {
-			if w, ok := y[k]; !ok || w != v {
-				return false
-			}
-		}
-		return true
-	case map[string]int64:
-		y, ok := b.(map[string]int64)
-		if !ok || len(x) != len(y) {
-			return false
-		}
-		for k, v := range x {
-			if w, ok := y[k]; !ok || w != v {
-				return false
-			}
-		}
-		return true
-	case map[string]float64:
-		y, ok := b.(map[string]float64)
-		if !ok || len(x) != len(y) {
-			return false
-		}
-		for k, v := range x {
-			if w, ok := y[k]; !ok || !Equal(v, w) {
-				return false
-			}
-		}
-		return true
-	case map[string][]string:
-		y, ok := b.(map[string][]string)
-		if !ok || len(x) != len(y) {
-			return false
-		}
-		for k, v := range x {
-			if w, ok := y[k]; !ok || !Equal(v, w) {
-				return false
-			}
-		}
-		return true
+		return sliceEqual(x, b, func(p, q int64) bool { return p == q })
 	case []any:
-		y, ok := b.([]any)
-		if !ok || len(x) != len(y) {
-			return false
-		}
-		for i := range x {
-			if !Equal(x[i], y[i]) {
-				return false
-			}
-		}
-		return true
+		return sliceEqual(x, b, Equal)
+	case map[string]string:
+		return mapEqual(x, b, func(p, q string) bool { return p == q })
+	case map[string]int64:
+		return mapEqual(x, b, func(p, q int64) bool { return p == q })
+	case map[string]float64:
+		return mapEqual(x, b, floatEqual)
+	case map[string][]string:
+		return mapEqual(x, b, func(p, q []string) bool { return Equal(p, q) })
 	case map[string]any:
-		y, ok := b.(map[string]any)
-		if !ok || len(x) != len(y) {
-			return false
-		}
-		for k, v := range x {
-			if w, ok := y[k]; !ok || !Equal(v, w) {
-				return false
-			}
-		}
-		return true
+		return mapEqual(x, b, Equal)
 	case nil:
 		return b == nil
 	}
 	return false
+}
+
+func floatEqual(x, y float64) bool { return x == y || math.IsNaN(x) && math.IsNaN(y) }
+
+// sliceEqual compares a canonical set with b, which must have the same
+// form; empty and nil are equal.
+func sliceEqual[E any](x []E, b any, eq func(E, E) bool) bool {
+	y, ok := b.([]E)
+	if !ok || len(x) != len(y) {
+		return false
+	}
+	for i := range x {
+		if !eq(x[i], y[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// mapEqual compares a canonical map with b, which must have the same form.
+func mapEqual[V any](x map[string]V, b any, eq func(V, V) bool) bool {
+	y, ok := b.(map[string]V)
+	if !ok || len(x) != len(y) {
+		return false
+	}
+	for k, v := range x {
+		if w, ok := y[k]; !ok || !eq(v, w) {
+			return false
+		}
+	}
+	return true
 }
 
 // FormatTime writes a datetime in xapi's form.
