@@ -238,7 +238,7 @@ func TestReadOnlySessionCannotWrite(t *testing.T) {
 	s := h.login("ro", "ro-pw")
 	var vms []string
 	json.Unmarshal(h.ok("VM.get_all", s), &vms)
-	if d := h.fails(xerr.RBACPermissionDenied, "VM.set_name_label", s, vms[0], "x"); d[0] != "VM.set_name_label" {
+	if d := h.fails(xerr.RBACPermissionDenied, "VM.set_name_label", s, vms[0], "x"); d[0] != "vm.set_name_label" {
 		t.Errorf("RBAC params %v", d)
 	}
 	h.fails(xerr.RBACPermissionDenied, "network.create", s, map[string]any{"other_config": map[string]any{}})

@@ -36,6 +36,7 @@ func (s *Server) registerCore() {
 
 	s.registerMessages()
 	s.registerNetwork()
+	s.registerRoles()
 
 	s.Handle("event.from", s.eventFrom)
 	s.Handle("event.inject", s.eventInject)
@@ -63,16 +64,18 @@ func (s *Server) allSubjectIdentifiers(c *Call) (any, error) {
 	return out, nil
 }
 
+// logoutSubject ends the sessions of a subject identifier, as xapi does:
+// never the local superuser's, nor the caller's own.
 func (s *Server) logoutSubject(c *Call) (any, error) {
 	id := c.String(0)
 	snap := c.Snapshot()
-	for _, sess := range s.sessions.all() {
-		if r, ok := snap.Get(dm.Subject.Class, sess.Subject); ok && r.String(dm.Subject.SubjectIdentifier) == id {
-			if s.sessions.remove(sess.Ref) != nil {
-				s.endSession(sess)
-			}
+	s.revokeSessions(func(x *Session) bool {
+		if x.LocalSuperuser || x == c.Session {
+			return false
 		}
-	}
+		r, ok := snap.Get(dm.Subject.Class, x.Subject)
+		return ok && r.String(dm.Subject.SubjectIdentifier) == id
+	})
 	return nil, nil
 }
 

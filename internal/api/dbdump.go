@@ -41,8 +41,8 @@ func (s *Server) HTTPSession(w http.ResponseWriter, r *http.Request, roles schem
 		sess = s.sessions.get(id)
 	default:
 		if user, pw, ok := r.BasicAuth(); ok {
-			snap := s.DB.Snapshot()
-			if u := findUser(snap, user); u != nil && CheckPassword(u.String(dm.User.PasswordHash), pw) && user == "root" {
+			// Checked as a login is: same limits, same cost for any name.
+			if _, err := s.CheckLogin(originContext(r), user, pw); err == nil && user == "root" {
 				sess = &Session{User: user, Roles: AllRoles, LocalSuperuser: true}
 			}
 		} else if originOf(r.Context()).Local {
@@ -135,6 +135,11 @@ func fillFrom(l *db.Loader, dump *xmldb.Dump) error {
 // afterRestore finds this host again: the restored pool's master, whose
 // identity this host takes.
 func (s *Server) afterRestore() {
+	// Sessions were granted against the old accounts and roles, which the
+	// restored database may not have: every session but the local
+	// superuser's ends, and its clients log in again against the new
+	// accounts. (xapi restarts after a restore, which ends them all.)
+	s.revokeSessions(func(x *Session) bool { return !x.LocalSuperuser })
 	snap := s.DB.Snapshot()
 	if _, ok := snap.Get(dm.Host.Class, s.Cfg.HostRef); ok {
 		return

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	dm "toolstackd/internal/api/datamodel"
+	"toolstackd/internal/db"
 )
 
 func (h *harness) dump(s string) []byte {
@@ -146,4 +147,40 @@ func TestRestoreXapiFixture(t *testing.T) {
 	if len(vms) == 0 {
 		t.Error("no VMs after restoring the fixture")
 	}
+}
+
+// A restore ends the sessions of accounts other than the local superuser:
+// their rights were granted against the database that is gone.
+func TestRestoreEndsOtherSessions(t *testing.T) {
+	h := newHarness(t)
+	root := h.login("root", rootPW)
+	addAccount(h, root, "ro", "ro-pw", "read-only")
+	ro := h.login("ro", "ro-pw")
+	h.ok("host.get_all", ro)
+	if code, body := h.restore(root, h.dump(root)); code != 200 {
+		t.Fatalf("restore: %d %s", code, body)
+	}
+	h.fails("SESSION_INVALID", "host.get_all", ro)
+	h.ok("host.get_all", root)
+}
+
+// Only the local superuser may destroy the root account: a pool-admin
+// could otherwise shut root out of the network.
+func TestRootAccountNeedsSuperuser(t *testing.T) {
+	h := newHarness(t)
+	root := h.login("root", rootPW)
+	addAccount(h, root, "admin", "admin-pw", "pool-admin")
+	admin := h.login("admin", "admin-pw")
+	var rootUser string
+	h.d.Snapshot().Ascend(dm.User.Class, func(r *db.Row) bool {
+		if r.String(dm.User.ShortName) == "root" {
+			rootUser = r.Ref
+		}
+		return true
+	})
+	if rootUser == "" {
+		t.Fatal("no root user row")
+	}
+	h.fails("USER_IS_NOT_LOCAL_SUPERUSER", "user.destroy", admin, rootUser)
+	h.login("root", rootPW)
 }

@@ -81,8 +81,8 @@ func (s *Server) Dispatch(ctx context.Context, method string, params []any) (any
 			return nil, xerr.New(xerr.SessionInvalid, ref)
 		}
 		sess.touch()
-		if m.Roles != 0 && !sess.Roles.Intersects(m.Roles) {
-			return nil, xerr.New(xerr.RBACPermissionDenied, m.Wire, "No permission in user session")
+		if err := checkCall(sess, m); err != nil {
+			return nil, err
 		}
 		c.Session = sess
 		first = 1
@@ -97,6 +97,9 @@ func (s *Server) Dispatch(ctx context.Context, method string, params []any) (any
 			return nil, err
 		}
 		c.Args[i-first] = v
+	}
+	if err := s.checkArgs(m, first, c.Args); err != nil {
+		return nil, err
 	}
 	h := s.handlers[m.Wire]
 	if h == nil {
@@ -146,8 +149,8 @@ func fieldAccessor(m *schema.Message) bool {
 // Invoke runs a call from inside toolstackd (the xe CLI server, HTTP
 // handlers) as the given session: args are canonical values without the
 // session, and the result comes back canonical (rows as *db.Row, ref ->
-// record maps as []*db.Row) with its type. Roles are checked as for any
-// client.
+// record maps as []*db.Row) with its type. Roles and argument limits are
+// checked as for any client.
 func (s *Server) Invoke(ctx context.Context, session, method string, args ...any) (any, *schema.Type, error) {
 	name, async := strings.CutPrefix(method, "Async.")
 	m := s.Model.Message(name)
@@ -162,8 +165,8 @@ func (s *Server) Invoke(ctx context.Context, session, method string, args ...any
 			return nil, nil, xerr.New(xerr.SessionInvalid, session)
 		}
 		sess.touch()
-		if m.Roles != 0 && !sess.Roles.Intersects(m.Roles) {
-			return nil, nil, xerr.New(xerr.RBACPermissionDenied, m.Wire, "No permission in user session")
+		if err := checkCall(sess, m); err != nil {
+			return nil, nil, err
 		}
 		c.Session = sess
 		n--
@@ -173,6 +176,9 @@ func (s *Server) Invoke(ctx context.Context, session, method string, args ...any
 	}
 	c.Args = make([]any, n)
 	copy(c.Args, args)
+	if err := s.checkArgs(m, len(m.Params)-n, c.Args); err != nil {
+		return nil, nil, err
+	}
 	h := s.handlers[m.Wire]
 	if h == nil {
 		if !m.Implicit && !fieldAccessor(m) {

@@ -130,6 +130,11 @@ func (s *Server) serveJSON(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// RequestContext is the context a call made for an HTTP request runs in:
+// it carries the request's origin (the local socket, or the peer's
+// address, which the login limits count failures by).
+func RequestContext(r *http.Request) context.Context { return originContext(r) }
+
 // originContext keeps an origin set by LocalHandler, or records the peer.
 func originContext(r *http.Request) context.Context {
 	if _, ok := r.Context().Value(originKey{}).(Origin); ok {

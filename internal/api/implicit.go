@@ -84,7 +84,8 @@ func (s *Server) implicit(c *Call) (any, error) {
 
 // implicitCreate makes a row from a constructor record: the fields a
 // client may set at creation (RW and RO/constructor) come from the record
-// or their defaults; the server's own fields (RO/runtime) start empty.
+// or their defaults; the server's own fields (RO/runtime, and the runtime
+// state listed in serverOwnedAtCreation) start at their defaults or empty.
 // Fields in server (a handler's own choices) are set whatever their
 // qualifier.
 func (s *Server) implicitCreate(c *Call, cls *schema.Class, server map[string]any) (any, error) {
@@ -96,9 +97,12 @@ func (s *Server) implicitCreate(c *Call, cls *schema.Class, server map[string]an
 		}
 		v, given := rec[f.Name]
 		switch {
-		case f.Qualifier == schema.DynamicRO:
-			if !f.HasDefault {
-				fields[f.Name] = f.Zero()
+		case serverOwnedAtCreate(f):
+			// The server's own state (RO/runtime, and the RO/constructor
+			// fields listed in serverOwnedAtCreation): what the caller
+			// sent is ignored and the object starts as new.
+			if v, ok := initialValue(f); ok {
+				fields[f.Name] = v
 			}
 		case given:
 			fields[f.Name] = v

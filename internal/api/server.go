@@ -22,14 +22,22 @@ type Config struct {
 	MaxBodyBytes int64
 	// SessionIdleTimeout expires sessions unused for this long.
 	SessionIdleTimeout time.Duration
-	// MaxSessionsPerOriginator caps the sessions one originator (a client
-	// name, or the user name when none is given) may hold; the oldest is
-	// logged out to make room, as xapi does.
+	// MaxSessionsPerOriginator caps the sessions one user may hold under
+	// one originator (a client name, or the user name when none is
+	// given); the oldest is logged out to make room, as xapi does. The
+	// count is per user and originator, so that nobody can push another
+	// user's sessions out by naming their originator.
 	MaxSessionsPerOriginator int
 	// FinishedTaskTTL is how long a finished task stays before it is
 	// destroyed; MaxFinishedTasks bounds how many stay at once.
 	FinishedTaskTTL  time.Duration
 	MaxFinishedTasks int
+	// MaxPendingTasksPerSession caps the tasks of one session not yet
+	// completed (Async calls and task.create); past it both answer
+	// TOO_MANY_PENDING_TASKS. 0 means no cap.
+	MaxPendingTasksPerSession int
+	// Limits bounds the strings in API arguments (see Limits).
+	Limits Limits
 	// PasswordIterations is the PBKDF2 work factor for local passwords.
 	PasswordIterations int
 	// HostRef is this host's ref, for session.this_host and task.resident_on.
@@ -39,12 +47,14 @@ type Config struct {
 // DefaultConfig returns the settings used unless told otherwise.
 func DefaultConfig() Config {
 	return Config{
-		MaxBodyBytes:             4 << 20,
-		SessionIdleTimeout:       24 * time.Hour,
-		MaxSessionsPerOriginator: 500,
-		FinishedTaskTTL:          time.Hour,
-		MaxFinishedTasks:         10000,
-		PasswordIterations:       100_000,
+		MaxBodyBytes:              4 << 20,
+		SessionIdleTimeout:        24 * time.Hour,
+		MaxSessionsPerOriginator:  500,
+		FinishedTaskTTL:           time.Hour,
+		MaxFinishedTasks:          10000,
+		MaxPendingTasksPerSession: 200,
+		Limits:                    DefaultLimits(),
+		PasswordIterations:        100_000,
 	}
 }
 

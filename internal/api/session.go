@@ -33,6 +33,9 @@ type Session struct {
 	Originator     string
 	Created        time.Time
 
+	userRef string // the user row it authenticated as by password, or ""
+	local   bool   // opened over the local socket
+
 	lastActive atomic.Int64 // unix nanoseconds
 	flushed    atomic.Int64 // last_active as last written to the database
 	ctx        context.Context
@@ -44,6 +47,11 @@ func (s *Session) Context() context.Context { return s.ctx }
 
 func (s *Session) touch() { s.lastActive.Store(time.Now().UnixNano()) }
 
+// capKey is what the per-originator cap counts: a user's sessions from
+// one originator, so that no one can push out another user's sessions by
+// claiming their originator.
+func (s *Session) capKey() string { return s.User + "\x00" + s.Originator }
+
 // AllRoles is what the local superuser and root hold.
 var AllRoles = func() schema.RoleSet {
 	var rs schema.RoleSet
@@ -54,13 +62,23 @@ var AllRoles = func() schema.RoleSet {
 }()
 
 type sessionTable struct {
-	mu           sync.RWMutex
-	byRef        map[string]*Session
-	byOriginator map[string][]*Session // oldest first
+	mu         sync.RWMutex
+	byRef      map[string]*Session
+	byCap      map[string][]*Session // by (user, originator), oldest first
+	byUser     map[string][]*Session // oldest first
+	maxPerUser int
+	// epoch counts revocations: a login that read the database before a
+	// revocation and registers after it starts again (see add).
+	epoch uint64
+
+	guard     *authGuard
+	subjectMu sync.Mutex // serializes subject.create's uniqueness check
 }
 
 func newSessionTable() *sessionTable {
-	return &sessionTable{byRef: map[string]*Session{}, byOriginator: map[string][]*Session{}}
+	l := DefaultAuthLimits()
+	return &sessionTable{byRef: map[string]*Session{}, byCap: map[string][]*Session{}, byUser: map[string][]*Session{},
+		maxPerUser: l.MaxSessionsPerUser, guard: newAuthGuard(l)}
 }
 
 func (t *sessionTable) get(ref string) *Session {
@@ -69,21 +87,56 @@ func (t *sessionTable) get(ref string) *Session {
 	return t.byRef[ref]
 }
 
+// currentEpoch is read by a login before it reads the database.
+func (t *sessionTable) currentEpoch() uint64 {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.epoch
+}
+
+// errStaleLogin: a revocation ran while the login was reading who the user
+// is; the login reads again.
+var errStaleLogin = xerr.New(xerr.InternalError, "login raced with a revocation")
+
 // add registers a session and returns the sessions pushed out by the
-// per-originator cap.
-func (t *sessionTable) add(s *Session, limit int) []*Session {
+// caps: perCap per (user, originator), and t.maxPerUser per user. It
+// fails with errStaleLogin if a revocation ran since epoch.
+func (t *sessionTable) add(s *Session, perCap int, epoch uint64) ([]*Session, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.byRef[s.Ref] = s
-	list := append(t.byOriginator[s.Originator], s)
-	var evicted []*Session
-	for limit > 0 && len(list) > limit {
-		evicted = append(evicted, list[0])
-		delete(t.byRef, list[0].Ref)
-		list = list[1:]
+	if t.epoch != epoch {
+		return nil, errStaleLogin
 	}
-	t.byOriginator[s.Originator] = list
-	return evicted
+	t.byRef[s.Ref] = s
+	t.byCap[s.capKey()] = append(t.byCap[s.capKey()], s)
+	t.byUser[s.User] = append(t.byUser[s.User], s)
+	var evicted []*Session
+	for perCap > 0 && len(t.byCap[s.capKey()]) > perCap {
+		old := t.byCap[s.capKey()][0]
+		t.unlink(old)
+		evicted = append(evicted, old)
+	}
+	for t.maxPerUser > 0 && len(t.byUser[s.User]) > t.maxPerUser {
+		old := t.byUser[s.User][0]
+		t.unlink(old)
+		evicted = append(evicted, old)
+	}
+	return evicted, nil
+}
+
+// unlink drops a session from every index; the caller holds t.mu.
+func (t *sessionTable) unlink(s *Session) {
+	delete(t.byRef, s.Ref)
+	drop := func(m map[string][]*Session, k string) {
+		list := slices.DeleteFunc(m[k], func(x *Session) bool { return x == s })
+		if len(list) == 0 {
+			delete(m, k)
+		} else {
+			m[k] = list
+		}
+	}
+	drop(t.byCap, s.capKey())
+	drop(t.byUser, s.User)
 }
 
 func (t *sessionTable) remove(ref string) *Session {
@@ -93,15 +146,26 @@ func (t *sessionTable) remove(ref string) *Session {
 	if s == nil {
 		return nil
 	}
-	delete(t.byRef, ref)
-	list := t.byOriginator[s.Originator]
-	list = slices.DeleteFunc(list, func(x *Session) bool { return x == s })
-	if len(list) == 0 {
-		delete(t.byOriginator, s.Originator)
-	} else {
-		t.byOriginator[s.Originator] = list
-	}
+	t.unlink(s)
 	return s
+}
+
+// revoke removes every session match selects and returns them; logins
+// racing with it start again.
+func (t *sessionTable) revoke(match func(*Session) bool) []*Session {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.epoch++
+	var out []*Session
+	for _, s := range t.byRef {
+		if match(s) {
+			out = append(out, s)
+		}
+	}
+	for _, s := range out {
+		t.unlink(s)
+	}
+	return out
 }
 
 func (t *sessionTable) all() []*Session {
@@ -137,24 +201,35 @@ func HashPassword(pw string, iterations int) (string, error) {
 	return fmt.Sprintf("pbkdf2-sha256$%d$%s$%s", iterations, enc.EncodeToString(salt), enc.EncodeToString(key)), nil
 }
 
-// CheckPassword reports whether pw matches a stored hash.
+// CheckPassword reports whether pw matches a stored hash. The work is
+// the stored hash's, whatever pw is, and the keys are compared in
+// constant time.
 func CheckPassword(stored, pw string) bool {
-	parts := strings.Split(stored, "$")
-	if len(parts) != 4 || parts[0] != "pbkdf2-sha256" {
-		return false
-	}
-	iter, err := strconv.Atoi(parts[1])
-	if err != nil || iter < 1 || iter > 10_000_000 {
-		return false
-	}
-	enc := base64.RawStdEncoding
-	salt, err1 := enc.DecodeString(parts[2])
-	want, err2 := enc.DecodeString(parts[3])
-	if err1 != nil || err2 != nil {
+	iter, salt, want, ok := parseHash(stored)
+	if !ok {
 		return false
 	}
 	got, err := pbkdf2.Key(sha256.New, pw, salt, iter, len(want))
 	return err == nil && subtle.ConstantTimeCompare(got, want) == 1
+}
+
+// parseHash splits a stored hash into its work factor, salt and key.
+func parseHash(stored string) (iter int, salt, key []byte, ok bool) {
+	parts := strings.Split(stored, "$")
+	if len(parts) != 4 || parts[0] != "pbkdf2-sha256" {
+		return 0, nil, nil, false
+	}
+	iter, err := strconv.Atoi(parts[1])
+	if err != nil || iter < 1 || iter > 10_000_000 {
+		return 0, nil, nil, false
+	}
+	enc := base64.RawStdEncoding
+	salt, err1 := enc.DecodeString(parts[2])
+	key, err2 := enc.DecodeString(parts[3])
+	if err1 != nil || err2 != nil || len(key) == 0 || len(key) > 64 {
+		return 0, nil, nil, false
+	}
+	return iter, salt, key, true
 }
 
 // findUser finds a local account by name.
@@ -206,40 +281,78 @@ func (s *Server) login(c *Call) (any, error) {
 	if originator == "" {
 		originator = user
 	}
-	local := originOf(c.Ctx).Local
-	snap := c.Snapshot()
-	sess := &Session{User: user, Subject: schema.NullRef, Originator: originator, Created: time.Now()}
-	userRef := schema.NullRef
-	switch u := findUser(snap, user); {
-	case local:
+	origin := originOf(c.Ctx)
+	// The password is checked once; who the user is (subject, roles) is
+	// read again if a revocation races with the login.
+	hash := ""
+	if !origin.Local {
+		u, err := s.CheckLogin(c.Ctx, user, pw)
+		if err != nil {
+			return nil, err
+		}
+		hash = u.String(dm.User.PasswordHash)
+	}
+	for try := 0; try < 100; try++ {
+		epoch := s.sessions.currentEpoch()
+		sess, userRef, err := s.whoIs(c.Snapshot(), user, hash, origin)
+		if err != nil {
+			return nil, err
+		}
+		sess.Originator = originator
+		ref, err := s.openSession(sess, userRef, epoch)
+		if err != errStaleLogin {
+			return ref, err
+		}
+	}
+	return nil, xerr.New(xerr.InternalError, "login kept racing with revocations")
+}
+
+// whoIs makes the session of a user whose password was checked against
+// hash (or who came over the local socket), from the database as it is
+// now: the account must still be there with the same password.
+func (s *Server) whoIs(snap db.Reader, user, hash string, origin Origin) (*Session, string, error) {
+	sess := &Session{User: user, Subject: schema.NullRef, Created: time.Now(), local: origin.Local}
+	u := findUser(snap, user)
+	switch {
+	case origin.Local:
 		// The local socket is trusted: any name logs in as the superuser.
 		sess.Roles, sess.LocalSuperuser = AllRoles, true
 		if u != nil {
-			userRef = u.Ref
+			return sess, u.Ref, nil
 		}
-	case u == nil || !CheckPassword(u.String(dm.User.PasswordHash), pw):
-		return nil, xerr.New(xerr.SessionAuthenticationFailed)
+		return sess, schema.NullRef, nil
+	case u == nil || u.String(dm.User.PasswordHash) != hash:
+		return nil, "", xerr.New(xerr.SessionAuthenticationFailed)
 	case user == "root":
-		sess.Roles, sess.LocalSuperuser, userRef = AllRoles, true, u.Ref
-	default:
-		userRef = u.Ref
-		var subj *db.Row
-		snap.Ascend(dm.Subject.Class, func(r *db.Row) bool {
-			if r.String(dm.Subject.SubjectIdentifier) == LocalSubjectID(user) {
-				subj = r
-				return false
-			}
-			return true
-		})
-		if subj == nil {
-			return nil, xerr.New(xerr.SessionAuthenticationFailed)
-		}
-		sess.Subject, sess.Roles = subj.Ref, rolesOf(snap, subj)
+		sess.Roles, sess.LocalSuperuser, sess.userRef = AllRoles, true, u.Ref
+		return sess, u.Ref, nil
 	}
-	return s.openSession(sess, userRef)
+	subj := findSubject(snap, LocalSubjectID(user))
+	if subj == nil {
+		return nil, "", xerr.New(xerr.SessionAuthenticationFailed)
+	}
+	sess.Subject, sess.Roles, sess.userRef = subj.Ref, rolesOf(snap, subj), u.Ref
+	if sess.Roles == 0 {
+		// As xapi: a subject without roles may not log in.
+		return nil, "", xerr.New(xerr.RBACPermissionDenied, "session.login_with_password", "the subject has no roles in this pool")
+	}
+	return sess, u.Ref, nil
 }
 
-func (s *Server) openSession(sess *Session, userRef string) (string, error) {
+// findSubject finds a subject by its identifier.
+func findSubject(snap db.Reader, id string) *db.Row {
+	var found *db.Row
+	snap.Ascend(dm.Subject.Class, func(r *db.Row) bool {
+		if r.String(dm.Subject.SubjectIdentifier) == id {
+			found = r
+			return false
+		}
+		return true
+	})
+	return found
+}
+
+func (s *Server) openSession(sess *Session, userRef string, epoch uint64) (string, error) {
 	now := time.Now().UTC()
 	rec := &dm.SessionRecord{
 		ThisHost:         dm.HostRef(s.Cfg.HostRef),
@@ -268,23 +381,40 @@ func (s *Server) openSession(sess *Session, userRef string) (string, error) {
 	sess.ctx, sess.cancel = context.WithCancel(context.Background())
 	sess.touch()
 	sess.flushed.Store(sess.lastActive.Load())
-	for _, old := range s.sessions.add(sess, s.Cfg.MaxSessionsPerOriginator) {
+	evicted, err := s.sessions.add(sess, s.Cfg.MaxSessionsPerOriginator, epoch)
+	if err != nil {
+		s.endSession(sess)
+		return "", err
+	}
+	for _, old := range evicted {
 		s.endSession(old)
 	}
 	return ref, nil
 }
 
 // endSession forgets a session that has already left the table: its
-// waiters end and its database record goes.
+// waiters end, its tasks go and its database record goes.
 func (s *Server) endSession(sess *Session) {
 	sess.cancel()
 	s.events.Forget(sess.Ref)
+	s.sessionEndedTasks(sess.Ref)
 	s.DB.Update(func(tx *db.Tx) error {
 		if _, ok := tx.Get(dm.Session.Class, sess.Ref); ok {
 			return tx.Delete(dm.Session.Class, sess.Ref)
 		}
 		return nil
 	})
+}
+
+// revokeSessions ends at once every live session match selects (an
+// account revoked, its roles or password changed): their next call gets
+// SESSION_INVALID. It returns how many ended.
+func (s *Server) revokeSessions(match func(*Session) bool) int {
+	ended := s.sessions.revoke(match)
+	for _, sess := range ended {
+		s.endSession(sess)
+	}
+	return len(ended)
 }
 
 func (s *Server) logout(c *Call) (any, error) {
@@ -294,26 +424,38 @@ func (s *Server) logout(c *Call) (any, error) {
 	return nil, nil
 }
 
+// changePassword changes the password of the session's own account. The
+// old password is checked (through the login limits) unless the caller is
+// the local superuser on the local socket. Every other session that
+// authenticated as that account with a password ends: whoever knew the
+// old password is logged out (xapi keeps them; we do not).
 func (s *Server) changePassword(c *Call) (any, error) {
 	oldPW, newPW := c.String(0), c.String(1)
-	snap := c.Snapshot()
-	u := findUser(snap, c.Session.User)
+	origin := originOf(c.Ctx)
+	u := findUser(c.Snapshot(), c.Session.User)
 	if u == nil {
-		return nil, xerr.New("CHANGE_PASSWORD_REJECTED", "the session's user is not a local account")
+		return nil, xerr.New(xerr.ChangePasswordRejected, "the session's user is not a local account")
 	}
-	if !c.Session.LocalSuperuser || !originOf(c.Ctx).Local {
-		if !CheckPassword(u.String(dm.User.PasswordHash), oldPW) {
-			return nil, xerr.New(xerr.SessionAuthenticationFailed)
+	if !c.Session.LocalSuperuser || !origin.Local {
+		if c.Session.userRef != u.Ref && !c.Session.local {
+			return nil, xerr.New(xerr.ChangePasswordRejected, "the session's account has gone")
+		}
+		if err := s.sessions.guard.check(c.Ctx, origin, c.Session.User, u.String(dm.User.PasswordHash), oldPW, s.Cfg.PasswordIterations); err != nil {
+			return nil, err
 		}
 	}
 	if newPW == "" {
-		return nil, xerr.New("CHANGE_PASSWORD_REJECTED", "the new password is empty")
+		return nil, xerr.New(xerr.ChangePasswordRejected, "the new password is empty")
 	}
 	h, err := HashPassword(newPW, s.Cfg.PasswordIterations)
 	if err != nil {
 		return nil, err
 	}
-	return nil, c.Update(func(tx *db.Tx) error { return tx.Set(dm.User.PasswordHash, u.Ref, h) })
+	if err := c.Update(func(tx *db.Tx) error { return tx.Set(dm.User.PasswordHash, u.Ref, h) }); err != nil {
+		return nil, err
+	}
+	s.revokeSessions(func(x *Session) bool { return x.userRef == u.Ref && x != c.Session })
+	return nil, nil
 }
 
 // expireSessions logs out sessions idle too long and writes last_active

@@ -21,13 +21,28 @@ type finishedTask struct {
 	at  time.Time
 }
 
-type taskTable struct {
-	mu       sync.Mutex
-	running  map[string]context.CancelFunc
-	finished []finishedTask // oldest first
+// taskInfo is what the server remembers of a task created for a session.
+type taskInfo struct {
+	session string
+	pending bool // not yet completed (pending or cancelling)
 }
 
-func newTaskTable() *taskTable { return &taskTable{running: map[string]context.CancelFunc{}} }
+// taskTable tracks running Async calls, finished tasks awaiting
+// collection, and which session each task belongs to, so that a session's
+// pending tasks can be counted and its tasks destroyed when it ends.
+type taskTable struct {
+	mu        sync.Mutex
+	running   map[string]context.CancelFunc
+	finished  []finishedTask // oldest first
+	info      map[string]*taskInfo
+	bySession map[string]map[string]struct{}
+	pending   map[string]int // session -> tasks not completed
+}
+
+func newTaskTable() *taskTable {
+	return &taskTable{running: map[string]context.CancelFunc{}, info: map[string]*taskInfo{},
+		bySession: map[string]map[string]struct{}{}, pending: map[string]int{}}
+}
 
 func (t *taskTable) cancelAll() {
 	t.mu.Lock()
@@ -37,36 +52,164 @@ func (t *taskTable) cancelAll() {
 	}
 }
 
-// CreateTask makes a pending task owned by a session.
+// completed marks a task no longer pending. Called with t.mu held.
+func (t *taskTable) completed(ref string) {
+	ti := t.info[ref]
+	if ti == nil || !ti.pending {
+		return
+	}
+	ti.pending = false
+	if t.pending[ti.session]--; t.pending[ti.session] <= 0 {
+		delete(t.pending, ti.session)
+	}
+}
+
+// forget drops a task from the table. Called with t.mu held.
+func (t *taskTable) forget(ref string) {
+	t.completed(ref)
+	ti := t.info[ref]
+	if ti == nil {
+		return
+	}
+	delete(t.info, ref)
+	if set := t.bySession[ti.session]; set != nil {
+		delete(set, ref)
+		if len(set) == 0 {
+			delete(t.bySession, ti.session)
+		}
+	}
+}
+
+// tooMany reports whether a session is at its pending-task cap. Called
+// with t.mu held.
+func (s *Server) tooMany(session string) bool {
+	return s.Cfg.MaxPendingTasksPerSession > 0 && s.tasks.pending[session] >= s.Cfg.MaxPendingTasksPerSession
+}
+
+// CreateTask makes a pending task owned by a session. A session may have
+// at most Config.MaxPendingTasksPerSession tasks not yet completed; past
+// that it gets TOO_MANY_PENDING_TASKS.
 func (s *Server) CreateTask(sess *Session, label, description string) (string, error) {
+	return s.newTask(sess, label, description, nil)
+}
+
+// newTask makes a task; cancel, when given, is what task.cancel calls
+// while the task runs.
+func (s *Server) newTask(sess *Session, label, description string, cancel context.CancelFunc) (string, error) {
 	rec := &dm.TaskRecord{
 		NameLabel: label, NameDescription: description,
 		AllowedOperations: []dm.TaskAllowedOperations{dm.TaskAllowedOperationsCancel},
 		Created:           time.Now().UTC(), Status: dm.TaskStatusTypePending,
 		ResidentOn: dm.HostRef(s.Cfg.HostRef), OtherConfig: map[string]string{}, ErrorInfo: []string{},
 	}
+	ref := db.NewRef()
+	// An HTTP request authenticated with basic auth or over the local
+	// socket has a session of its own that is not in the table (no ref):
+	// its tasks belong to no session, as tasks made inside the server do.
+	if sess != nil && sess.Ref == "" {
+		sess = nil
+	}
 	if sess != nil {
 		rec.Session = dm.SessionRef(sess.Ref)
+		// Reserve the task's place first: the count, and the session's
+		// list that sessionEndedTasks empties.
+		t := s.tasks
+		t.mu.Lock()
+		switch {
+		case s.sessions.get(sess.Ref) != sess:
+			t.mu.Unlock()
+			return "", xerr.New(xerr.SessionInvalid, sess.Ref)
+		case s.tooMany(sess.Ref):
+			t.mu.Unlock()
+			return "", xerr.New(xerr.TooManyPendingTasks)
+		}
+		t.info[ref] = &taskInfo{session: sess.Ref, pending: true}
+		t.pending[sess.Ref]++
+		if t.bySession[sess.Ref] == nil {
+			t.bySession[sess.Ref] = map[string]struct{}{}
+		}
+		t.bySession[sess.Ref][ref] = struct{}{}
+		if cancel != nil {
+			t.running[ref] = cancel
+		}
+		t.mu.Unlock()
+	} else if cancel != nil {
+		s.tasks.mu.Lock()
+		s.tasks.running[ref] = cancel
+		s.tasks.mu.Unlock()
 	}
-	var ref string
-	_, err := s.DB.Update(func(tx *db.Tx) (err error) {
-		ref, err = tx.Insert(dm.Task.Class, "", rec.Row())
+	_, err := s.DB.Update(func(tx *db.Tx) error {
+		_, err := tx.Insert(dm.Task.Class, ref, rec.Row())
 		return err
 	})
-	return ref, err
+	s.tasks.mu.Lock()
+	_, kept := s.tasks.info[ref]
+	if err != nil || (sess != nil && !kept) {
+		s.tasks.forget(ref)
+		delete(s.tasks.running, ref)
+	}
+	s.tasks.mu.Unlock()
+	if err != nil {
+		return "", err
+	}
+	if sess != nil && !kept {
+		// The session ended while the task was being made.
+		s.dropTasks([]string{ref})
+		return "", xerr.New(xerr.SessionInvalid, sess.Ref)
+	}
+	return ref, nil
+}
+
+// sessionEndedTasks destroys the tasks of a session that has ended
+// (logout, expiry, eviction, revocation), cancelling those still running.
+// The session must already be out of the session table.
+func (s *Server) sessionEndedTasks(session string) {
+	t := s.tasks
+	t.mu.Lock()
+	var refs []string
+	for ref := range t.bySession[session] {
+		refs = append(refs, ref)
+		if cancel := t.running[ref]; cancel != nil {
+			cancel()
+			delete(t.running, ref)
+		}
+		t.forget(ref)
+	}
+	delete(t.bySession, session)
+	delete(t.pending, session)
+	t.mu.Unlock()
+	s.dropTasks(refs)
+}
+
+// dropTasks deletes task rows that may already be gone.
+func (s *Server) dropTasks(refs []string) {
+	if len(refs) == 0 {
+		return
+	}
+	_, err := s.DB.Update(func(tx *db.Tx) error {
+		for _, ref := range refs {
+			if _, ok := tx.Get(dm.Task.Class, ref); ok {
+				if err := tx.Delete(dm.Task.Class, ref); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		s.Log.Error("destroying tasks", "tasks", len(refs), "err", err)
+	}
 }
 
 // startTask runs an Async call: it returns the task at once and runs the
 // handler in the background with a context that task.cancel cancels.
 func (s *Server) startTask(c *Call, h Handler) (string, error) {
-	ref, err := s.CreateTask(c.Session, "Async."+c.Msg.Wire, "")
+	ctx, cancel := context.WithCancel(context.Background())
+	ref, err := s.newTask(c.Session, "Async."+c.Msg.Wire, "", cancel)
 	if err != nil {
+		cancel()
 		return "", err
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	s.tasks.mu.Lock()
-	s.tasks.running[ref] = cancel
-	s.tasks.mu.Unlock()
 	tc := *c
 	tc.Ctx, tc.Task = ctx, ref
 	go func() {
@@ -82,6 +225,7 @@ func (s *Server) startTask(c *Call, h Handler) (string, error) {
 func (s *Server) FinishTask(ref string, resultType *schema.Type, v any, err error, cancelled bool) {
 	s.tasks.mu.Lock()
 	delete(s.tasks.running, ref)
+	s.tasks.completed(ref)
 	s.tasks.finished = append(s.tasks.finished, finishedTask{ref, time.Now()})
 	s.tasks.mu.Unlock()
 	_, uerr := s.DB.Update(func(tx *db.Tx) error {
@@ -123,8 +267,21 @@ func (c *Call) SetProgress(p float64) {
 	c.Server.DB.Update(func(tx *db.Tx) error { return tx.Set(dm.Task.Progress, c.Task, p) })
 }
 
-func (s *Server) cancelTask(c *Call) (any, error) {
+// taskRow returns the task a task message names, once the caller has
+// been found allowed to change it.
+func (s *Server) taskRow(c *Call) (*db.Row, error) {
 	row, err := c.Row(0, dm.Task.Class)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.mayActOnTask(c.Session, row.String(dm.Task.Session)); err != nil {
+		return nil, err
+	}
+	return row, nil
+}
+
+func (s *Server) cancelTask(c *Call) (any, error) {
+	row, err := s.taskRow(c)
 	if err != nil {
 		return nil, err
 	}
@@ -150,7 +307,7 @@ func (s *Server) cancelTask(c *Call) (any, error) {
 }
 
 func (s *Server) destroyTask(c *Call) (any, error) {
-	row, err := c.Row(0, dm.Task.Class)
+	row, err := s.taskRow(c)
 	if err != nil {
 		return nil, err
 	}
@@ -159,8 +316,14 @@ func (s *Server) destroyTask(c *Call) (any, error) {
 		cancel()
 		delete(s.tasks.running, row.Ref)
 	}
+	s.tasks.forget(row.Ref)
 	s.tasks.mu.Unlock()
-	return nil, c.Update(func(tx *db.Tx) error { return tx.Delete(dm.Task.Class, row.Ref) })
+	return nil, c.Update(func(tx *db.Tx) error {
+		if _, ok := tx.Get(dm.Task.Class, row.Ref); !ok {
+			return nil // gone meanwhile
+		}
+		return tx.Delete(dm.Task.Class, row.Ref)
+	})
 }
 
 func (s *Server) createTask(c *Call) (any, error) {
@@ -170,11 +333,16 @@ func (s *Server) createTask(c *Call) (any, error) {
 // taskSetter serves task.set_X, add_to_/remove_from_other_config: explicit
 // messages in the datamodel that write one field.
 func (s *Server) taskSetter(c *Call) (any, error) {
-	row, err := c.Row(0, dm.Task.Class)
+	row, err := s.taskRow(c)
 	if err != nil {
 		return nil, err
 	}
 	name := c.Msg.Name
+	if name == "set_status" {
+		if err := s.taskStatusChange(row.Ref, c.String(1)); err != nil {
+			return nil, err
+		}
+	}
 	return nil, c.Update(func(tx *db.Tx) error {
 		switch {
 		case name == "add_to_other_config":
@@ -196,6 +364,33 @@ func (s *Server) taskSetter(c *Call) (any, error) {
 	})
 }
 
+// taskStatusChange keeps the pending count in step when a client sets a
+// task's status: a completed status (success, failure, cancelled) frees
+// the task's place and queues it for collection; going back to pending or
+// cancelling takes a place again, within the cap. A task whose Async call
+// still runs keeps its place until the call ends.
+func (s *Server) taskStatusChange(ref, status string) error {
+	t := s.tasks
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch dm.TaskStatusType(status) {
+	case dm.TaskStatusTypeSuccess, dm.TaskStatusTypeFailure, dm.TaskStatusTypeCancelled:
+		if t.running[ref] == nil {
+			t.completed(ref)
+			t.finished = append(t.finished, finishedTask{ref, time.Now()})
+		}
+	default:
+		if ti := t.info[ref]; ti != nil && !ti.pending {
+			if s.tooMany(ti.session) {
+				return xerr.New(xerr.TooManyPendingTasks)
+			}
+			ti.pending = true
+			t.pending[ti.session]++
+		}
+	}
+	return nil
+}
+
 // collectTasks destroys finished tasks past their time or over the bound.
 func (s *Server) collectTasks(now time.Time) {
 	s.tasks.mu.Lock()
@@ -203,6 +398,7 @@ func (s *Server) collectTasks(now time.Time) {
 	cut := now.Add(-s.Cfg.FinishedTaskTTL)
 	for len(s.tasks.finished) > 0 && (s.tasks.finished[0].at.Before(cut) || len(s.tasks.finished) > s.Cfg.MaxFinishedTasks) {
 		doomed = append(doomed, s.tasks.finished[0].ref)
+		s.tasks.forget(s.tasks.finished[0].ref)
 		s.tasks.finished = s.tasks.finished[1:]
 	}
 	s.tasks.mu.Unlock()

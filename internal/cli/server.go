@@ -28,6 +28,7 @@ import (
 
 	"toolstackd/internal/api"
 	"toolstackd/internal/cli/proto"
+	"toolstackd/internal/netguard"
 	"toolstackd/internal/xerr"
 )
 
@@ -138,7 +139,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer nc.Close()
 	nc.SetDeadline(time.Time{})
 	conn := proto.NewConn(rw.Reader, bufio.NewWriterSize(nc, 64<<10))
-	ctx := r.Context()
+	ctx := api.RequestContext(r)
 	if tooBig {
 		// The client still gets a protocol answer, not a reset.
 		s.refuse(conn, nc, fmt.Sprintf("Error: the command is longer than the %d bytes allowed\n", s.opts.MaxBody))
@@ -171,7 +172,10 @@ func (s *Server) serve(ctx context.Context, conn *proto.Conn, nc net.Conn, sessi
 	if err := conn.Flush(); err != nil {
 		return
 	}
-	nc.SetReadDeadline(time.Now().Add(time.Minute))
+	// A client that does not answer the banner within the stall timeout
+	// is dropped. (Writes to a client that stops reading are bounded by
+	// the listener's write timeout.)
+	nc.SetReadDeadline(time.Now().Add(netguard.StallTimeout(nc)))
 	major, minor, err := proto.ReadBanner(conn.R)
 	nc.SetReadDeadline(time.Time{})
 	if err != nil {

@@ -76,11 +76,22 @@ const (
 	SessionAuthenticationFailed     = "SESSION_AUTHENTICATION_FAILED"      //
 	SessionInvalid                  = "SESSION_INVALID"                    // handle
 	SessionNotRegistered            = "SESSION_NOT_REGISTERED"             // handle
+	TooManyPendingTasks             = "TOO_MANY_PENDING_TASKS"             //
 	UUIDInvalid                     = "UUID_INVALID"                       // type, uuid
+)
+
+// Codes of account and role management.
+const (
+	ChangePasswordRejected  = "CHANGE_PASSWORD_REJECTED"    // msg
+	RoleAlreadyExists       = "ROLE_ALREADY_EXISTS"         //
+	RoleNotFound            = "ROLE_NOT_FOUND"              //
+	SubjectAlreadyExists    = "SUBJECT_ALREADY_EXISTS"      //
+	UserIsNotLocalSuperuser = "USER_IS_NOT_LOCAL_SUPERUSER" // msg
 )
 
 // Codes lists the constants above, for the test that checks them.
 var Codes = []string{DBUniquenessConstraintViolation, EventFromTokenParseFailure, EventsLost,
 	EventSubscriptionParseFailure, FieldTypeError, HandleInvalid, InternalError, InvalidValue, MapDuplicateKey,
 	MessageMethodUnknown, MessageParameterCountMismatch, NotImplemented, PermissionDenied, RBACPermissionDenied,
-	SessionAuthenticationFailed, SessionInvalid, SessionNotRegistered, UUIDInvalid}
+	SessionAuthenticationFailed, SessionInvalid, SessionNotRegistered, TooManyPendingTasks, UUIDInvalid,
+	ChangePasswordRejected, RoleAlreadyExists, RoleNotFound, SubjectAlreadyExists, UserIsNotLocalSuperuser}
