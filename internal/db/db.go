@@ -55,6 +55,10 @@ type Persister interface {
 // writes; reads go on from the last durable state.
 var ErrFailed = errors.New("db: persistence failed; writes are refused until restart")
 
+// ErrNotDurable wraps the persistence error that made a commit fail (see
+// DB.Abort): the commit did not happen, and later writes may succeed.
+var ErrNotDurable = errors.New("db: the change could not be written to disk and was not made")
+
 // Op is what a change did to a row.
 type Op uint8
 
@@ -106,6 +110,11 @@ type DB struct {
 
 	pubMu   sync.Mutex // orders publication
 	pending []pendingCommit
+	// aborted is set (under pubMu) by Abort: work and prepared hold
+	// commits that will never be durable, and the next writer must start
+	// again from the current snapshot.
+	aborted   error
+	isAborted atomic.Bool // aborted != nil, for writers to check without pubMu
 
 	feedMu      sync.Mutex
 	feed        []*Batch // oldest first, from feedHead on
@@ -151,11 +160,34 @@ func (d *DB) Generation() uint64 { return d.cur.Load().s.gen }
 // and to everyone else when fn returns nil and the commit is durable; if
 // fn returns an error none of them happen. It returns the generation after
 // the commit.
+//
+// A commit that writes only non-persistent tables (sessions, tasks) needs
+// no disk, but it is built on the commits before it: when those fail to
+// become durable (see Abort) it fails with them, and Update then runs fn
+// again, a few times at most, on the state that is durable.
 func (d *DB) Update(fn func(tx *Tx) error) (uint64, error) {
+	for attempt := 1; ; attempt++ {
+		gen, persistent, err := d.update(fn)
+		if err == nil || persistent || attempt == 3 || !errors.Is(err, ErrNotDurable) {
+			return gen, err
+		}
+	}
+}
+
+// update is one attempt of Update; persistent reports whether the
+// transaction wrote a persistent table.
+func (d *DB) update(fn func(tx *Tx) error) (_ uint64, persistent bool, _ error) {
 	d.mu.Lock()
 	if d.failed != nil {
 		d.mu.Unlock()
-		return 0, d.failed
+		return 0, false, d.failed
+	}
+	if d.isAborted.Load() {
+		d.pubMu.Lock()
+		if d.aborted != nil {
+			d.rollback()
+		}
+		d.pubMu.Unlock()
 	}
 	tx := newTx(d, d.work)
 	err := func() (err error) {
@@ -169,13 +201,16 @@ func (d *DB) Update(fn func(tx *Tx) error) (uint64, error) {
 	if err != nil {
 		gen := d.work.gen
 		d.mu.Unlock()
-		return gen, err
+		return gen, false, err
 	}
 	if tx.s.gen == d.work.gen { // nothing written
 		d.mu.Unlock()
-		return tx.s.gen, nil
+		return tx.s.gen, false, nil
 	}
 	batch := &Batch{From: d.work.gen, To: tx.s.gen, Changes: tx.changes}
+	for i := range batch.Changes {
+		persistent = persistent || batch.Changes[i].Class.Persist
+	}
 	d.work = tx.s
 	snap := d.prepare(tx)
 	if d.opts.Persister == nil {
@@ -183,18 +218,27 @@ func (d *DB) Update(fn func(tx *Tx) error) (uint64, error) {
 		d.publish(snap, batch)
 		d.pubMu.Unlock()
 		d.mu.Unlock()
-		return batch.To, nil
+		return batch.To, persistent, nil
 	}
 	done := make(chan error, 1)
 	d.pubMu.Lock()
+	if err := d.aborted; err != nil {
+		// A commit this one was built on failed while fn ran.
+		d.rollback()
+		d.pubMu.Unlock()
+		d.mu.Unlock()
+		return batch.From, persistent, err
+	}
 	d.pending = append(d.pending, pendingCommit{snap, batch, done})
-	d.pubMu.Unlock()
+	// Queued under pubMu, so that Abort sees every batch it fails either
+	// in the persister's queue or not at all.
 	d.opts.Persister.Append(batch)
+	d.pubMu.Unlock()
 	d.mu.Unlock()
 	if err := <-done; err != nil {
-		return batch.To, err
+		return batch.To, persistent, err
 	}
-	return batch.To, nil
+	return batch.To, persistent, nil
 }
 
 // Durable is called by the persister when every batch up to generation
@@ -240,6 +284,39 @@ func (d *DB) Fail(err error) {
 		d.failed = ferr
 	}
 	d.mu.Unlock()
+}
+
+// Abort is called by the persister when it could not make a batch
+// durable but may succeed later (a full disk): every pending commit fails
+// with err and is undone, as if its transaction had returned an error,
+// and the database goes on taking writes from its last durable state.
+// discard, if not nil, runs while no commit can be queued: the persister
+// drops its queue there (every batch in it has just failed).
+func (d *DB) Abort(err error, discard func()) {
+	aerr := fmt.Errorf("%w: %w", ErrNotDurable, err)
+	d.pubMu.Lock()
+	defer d.pubMu.Unlock()
+	if discard != nil {
+		discard()
+	}
+	for _, p := range d.pending {
+		p.done <- aerr
+	}
+	clear(d.pending)
+	d.pending = nil
+	d.aborted = aerr
+	d.isAborted.Store(true)
+}
+
+// rollback drops the writer's commits that were never published: the
+// writer state becomes the current snapshot's. It runs under mu and pubMu
+// after Abort, when nothing is pending.
+func (d *DB) rollback() {
+	cur := d.cur.Load()
+	d.work = cur.s.clone()
+	d.prepared = cur
+	d.aborted = nil
+	d.isAborted.Store(false)
 }
 
 // Failed reports the persistence error that stopped writes, if any.

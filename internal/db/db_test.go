@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -599,6 +601,99 @@ func TestCommitsBecomeVisibleOnlyWhenDurable(t *testing.T) {
 	}
 	if _, err := d.Update(func(tx *db.Tx) error { return tx.Set(dm.VM.NameLabel, "x", "y") }); !errors.Is(err, db.ErrFailed) {
 		t.Errorf("write after failure: %v", err)
+	}
+}
+
+// A persister that cannot write now but may later (a full disk) aborts:
+// the pending commits fail and are undone, later writes start from the
+// durable state, and a commit that needs no disk is run again.
+func TestAbortUndoesPendingCommitsAndWritesGoOn(t *testing.T) {
+	p := &memPersister{}
+	d := db.New(dm.Model, db.Options{Persister: p})
+	p.d = d
+	waitBatches := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			p.mu.Lock()
+			got := len(p.batches)
+			p.mu.Unlock()
+			if got >= n {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d batches appended, want %d", got, n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	insert := func(c *schema.Class, row []any) chan error {
+		ch := make(chan error, 1)
+		go func() {
+			_, err := d.Update(func(tx *db.Tx) error {
+				_, err := tx.Insert(c, "", row)
+				return err
+			})
+			ch <- err
+		}()
+		return ch
+	}
+	a := insert(dm.VM.Class, (&dm.VMRecord{NameLabel: "a"}).Row())
+	waitBatches(1)
+	d.Durable(p.batches[0].To)
+	if err := <-a; err != nil {
+		t.Fatal(err)
+	}
+	durable := d.Generation()
+
+	b := insert(dm.VM.Class, (&dm.VMRecord{NameLabel: "b"}).Row())
+	waitBatches(2)
+	c := insert(dm.VM.Class, (&dm.VMRecord{NameLabel: "c"}).Row())
+	waitBatches(3)
+	d.Abort(errors.New("no space left on device"), nil)
+	for _, ch := range []chan error{b, c} {
+		if err := <-ch; !errors.Is(err, db.ErrNotDurable) || !strings.Contains(err.Error(), "no space left") {
+			t.Errorf("pending writer got %v", err)
+		}
+	}
+	if d.Snapshot().Count(dm.VM.Class) != 1 || d.Generation() != durable {
+		t.Fatal("an aborted commit is visible")
+	}
+	// The next commit starts from the durable state.
+	e := insert(dm.VM.Class, (&dm.VMRecord{NameLabel: "e"}).Row())
+	waitBatches(4)
+	if got := p.batches[3]; got.From != durable || len(got.Changes) != 1 {
+		t.Errorf("commit after abort spans %d..%d with %d changes, want from %d with 1", got.From, got.To, len(got.Changes), durable)
+	}
+	d.Durable(p.batches[3].To)
+	if err := <-e; err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, r := range d.Snapshot().All(dm.VM.Class) {
+		names = append(names, r.String(dm.VM.NameLabel))
+	}
+	sort.Strings(names)
+	if strings.Join(names, ",") != "a,e" {
+		t.Errorf("VMs after abort and a new commit: %v", names)
+	}
+
+	// A session queued behind a failing VM is made again, not failed.
+	f := insert(dm.VM.Class, (&dm.VMRecord{NameLabel: "f"}).Row())
+	waitBatches(5)
+	sess := insert(dm.Session.Class, (&dm.SessionRecord{}).Row())
+	waitBatches(6)
+	d.Abort(errors.New("no space left on device"), nil)
+	if err := <-f; !errors.Is(err, db.ErrNotDurable) {
+		t.Errorf("pending VM writer got %v", err)
+	}
+	waitBatches(7)
+	d.Durable(p.batches[6].To)
+	if err := <-sess; err != nil {
+		t.Errorf("session writer: %v", err)
+	}
+	if d.Snapshot().Count(dm.Session.Class) != 1 || d.Snapshot().Count(dm.VM.Class) != 2 {
+		t.Errorf("after the retried session: %d sessions, %d VMs", d.Snapshot().Count(dm.Session.Class), d.Snapshot().Count(dm.VM.Class))
 	}
 }
 

@@ -141,6 +141,11 @@ func (d *DB) Replace(fill func(l *Loader) error) error {
 		}
 		time.Sleep(time.Millisecond)
 	}
+	d.pubMu.Lock()
+	if d.aborted != nil {
+		d.rollback()
+	}
+	d.pubMu.Unlock()
 	fresh := newState(d.model, d.relIndex)
 	fresh.gen = d.work.gen
 	for i, c := range d.model.Classes {
@@ -185,11 +190,11 @@ func (d *DB) Replace(fill func(l *Loader) error) error {
 	snap := d.prepare(tx)
 	if r, ok := d.opts.Persister.(Replacer); ok {
 		if err := r.ReplaceAll(snap); err != nil {
-			// The file may hold part of the new tables: stop writes, as
-			// for any failed sync, and keep serving the old state.
+			// Nothing of the new tables is visible; the persister puts
+			// its file back in step with the old state before its next
+			// write.
 			d.work, d.prepared = savedWork, saved
-			d.failed = fmt.Errorf("%w: %v", ErrFailed, err)
-			return d.failed
+			return fmt.Errorf("%w: %w", ErrNotDurable, err)
 		}
 	}
 	d.pubMu.Lock()

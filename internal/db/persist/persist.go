@@ -9,6 +9,19 @@
 // to its row: created and modified generations, then (column, value)
 // pairs in xapi's stored string form, for every persistent column whose
 // value is not the column's default.
+//
+// A failed write (a full disk, an I/O error) is a condition, not the end:
+// the commits in the failed group, and every commit queued behind them,
+// fail and are undone in memory (db.DB.Abort), so that a client told
+// "failed" never sees its change and one told "done" always finds it on
+// disk. bbolt's handle is then distrusted: before the next write the file
+// is closed and reopened, and its recorded generation compared with the last one written, so that a
+// commit bbolt reported failed but which reached the file anyway is
+// overwritten from memory. While writes keep failing the store touches the
+// disk at most once per back-off interval (growing to MaxRetryInterval);
+// writes in between fail at once with the last error, and commits that
+// need no disk (sessions) go on. The first write after space returns and
+// the back-off runs out succeeds, without a restart.
 package persist
 
 import (
@@ -24,6 +37,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"
@@ -61,22 +75,56 @@ type Options struct {
 	// MaxSize caps the file (0: no cap); writes past it fail as on a full
 	// disk.
 	MaxSize int
+	// MaxRetryInterval bounds the wait between attempts to write while
+	// writes fail (default DefaultMaxRetryInterval).
+	MaxRetryInterval time.Duration
 }
+
+// Back-off between write attempts while the disk refuses writes: it
+// starts at minRetryInterval and doubles up to Options.MaxRetryInterval.
+const (
+	minRetryInterval        = 10 * time.Millisecond
+	DefaultMaxRetryInterval = 250 * time.Millisecond
+	// backoffMemory: a failure this long after the previous one starts
+	// the back-off afresh.
+	backoffMemory = 10 * time.Second
+)
 
 // Store is an open database file.
 type Store struct {
-	bolt  *bolt.DB
 	model *schema.Model
 	log   *slog.Logger
 	d     *db.DB
+	path  string
+	bopts *bolt.Options
 
-	mu      sync.Mutex
-	cond    *sync.Cond
-	queue   []*db.Batch
-	closing bool
-	failed  error
-	done    chan struct{}
-	syncs   int // bbolt transactions written, for tests of group commit
+	// fileMu is held for every use of the file.
+	fileMu sync.Mutex
+	bolt   *bolt.DB // nil when reopening it failed
+	// suspect is set when a write transaction failed: bbolt's state, and
+	// what reached the file, are then unknown until it is reopened.
+	suspect bool
+	// fileGen is the generation the file records as of the last write
+	// known to have succeeded.
+	fileGen uint64
+
+	// Owned by the commit loop: the error of the last failed write (nil
+	// when writes succeed), the back-off, and when to try again.
+	broken   error
+	backoff  time.Duration
+	retryAt  time.Time
+	lastFail time.Time
+	maxRetry time.Duration
+	alertAt  time.Time // when the last ALERT was logged
+	alerted  bool      // an ALERT was logged and no write succeeded since
+
+	mu       sync.Mutex
+	cond     *sync.Cond
+	queue    []*db.Batch
+	closing  bool
+	done     chan struct{}
+	syncs    int // bbolt transactions written, for tests of group commit
+	failures int // failed write attempts, for tests
 	// Observers see every batch after it is on disk, in order (the redo
 	// log uses this).
 	observers []func(*db.Batch)
@@ -113,8 +161,9 @@ func Open(path string, m *schema.Model, opts Options) (s *Store, err error) {
 			err = &Error{path, "the file is corrupt (move it aside and restore from a dump or the redo log)", fmt.Errorf("%v", r)}
 		}
 	}()
-	b, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: opts.LockTimeout, NoSync: opts.NoSync,
-		FreelistType: bolt.FreelistMapType, MaxSize: opts.MaxSize})
+	bopts := &bolt.Options{Timeout: opts.LockTimeout, NoSync: opts.NoSync,
+		FreelistType: bolt.FreelistMapType, MaxSize: opts.MaxSize}
+	b, err := bolt.Open(path, 0o600, bopts)
 	if err != nil {
 		msg := "cannot open"
 		switch {
@@ -129,7 +178,11 @@ func Open(path string, m *schema.Model, opts Options) (s *Store, err error) {
 		}
 		return nil, &Error{path, msg, err}
 	}
-	s = &Store{bolt: b, model: m, log: opts.Log, done: make(chan struct{})}
+	if opts.MaxRetryInterval <= 0 {
+		opts.MaxRetryInterval = DefaultMaxRetryInterval
+	}
+	s = &Store{bolt: b, model: m, log: opts.Log, path: path, bopts: bopts, maxRetry: opts.MaxRetryInterval,
+		done: make(chan struct{})}
 	s.cond = sync.NewCond(&s.mu)
 	if err := s.checkSchema(path, opts.Upgrades); err != nil {
 		b.Close()
@@ -208,10 +261,8 @@ func (s *Store) Load(d *db.DB) (err error) {
 	// less often while it runs roughly halves the time.
 	defer debug.SetGCPercent(debug.SetGCPercent(400))
 	err = s.bolt.View(func(tx *bolt.Tx) error {
-		var gen uint64
-		if meta := tx.Bucket(metaBucket); meta != nil {
-			gen, _ = strconv.ParseUint(string(meta.Get(keyGen)), 10, 64)
-		}
+		gen := fileGeneration(tx)
+		s.fileGen = gen
 		return d.Load(gen, func(l *db.Loader) error {
 			for _, c := range s.model.Classes {
 				if !c.InDB || !c.Persist {
@@ -267,36 +318,111 @@ func (s *Store) run() {
 		}
 		group := s.queue
 		s.queue = nil
-		closing, failed := s.closing, s.failed
-		observers := s.observers
+		closing := s.closing
 		s.mu.Unlock()
 		if len(group) == 0 && closing {
 			return
 		}
-		last := group[len(group)-1].To
-		if failed != nil {
-			s.d.Fail(failed)
+		if s.broken != nil && !closing && time.Now().Before(s.retryAt) {
+			// Writes are failing and the back-off has not run out: leave
+			// the disk alone. Commits that need no disk (logins) go
+			// through; the first that does fails at once, with every one
+			// built on it.
+			i := firstPersistent(group)
+			if i > 0 {
+				s.durable(group[:i])
+			}
+			if i < len(group) {
+				s.refuse()
+			}
 			continue
 		}
 		if err := s.write(group); err != nil {
-			s.log.Error("ALERT: the database can no longer be written; writes are refused until toolstackd restarts",
-				"path", s.bolt.Path(), "err", err)
-			s.mu.Lock()
-			s.failed = err
-			s.mu.Unlock()
-			s.d.Fail(err)
+			s.writeFailed(err)
 			continue
 		}
-		// Observers (the redo log) hear of the batches before their writers
-		// are released, so that anything a client saw acknowledged is
-		// already queued for them.
-		for _, fn := range observers {
-			for _, b := range group {
-				fn(b)
+		if s.broken != nil && firstPersistent(group) < len(group) {
+			if s.alerted {
+				s.log.Warn("the database is writable again", "path", s.path, "after", s.broken)
+				s.alerted = false
+			}
+			// The back-off is kept: on a nearly full disk writes that
+			// fit in the file's free pages succeed between failures.
+			s.broken = nil
+		}
+		s.durable(group)
+	}
+}
+
+// durable releases a group that is on disk (or needs no disk).
+func (s *Store) durable(group []*db.Batch) {
+	// Observers (the redo log) hear of the batches before their writers
+	// are released, so that anything a client saw acknowledged is
+	// already queued for them.
+	s.mu.Lock()
+	observers := s.observers
+	s.mu.Unlock()
+	for _, fn := range observers {
+		for _, b := range group {
+			fn(b)
+		}
+	}
+	s.d.Durable(group[len(group)-1].To)
+}
+
+// refuse fails, without touching the disk, every commit not yet durable,
+// with the error of the last failed write.
+func (s *Store) refuse() {
+	s.d.Abort(refusalOf(s.broken), s.dropQueue)
+}
+
+func (s *Store) dropQueue() {
+	s.mu.Lock()
+	clear(s.queue)
+	s.queue = nil
+	s.mu.Unlock()
+}
+
+// writeFailed fails the group that could not be written and every batch
+// queued behind it (each was built on the failed ones), undoes them in
+// memory, and sets the back-off before the next attempt.
+func (s *Store) writeFailed(err error) {
+	s.mu.Lock()
+	s.failures++
+	s.mu.Unlock()
+	now := time.Now()
+	// At most one alert per backoffMemory, however often a nearly full
+	// disk flips between taking and refusing writes.
+	if now.Sub(s.alertAt) > backoffMemory {
+		s.log.Error("ALERT: the database cannot be written; the changes were refused and undone, and writes will be retried",
+			"path", s.path, "err", err)
+		s.alertAt, s.alerted = now, true
+	} else {
+		s.log.Debug("the database still cannot be written", "path", s.path, "err", err)
+	}
+	s.broken = err
+	if s.backoff == 0 || now.Sub(s.lastFail) > backoffMemory {
+		s.backoff = minRetryInterval
+	} else {
+		s.backoff = min(2*s.backoff, s.maxRetry)
+	}
+	s.lastFail = now
+	s.retryAt = now.Add(s.backoff)
+	s.d.Abort(refusalOf(err), s.dropQueue)
+}
+
+// firstPersistent is the index of the first batch of a group that changes
+// a persistent table (others, such as sessions, never touch the file), or
+// len(group).
+func firstPersistent(group []*db.Batch) int {
+	for n, b := range group {
+		for i := range b.Changes {
+			if b.Changes[i].Class.Persist {
+				return n
 			}
 		}
-		s.d.Durable(last)
 	}
+	return len(group)
 }
 
 type rowKey struct {
@@ -326,10 +452,15 @@ func (s *Store) write(group []*db.Batch) error {
 		return nil
 	}
 	gen := group[len(group)-1].To
+	s.fileMu.Lock()
+	defer s.fileMu.Unlock()
+	if err := s.reopen(); err != nil {
+		return err
+	}
 	s.mu.Lock()
 	s.syncs++
 	s.mu.Unlock()
-	return s.bolt.Update(func(tx *bolt.Tx) error {
+	return s.update(gen, func(tx *bolt.Tx) error {
 		for _, k := range order {
 			ch := latest[k]
 			b, err := tx.CreateBucketIfNotExists([]byte(k.c.Name))
@@ -346,8 +477,128 @@ func (s *Store) write(group []*db.Batch) error {
 				return err
 			}
 		}
+		return nil
+	})
+}
+
+// fileGeneration reads the generation a file records.
+func fileGeneration(tx *bolt.Tx) uint64 {
+	var gen uint64
+	if meta := tx.Bucket(metaBucket); meta != nil {
+		gen, _ = strconv.ParseUint(string(meta.Get(keyGen)), 10, 64)
+	}
+	return gen
+}
+
+// update runs one write transaction that brings the file to generation
+// gen. A failure, or a panic inside bbolt, leaves the file suspect. It
+// runs under fileMu.
+func (s *Store) update(gen uint64, fn func(tx *bolt.Tx) error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("bbolt panicked: %v", r)
+		}
+		if err != nil {
+			s.suspect = true
+			err = s.describe(err)
+			return
+		}
+		s.fileGen = gen
+	}()
+	return s.bolt.Update(func(tx *bolt.Tx) error {
+		if err := fn(tx); err != nil {
+			return err
+		}
 		return tx.Bucket(metaBucket).Put(keyGen, []byte(strconv.FormatUint(gen, 10)))
 	})
+}
+
+// describe says what a write error means for the operator and the client.
+func (s *Store) describe(err error) error {
+	msg := "cannot write"
+	switch {
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		msg = "the disk holding the database is full; free space on the data dir's file system and writes resume by themselves"
+	case errors.Is(err, berrors.ErrMaxSizeReached):
+		msg = "the database file reached its size limit; writes resume once rows are removed or the limit is raised"
+	case errors.Is(err, syscall.EIO):
+		msg = "an I/O error (check the disk); writes are retried"
+	case errors.Is(err, syscall.EROFS):
+		msg = "the data dir's file system is read-only (remount it read-write); writes are retried"
+	}
+	return &Error{s.path, msg, err}
+}
+
+// refusal is what the writers of a failed commit are told: what happened
+// and what to do, without the host's paths (the log has them).
+type refusal struct{ err *Error }
+
+func (r *refusal) Error() string {
+	cause := r.err.Err
+	var pe *os.PathError
+	var se *os.SyscallError
+	switch {
+	case errors.As(cause, &pe):
+		cause = pe.Err
+	case errors.As(cause, &se):
+		cause = se.Err
+	}
+	return r.err.Msg + ": " + cause.Error()
+}
+
+func (r *refusal) Unwrap() error { return r.err }
+
+func refusalOf(err error) error {
+	var e *Error
+	if errors.As(err, &e) {
+		return &refusal{e}
+	}
+	return err
+}
+
+// reopen makes a suspect file usable again: it closes and reopens it, so
+// that bbolt forgets whatever a failed write left in its memory, and if
+// the file's generation is not the last one written (a commit reached the
+// file although bbolt reported it failed, and the database undid it), it
+// rewrites the file from the database's current, durable state. It runs
+// under fileMu.
+func (s *Store) reopen() error {
+	if !s.suspect {
+		return nil
+	}
+	if s.bolt != nil {
+		s.bolt.Close()
+		s.bolt = nil
+	}
+	b, err := s.openBolt()
+	if err != nil {
+		return s.describe(err)
+	}
+	s.bolt = b
+	var gen uint64
+	b.View(func(tx *bolt.Tx) error { gen = fileGeneration(tx); return nil })
+	if gen != s.fileGen {
+		if s.d == nil {
+			return &Error{s.path, "the file changed under a failed write", fmt.Errorf("generation %d, want %d", gen, s.fileGen)}
+		}
+		snap := s.d.Snapshot()
+		s.log.Warn("a write reported failed reached the database file; rewriting it from memory",
+			"path", s.path, "file_generation", gen, "want", s.fileGen, "rewrite_at", snap.Generation())
+		if err := s.replaceAll(snap); err != nil {
+			return err
+		}
+	}
+	s.suspect = false
+	return nil
+}
+
+func (s *Store) openBolt() (b *bolt.DB, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("the file is corrupt: %v", r)
+		}
+	}()
+	return bolt.Open(s.path, 0o600, s.bopts)
 }
 
 // Syncs is how many write transactions the store has made.
@@ -355,6 +606,13 @@ func (s *Store) Syncs() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.syncs
+}
+
+// Failures is how many write attempts have failed.
+func (s *Store) Failures() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.failures
 }
 
 // Close stops the commit loop once the queue is written, and closes the
@@ -367,16 +625,33 @@ func (s *Store) Close() error {
 	if s.d != nil {
 		<-s.done
 	}
-	return s.bolt.Close()
+	s.fileMu.Lock()
+	defer s.fileMu.Unlock()
+	if s.bolt == nil {
+		return nil
+	}
+	err := s.bolt.Close()
+	s.bolt = nil
+	return err
 }
 
 // ReplaceAll rewrites every persistent table from a snapshot in one
 // transaction (used when a whole database is restored).
 func (s *Store) ReplaceAll(snap *db.Snapshot) error {
+	s.fileMu.Lock()
+	defer s.fileMu.Unlock()
+	if err := s.reopen(); err != nil {
+		return err
+	}
+	return s.replaceAll(snap)
+}
+
+// replaceAll runs under fileMu with the file open.
+func (s *Store) replaceAll(snap *db.Snapshot) error {
 	s.mu.Lock()
 	s.syncs++
 	s.mu.Unlock()
-	return s.bolt.Update(func(tx *bolt.Tx) error {
+	return s.update(snap.Generation(), func(tx *bolt.Tx) error {
 		for _, c := range s.model.Classes {
 			if !c.InDB || !c.Persist {
 				continue
@@ -399,7 +674,7 @@ func (s *Store) ReplaceAll(snap *db.Snapshot) error {
 				return perr
 			}
 		}
-		return tx.Bucket(metaBucket).Put(keyGen, []byte(strconv.FormatUint(snap.Generation(), 10)))
+		return nil
 	})
 }
 

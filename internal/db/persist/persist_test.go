@@ -131,7 +131,10 @@ func TestGroupCommit(t *testing.T) {
 	t.Logf("%d commits in %d syncs", writers*each, st.Syncs())
 }
 
-func TestFullDiskStopsWritesCleanly(t *testing.T) {
+// A file that reaches its size limit refuses writes as a full disk would:
+// each failed commit is undone and reported, the store does not give up,
+// commits that need no disk go on, and every acknowledged write survives.
+func TestFullFileRefusesWritesWithoutStopping(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state.db")
 	st, d := open(t, path, persist.Options{MaxSize: 1 << 20})
 	var lastOK int
@@ -146,25 +149,35 @@ func TestFullDiskStopsWritesCleanly(t *testing.T) {
 		}
 		lastOK = i
 	}
-	if !errors.Is(err, db.ErrFailed) {
-		t.Fatalf("no failure when the file is full: %v", err)
+	if !errors.Is(err, db.ErrNotDurable) || !strings.Contains(err.Error(), "size limit") {
+		t.Fatalf("no clear failure when the file is full: %v", err)
+	}
+	if errors.Is(err, db.ErrFailed) {
+		t.Fatalf("a full file stopped the database for good: %v", err)
 	}
 	visible := d.Snapshot().Count(dm.VM.Class)
 	if visible != lastOK+1 {
 		t.Errorf("%d VMs visible, %d acknowledged", visible, lastOK+1)
 	}
-	// Every later write is refused; reads go on.
+	// The next big write fails too, and changes nothing; a session (no
+	// disk needed) is created.
+	if _, err := d.Update(func(tx *db.Tx) error {
+		_, err := tx.Insert(dm.VM.Class, "", (&dm.VMRecord{NameLabel: strings.Repeat("y", 100000)}).Row())
+		return err
+	}); !errors.Is(err, db.ErrNotDurable) {
+		t.Errorf("write on a full file: %v", err)
+	}
 	if d.Snapshot().Count(dm.VM.Class) != visible {
-		t.Error("reads changed after the failure")
+		t.Error("a refused write is visible")
 	}
 	if _, err := d.Update(func(tx *db.Tx) error {
-		_, err := tx.Insert(dm.VM.Class, "", (&dm.VMRecord{}).Row())
+		_, err := tx.Insert(dm.Session.Class, "", (&dm.SessionRecord{}).Row())
 		return err
-	}); !errors.Is(err, db.ErrFailed) {
-		t.Errorf("write after failure: %v", err)
+	}); err != nil {
+		t.Errorf("a session on a full file: %v", err)
 	}
 	st.Close()
-	// After a restart every acknowledged write is there.
+	// After a restart every acknowledged write is there, and nothing else.
 	st2, d2 := open(t, path, persist.Options{})
 	defer st2.Close()
 	if n := d2.Snapshot().Count(dm.VM.Class); n != lastOK+1 {

@@ -1,0 +1,503 @@
+// Package diskfull runs the real daemon with its data dir on a small
+// tmpfs, fills that file system while clients write over XML-RPC, and
+// checks that a full disk is a condition the daemon lives through: failing
+// writes get a clear XenAPI error and change nothing, reads and logins go
+// on, writes resume by themselves once space is freed, and every write
+// that was acknowledged survives a SIGKILL and restart.
+package diskfull
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+const password = "diskfull-test"
+
+// syncBuffer collects the daemon's output; the test reads it while the
+// process writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+type daemon struct {
+	cmd    *exec.Cmd
+	addr   string
+	log    *syncBuffer
+	exited chan struct{}
+}
+
+func (d *daemon) alive() bool {
+	select {
+	case <-d.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+func (d *daemon) kill() {
+	d.cmd.Process.Signal(syscall.SIGKILL)
+	<-d.exited
+}
+
+func buildDaemon(t *testing.T) string {
+	t.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	root := filepath.Join(filepath.Dir(file), "..", "..")
+	bin := filepath.Join(t.TempDir(), "toolstackd")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/toolstackd")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func freePort(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func start(t *testing.T, bin, dir, addr string, extra ...string) *daemon {
+	t.Helper()
+	cmd := exec.Command(bin, append([]string{"--data-dir", dir, "--listen", addr, "--backend", "simulator"}, extra...)...)
+	cmd.Env = append(os.Environ(), "TOOLSTACKD_ROOT_PASSWORD="+password)
+	log := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	d := &daemon{cmd: cmd, addr: addr, log: log, exited: make(chan struct{})}
+	go func() { cmd.Wait(); close(d.exited) }()
+	t.Cleanup(func() {
+		if d.alive() {
+			d.kill()
+		}
+	})
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) && d.alive() {
+		if _, err := call(addr, "session.login_with_password", "root", password); err == nil {
+			return d
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("daemon did not start:\n%s", log.String())
+	return nil
+}
+
+// mountTmpfs mounts a tmpfs of the given size, or skips the test where
+// that is not allowed.
+func mountTmpfs(t *testing.T, size string) string {
+	t.Helper()
+	dir := t.TempDir()
+	out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size, "tmpfs", dir).CombinedOutput()
+	if err != nil {
+		t.Skipf("SKIPPED: the disk-full test needs to mount a tmpfs (root or CAP_SYS_ADMIN), and mount failed here: %v: %s", err, bytes.TrimSpace(out))
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("umount", "-l", dir).CombinedOutput(); err != nil {
+			t.Logf("umount %s: %v: %s", dir, err, out)
+		}
+	})
+	return dir
+}
+
+// fill writes a file until the file system has no space left.
+func fill(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, chunk := range []int{1 << 20, 4096, 512} {
+		buf := make([]byte, chunk)
+		for {
+			if _, err := f.Write(buf); err != nil {
+				if !errors.Is(err, syscall.ENOSPC) {
+					t.Fatalf("filling the disk: %v", err)
+				}
+				break
+			}
+		}
+	}
+}
+
+// outcome is what the daemon said about one write.
+type outcome int
+
+const (
+	acked   outcome = iota // success reply: must be durable
+	refused                // XenAPI error reply: must not be visible
+	unknown                // no reply: either is allowed
+)
+
+// ledger records every write the clients made and what they were told.
+type ledger struct {
+	mu      sync.Mutex
+	creates map[string]outcome // network name_label -> outcome
+	refs    map[string]string  // name_label -> ref, for acknowledged creates
+	counter map[int]outcome    // description value -> outcome of setting it
+	lastAck int                // the newest acknowledged description
+	// errors seen, by text, for the report
+	errs map[string]int
+	// acknowledgements per writer after the disk was freed
+	ackAfterFree []int
+	freed        bool
+}
+
+func (l *ledger) note(err error) {
+	if e, ok := isAPIError(err); ok {
+		l.errs[e.Error()]++
+	}
+}
+
+func outcomeOf(err error) outcome {
+	if err == nil {
+		return acked
+	}
+	if _, ok := isAPIError(err); ok {
+		return refused
+	}
+	return unknown
+}
+
+func TestDiskFullIsRecoverable(t *testing.T) {
+	mnt := mountTmpfs(t, "16m")
+	t0 := time.Now()
+	bin := buildDaemon(t)
+	t.Logf("built the daemon in %v", time.Since(t0).Round(time.Millisecond))
+	dataDir := filepath.Join(mnt, "data")
+	// The redo log shares the full disk: it must degrade and catch up,
+	// never hang or stop the daemon.
+	redo := filepath.Join(mnt, "redo.log")
+	addr := freePort(t)
+	d := start(t, bin, dataDir, addr, "--redo-log", redo)
+
+	sess := login(t, addr)
+	counterNet := mustString(t, must(t, addr, "network.create", sess, map[string]any{
+		"name_label": "counter", "name_description": "0", "other_config": map[string]string{}}))
+
+	const creators = 3
+	l := &ledger{creates: map[string]outcome{}, refs: map[string]string{}, counter: map[int]outcome{},
+		errs: map[string]int{}, ackAfterFree: make([]int, creators+1)}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := 0; w < creators; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				name := fmt.Sprintf("w%d-%05d", w, i)
+				v, err := call(addr, "network.create", sess, map[string]any{"name_label": name,
+					"name_description": strings.Repeat("x", 200), "other_config": map[string]string{"writer": strconv.Itoa(w)}})
+				l.mu.Lock()
+				l.creates[name] = outcomeOf(err)
+				l.note(err)
+				if err == nil {
+					l.refs[name], _ = v.(string)
+					if l.freed {
+						l.ackAfterFree[w]++
+					}
+				}
+				l.mu.Unlock()
+				if err != nil {
+					time.Sleep(2 * time.Millisecond) // a refused client retries, but not in a tight loop
+				}
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 1; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			_, err := call(addr, "network.set_name_description", sess, counterNet, strconv.Itoa(i))
+			l.mu.Lock()
+			l.counter[i] = outcomeOf(err)
+			l.note(err)
+			if err == nil {
+				l.lastAck = i
+				if l.freed {
+					l.ackAfterFree[creators]++
+				}
+			}
+			l.mu.Unlock()
+			if err != nil {
+				time.Sleep(2 * time.Millisecond)
+			}
+		}
+	}()
+	defer func() {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		wg.Wait()
+	}()
+
+	// Let some writes land, then take every free byte.
+	time.Sleep(300 * time.Millisecond)
+	filler := filepath.Join(mnt, "filler")
+	fill(t, filler)
+	filledAt := time.Now()
+	t.Logf("filled the tmpfs")
+
+	// Writes must start failing with a clear error, and the daemon live on.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		l.mu.Lock()
+		n := 0
+		for _, o := range l.creates {
+			if o == refused {
+				n++
+			}
+		}
+		l.mu.Unlock()
+		if n >= 20 {
+			break
+		}
+		if time.Now().After(deadline) || !d.alive() {
+			t.Fatalf("writes did not fail on a full disk (%d refused; daemon alive: %v)\n%s", n, d.alive(), tail(d.log.String()))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("%d creates refused %v after the disk filled", 20, time.Since(filledAt).Round(time.Millisecond))
+	// Every refusal is a XenAPI error that says what is wrong.
+	l.mu.Lock()
+	for text := range l.errs {
+		if !strings.HasPrefix(text, "INTERNAL_ERROR ") || !strings.Contains(strings.ToLower(text), "no space left on device") {
+			t.Errorf("a write on a full disk: want INTERNAL_ERROR saying the disk is full, got %s", text)
+		}
+		if strings.Contains(text, mnt) {
+			t.Errorf("a client was told the host's paths: %s", text)
+		}
+	}
+	l.mu.Unlock()
+	// Stay full a while, clients pushing, so that the daemon is well into
+	// its back-off when space returns.
+	time.Sleep(700 * time.Millisecond)
+	if !d.alive() {
+		t.Fatalf("the daemon died on a full disk:\n%s", tail(d.log.String()))
+	}
+	// Reads go on, and so do logins (sessions are not written to disk).
+	if _, err := call(addr, "network.get_all_records", sess); err != nil {
+		t.Errorf("a read on a full disk: %v", err)
+	}
+	if _, err := call(addr, "session.login_with_password", "root", password); err != nil {
+		t.Errorf("a login on a full disk: %v", err)
+	}
+
+	// Free the space: writes must resume without a restart.
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	freedAt := time.Now()
+	l.mu.Lock()
+	l.freed = true
+	l.mu.Unlock()
+	var resumed time.Duration
+	for i := 0; ; i++ {
+		_, err := call(addr, "network.create", sess, map[string]any{"name_label": fmt.Sprintf("probe-%d", i), "name_description": "", "other_config": map[string]string{}})
+		l.mu.Lock()
+		l.creates[fmt.Sprintf("probe-%d", i)] = outcomeOf(err)
+		l.mu.Unlock()
+		if err == nil {
+			resumed = time.Since(freedAt)
+			break
+		}
+		if time.Since(freedAt) > 10*time.Second {
+			t.Fatalf("writes did not resume within 10s of freeing the disk; last error: %v\n%s", err, tail(d.log.String()))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("first write succeeded %v after space returned", resumed.Round(time.Millisecond))
+	if _, err := call(addr, "session.login_with_password", "root", password); err != nil {
+		t.Errorf("a login after space returned: %v", err)
+	}
+	// Every client gets writes through again.
+	deadline = time.Now().Add(5 * time.Second)
+	for {
+		l.mu.Lock()
+		all := true
+		for _, n := range l.ackAfterFree {
+			all = all && n >= 3
+		}
+		l.mu.Unlock()
+		if all {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not every writer resumed after the disk was freed: acknowledgements per writer %v", l.ackAfterFree)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	counts := map[outcome]int{}
+	for _, o := range l.creates {
+		counts[o]++
+	}
+	t.Logf("creates: %d acknowledged, %d refused, %d unknown; counter acknowledged up to %d; errors seen: %v",
+		counts[acked], counts[refused], counts[unknown], l.lastAck, l.errs)
+	if counts[refused] == 0 {
+		t.Fatal("no write was refused: the disk never looked full")
+	}
+
+	check := func(when string) {
+		t.Helper()
+		s := login(t, addr)
+		recs, err := call(addr, "network.get_all_records", s)
+		if err != nil {
+			t.Fatalf("%s: %v", when, err)
+		}
+		byName := map[string]string{}
+		var desc string
+		for ref, r := range recs.(map[string]any) {
+			rec := r.(map[string]any)
+			name, _ := rec["name_label"].(string)
+			byName[name] = ref
+			if ref == counterNet {
+				desc, _ = rec["name_description"].(string)
+			}
+		}
+		lost, phantom := 0, 0
+		for name, o := range l.creates {
+			_, there := byName[name]
+			switch {
+			case o == acked && !there:
+				lost++
+				if lost <= 5 {
+					t.Errorf("%s: acknowledged create %s is missing", when, name)
+				}
+			case o == refused && there:
+				phantom++
+				if phantom <= 5 {
+					t.Errorf("%s: create %s was refused but is in the database", when, name)
+				}
+			}
+		}
+		for name, ref := range l.refs {
+			if byName[name] != ref {
+				t.Errorf("%s: %s has ref %s, the daemon acknowledged %s", when, name, byName[name], ref)
+				break
+			}
+		}
+		got, _ := strconv.Atoi(desc)
+		if got != l.lastAck && !(got > l.lastAck && l.counter[got] == unknown) {
+			t.Errorf("%s: the counter reads %q; the last acknowledged value is %d (that one's outcome: %v)", when, desc, l.lastAck, l.counter[got])
+		}
+		if lost+phantom > 0 {
+			t.Errorf("%s: %d acknowledged writes lost, %d refused writes visible", when, lost, phantom)
+		}
+	}
+	check("live, after space returned")
+	if !d.alive() {
+		t.Fatalf("the daemon exited:\n%s", tail(d.log.String()))
+	}
+	// The redo log catches up by itself (its first retry is 2s after it
+	// failed) and then holds every acknowledged write too.
+	redoOK := false
+	if strings.Contains(d.log.String(), "redo log degraded") {
+		deadline := time.Now().Add(10 * time.Second)
+		for !strings.Contains(d.log.String(), "redo log recovered") {
+			if time.Now().After(deadline) {
+				t.Fatalf("the redo log did not recover after space returned:\n%s", tail(d.log.String()))
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		redoOK = true
+	}
+	d.kill()
+	if strings.Contains(d.log.String(), "panic") {
+		t.Errorf("the daemon panicked:\n%s", tail(d.log.String()))
+	}
+	d = start(t, bin, dataDir, addr, "--redo-log", redo)
+	check("after SIGKILL and restart")
+	d.kill()
+
+	if redoOK {
+		recovered := filepath.Join(t.TempDir(), "recovered")
+		if out, err := exec.Command(bin, "recover", "--redo-log", redo, "--data-dir", recovered).CombinedOutput(); err != nil {
+			t.Fatalf("recover from the redo log: %v\n%s", err, out)
+		}
+		d = start(t, bin, recovered, addr)
+		check("rebuilt from the redo log")
+		d.kill()
+		t.Log("the redo log degraded on the full disk, recovered by itself, and holds every acknowledged write")
+	} else {
+		t.Log("the redo log never failed (its writes fit in space it already had)")
+	}
+}
+
+func login(t *testing.T, addr string) string {
+	t.Helper()
+	return mustString(t, must(t, addr, "session.login_with_password", "root", password))
+}
+
+func must(t *testing.T, addr, method string, params ...any) any {
+	t.Helper()
+	v, err := call(addr, method, params...)
+	if err != nil {
+		t.Fatalf("%s: %v", method, err)
+	}
+	return v
+}
+
+func mustString(t *testing.T, v any) string {
+	t.Helper()
+	s, ok := v.(string)
+	if !ok {
+		t.Fatalf("want a string, got %T %v", v, v)
+	}
+	return s
+}
+
+func tail(s string) string {
+	if len(s) > 4000 {
+		return "..." + s[len(s)-4000:]
+	}
+	return s
+}
