@@ -1,0 +1,673 @@
+// Package netguard bounds what network clients can hold: how long a
+// request may take to arrive, how long a connection may sit idle, how long
+// a reply or a taken-over (hijacked) transfer may go without progress, and
+// how many connections one client, and all clients together, may keep
+// open.
+//
+// The daemon wraps each listener with Guard.Listener and serves it with an
+// http.Server from Guard.Server. Deadlines are set per operation, never for
+// a whole request: a long poll such as event.from may wait for as long as
+// it was asked to, silent in both directions, and only the writing of its
+// reply is timed.
+//
+// Limits, with the names of the daemon's flags:
+//
+//   - header-timeout: the request line and headers must arrive within it
+//     (also bounds a connection that connects and sends nothing, and the TLS
+//     handshake).
+//   - idle-timeout: a keep-alive connection waiting for its next request is
+//     closed after it.
+//   - stall-timeout and min-body-rate: a request body (and the stream of a
+//     hijacked transfer) that moves no byte for stall-timeout is dropped; a
+//     body must also average min-body-rate bytes a second over the time
+//     spent waiting for it, after an allowance of stall-timeout.
+//   - write-timeout: every write to a client must make progress within it; a
+//     client that stops reading its reply is dropped.
+//   - max-conns-per-client: connections open at once from one IP address
+//     (the local Unix socket is exempt); more are closed at accept.
+//   - max-conns: connections open at once in total, by default the file
+//     limit less a reserve for the daemon's own files. Near the cap, idle
+//     keep-alive connections are closed, longest idle first, to make room.
+package netguard
+
+import (
+	"bufio"
+	"container/list"
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// Config holds the limits. Zero fields take the defaults of Defaults.
+type Config struct {
+	HeaderTimeout     time.Duration
+	IdleTimeout       time.Duration
+	WriteTimeout      time.Duration
+	StallTimeout      time.Duration
+	ConsoleIdle       time.Duration // a console proxy with no traffic either way
+	MinBodyRate       int64         // bytes a second
+	MaxConnsPerClient int
+	MaxConns          int // 0: from RLIMIT_NOFILE (see MaxConnsForLimit)
+	Log               *slog.Logger
+}
+
+// Defaults are the limits a daemon runs with unless told otherwise.
+func Defaults() Config {
+	return Config{
+		HeaderTimeout:     30 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		WriteTimeout:      60 * time.Second,
+		StallTimeout:      60 * time.Second,
+		ConsoleIdle:       30 * time.Minute,
+		MinBodyRate:       1024,
+		MaxConnsPerClient: 512,
+	}
+}
+
+func (c Config) withDefaults() Config {
+	d := Defaults()
+	set := func(v *time.Duration, def time.Duration) {
+		if *v <= 0 {
+			*v = def
+		}
+	}
+	set(&c.HeaderTimeout, d.HeaderTimeout)
+	set(&c.IdleTimeout, d.IdleTimeout)
+	set(&c.WriteTimeout, d.WriteTimeout)
+	set(&c.StallTimeout, d.StallTimeout)
+	set(&c.ConsoleIdle, d.ConsoleIdle)
+	if c.MinBodyRate <= 0 {
+		c.MinBodyRate = d.MinBodyRate
+	}
+	if c.MaxConnsPerClient <= 0 {
+		c.MaxConnsPerClient = d.MaxConnsPerClient
+	}
+	if c.MaxConns <= 0 {
+		c.MaxConns = MaxConnsForLimit(FileLimit())
+	}
+	if c.Log == nil {
+		c.Log = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// localReserve is how many connections the local socket may open beyond
+// the global cap, so that the local superuser can still get in.
+const localReserve = 64
+
+// reclaimAt is the share of the global cap from which each new connection
+// first closes the connection that has been idle longest.
+const reclaimAt = 0.9
+
+// FileLimit is the soft RLIMIT_NOFILE (0 if unknown).
+func FileLimit() uint64 {
+	var r syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &r); err != nil {
+		return 0
+	}
+	return r.Cur
+}
+
+// RaiseFileLimit raises the soft RLIMIT_NOFILE to the hard limit, as most
+// servers do at start-up, and returns the new soft limit.
+func RaiseFileLimit() (uint64, error) {
+	var r syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &r); err != nil {
+		return 0, err
+	}
+	if r.Cur < r.Max {
+		r.Cur = r.Max
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &r); err != nil {
+			return FileLimit(), err
+		}
+	}
+	return r.Cur, nil
+}
+
+// MaxConnsForLimit is the connection cap for a file limit: the limit less
+// a tenth of it (at least 512) kept for the database, logs, disk images and
+// QEMU's sockets.
+func MaxConnsForLimit(limit uint64) int {
+	if limit == 0 || limit > 1<<24 {
+		limit = 1 << 20
+	}
+	reserve := max(limit/10, 512)
+	if limit <= reserve+64 {
+		return 64
+	}
+	return int(limit - reserve)
+}
+
+// Guard counts the connections of every listener it wraps.
+type Guard struct {
+	cfg Config
+
+	mu        sync.Mutex
+	total     int
+	perClient map[string]int
+	idle      *list.List // of *Conn, longest idle first
+
+	refusedClient atomic.Int64
+	refusedTotal  atomic.Int64
+	reclaimed     atomic.Int64
+	lastLog       atomic.Int64
+}
+
+// New makes a Guard.
+func New(cfg Config) *Guard {
+	cfg = cfg.withDefaults()
+	return &Guard{cfg: cfg, perClient: map[string]int{}, idle: list.New()}
+}
+
+// Config is the Guard's effective configuration.
+func (g *Guard) Config() Config { return g.cfg }
+
+// Stats is a snapshot of the Guard's counters.
+type Stats struct {
+	Open, Idle, MaxConns       int
+	RefusedClient, RefusedFull int64 // over the per-client cap; over the global cap
+	Reclaimed                  int64 // idle connections closed to make room
+}
+
+// Stats reports the counters.
+func (g *Guard) Stats() Stats {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return Stats{Open: g.total, Idle: g.idle.Len(), MaxConns: g.cfg.MaxConns,
+		RefusedClient: g.refusedClient.Load(), RefusedFull: g.refusedTotal.Load(), Reclaimed: g.reclaimed.Load()}
+}
+
+// Listener wraps l. Connections of a local listener (the Unix socket) are
+// exempt from the per-client cap and may exceed the global one slightly.
+func (g *Guard) Listener(l net.Listener, local bool) net.Listener {
+	return &listener{Listener: l, g: g, local: local}
+}
+
+// Server makes an http.Server for h with the Guard's timeouts, its idle
+// bookkeeping and the request-body deadlines.
+func (g *Guard) Server(h http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           g.Handler(h),
+		ReadHeaderTimeout: g.cfg.HeaderTimeout,
+		IdleTimeout:       g.cfg.IdleTimeout,
+		ConnState:         g.connState,
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			if gc := guardConn(c); gc != nil {
+				ctx = context.WithValue(ctx, connKey{}, gc)
+			}
+			return ctx
+		},
+	}
+}
+
+type connKey struct{}
+
+type listener struct {
+	net.Listener
+	g     *Guard
+	local bool
+}
+
+func (l *listener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if gc := l.g.admit(c, l.local); gc != nil {
+			return gc, nil
+		}
+		c.Close()
+	}
+}
+
+func clientKey(c net.Conn) string {
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		return a.IP.String()
+	}
+	host, _, err := net.SplitHostPort(c.RemoteAddr().String())
+	if err != nil {
+		return c.RemoteAddr().String()
+	}
+	return host
+}
+
+// admit counts a new connection in, or returns nil if it must be refused.
+func (g *Guard) admit(c net.Conn, local bool) *Conn {
+	key := ""
+	if !local {
+		key = clientKey(c)
+	}
+	var victims []*Conn
+	g.mu.Lock()
+	if !local && g.perClient[key] >= g.cfg.MaxConnsPerClient {
+		g.mu.Unlock()
+		g.refusedClient.Add(1)
+		g.note("refusing a connection: too many from this client", "client", key, "cap", g.cfg.MaxConnsPerClient)
+		return nil
+	}
+	limit := g.cfg.MaxConns
+	if local {
+		limit += localReserve
+	}
+	// Near the cap, make room by closing the longest-idle connections.
+	for g.total >= int(float64(g.cfg.MaxConns)*reclaimAt) && g.idle.Len() > 0 && len(victims) < 2 {
+		v := g.idle.Remove(g.idle.Front()).(*Conn)
+		v.idleElem = nil
+		g.forgetLocked(v)
+		victims = append(victims, v)
+	}
+	if g.total >= limit {
+		g.mu.Unlock()
+		g.closeVictims(victims)
+		g.refusedTotal.Add(1)
+		g.note("refusing a connection: the connection cap is reached", "cap", limit)
+		return nil
+	}
+	g.total++
+	if !local {
+		g.perClient[key]++
+	}
+	g.mu.Unlock()
+	g.closeVictims(victims)
+	gc := &Conn{Conn: c, g: g, key: key, local: local, writeTimeout: g.cfg.WriteTimeout, stall: g.cfg.StallTimeout, console: g.cfg.ConsoleIdle}
+	gc.counted = true
+	return gc
+}
+
+func (g *Guard) closeVictims(vs []*Conn) {
+	for _, v := range vs {
+		g.reclaimed.Add(1)
+		v.Conn.Close()
+	}
+}
+
+// forgetLocked takes c out of the counts (once).
+func (g *Guard) forgetLocked(c *Conn) {
+	if !c.counted {
+		return
+	}
+	c.counted = false
+	g.total--
+	if !c.local {
+		if n := g.perClient[c.key] - 1; n > 0 {
+			g.perClient[c.key] = n
+		} else {
+			delete(g.perClient, c.key)
+		}
+	}
+}
+
+// note logs a refusal at most every few seconds, so that a flood does not
+// flood the log too.
+func (g *Guard) note(msg string, args ...any) {
+	now := time.Now().UnixNano()
+	last := g.lastLog.Load()
+	if now-last < int64(5*time.Second) || !g.lastLog.CompareAndSwap(last, now) {
+		return
+	}
+	g.cfg.Log.Warn(msg, args...)
+}
+
+func guardConn(c net.Conn) *Conn {
+	for range 4 {
+		switch v := c.(type) {
+		case *Conn:
+			return v
+		case *tls.Conn:
+			c = v.NetConn()
+		case *hijacked:
+			c = v.Conn
+		default:
+			return nil
+		}
+	}
+	return nil
+}
+
+// connState keeps the list of idle keep-alive connections.
+func (g *Guard) connState(c net.Conn, st http.ConnState) {
+	gc := guardConn(c)
+	if gc == nil {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if st == http.StateIdle {
+		if gc.idleElem == nil && gc.counted {
+			gc.idleElem = g.idle.PushBack(gc)
+		}
+		return
+	}
+	if gc.idleElem != nil {
+		g.idle.Remove(gc.idleElem)
+		gc.idleElem = nil
+	}
+}
+
+// Conn is an accepted connection: it is counted until closed, and every
+// write must make progress within the write timeout.
+type Conn struct {
+	net.Conn
+	g            *Guard
+	key          string
+	local        bool
+	writeTimeout time.Duration
+	stall        time.Duration
+	console      time.Duration
+
+	// guarded by g.mu
+	counted  bool
+	idleElem *list.Element
+
+	closeOnce sync.Once
+	mu        sync.Mutex
+	writeDL   time.Time // the caller's own write deadline, if any
+}
+
+// maxChunk is the most written in one go under one deadline, so that a
+// large reply to a slow but steady reader is not cut off.
+const maxChunk = 256 << 10
+
+func (c *Conn) Write(p []byte) (int, error) {
+	var n int
+	for len(p) > 0 {
+		chunk := p[:min(len(p), maxChunk)]
+		dl := time.Now().Add(c.writeTimeout)
+		c.mu.Lock()
+		if !c.writeDL.IsZero() && c.writeDL.Before(dl) {
+			dl = c.writeDL
+		}
+		c.mu.Unlock()
+		c.Conn.SetWriteDeadline(dl)
+		m, err := c.Conn.Write(chunk)
+		n += m
+		if err != nil {
+			return n, err
+		}
+		p = p[m:]
+	}
+	return n, nil
+}
+
+// ReadFrom keeps io.Copy onto the connection going through Write.
+func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
+	return io.CopyBuffer(writerOnly{c}, r, make([]byte, 64<<10))
+}
+
+type writerOnly struct{ io.Writer }
+
+func (c *Conn) SetWriteDeadline(t time.Time) error {
+	c.mu.Lock()
+	c.writeDL = t
+	c.mu.Unlock()
+	return c.Conn.SetWriteDeadline(t)
+}
+
+func (c *Conn) SetDeadline(t time.Time) error {
+	c.mu.Lock()
+	c.writeDL = t
+	c.mu.Unlock()
+	return c.Conn.SetDeadline(t)
+}
+
+// shutRead ends reading from the connection (writing still works).
+func (c *Conn) shutRead() {
+	if cr, ok := c.Conn.(interface{ CloseRead() error }); ok && cr.CloseRead() == nil {
+		return
+	}
+	c.Conn.SetReadDeadline(time.Unix(1, 0))
+}
+
+// Close closes the connection and counts it out.
+func (c *Conn) Close() error {
+	c.closeOnce.Do(func() {
+		c.g.mu.Lock()
+		if c.idleElem != nil {
+			c.g.idle.Remove(c.idleElem)
+			c.idleElem = nil
+		}
+		c.g.forgetLocked(c)
+		c.g.mu.Unlock()
+	})
+	return c.Conn.Close()
+}
+
+// ---- request bodies ----
+
+// ErrSlowBody is the error a request body read gets when the client sends
+// it too slowly.
+var ErrSlowBody = errors.New("netguard: request body too slow")
+
+// Handler wraps h so that reading a request body has a progress deadline
+// and a floor rate (see the package comment). A client that sends its body
+// too slowly gets no more of it read: the handler sees ErrSlowBody or a
+// timeout and may still answer, then the connection is closed.
+func (g *Guard) Handler(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body != nil && r.Body != http.NoBody {
+			gc, _ := r.Context().Value(connKey{}).(*Conn)
+			b := &body{rc: r.Body, ctl: http.NewResponseController(w), gc: gc, stall: g.cfg.StallTimeout, rate: g.cfg.MinBodyRate}
+			r.Body = b
+			defer b.after()
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// after runs when the handler returns with the body perhaps not read to
+// its end: net/http reads (a bounded amount of) the rest, and that read
+// gets a fresh stall deadline rather than what is left of an old one.
+func (b *body) after() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.done && b.err == nil {
+		b.ctl.SetReadDeadline(time.Now().Add(b.stall))
+	}
+}
+
+type body struct {
+	rc     io.ReadCloser
+	ctl    *http.ResponseController
+	gc     *Conn
+	stall  time.Duration
+	rate   int64
+	mu     sync.Mutex
+	got    int64
+	waited time.Duration
+	done   bool
+	err    error
+}
+
+// minWait keeps a deadline from being in the past when it is set: the
+// server's own read of the connection may start under it.
+const minWait = 50 * time.Millisecond
+
+func (b *body) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.err != nil {
+		return 0, b.err
+	}
+	if b.done {
+		return b.rc.Read(p)
+	}
+	// The time spent waiting for the body may not exceed the allowance
+	// plus what the bytes received so far buy at the floor rate.
+	budget := b.stall + time.Duration(float64(b.got)/float64(b.rate)*float64(time.Second)) - b.waited
+	wait := min(b.stall, budget)
+	if wait < minWait {
+		b.drop(ErrSlowBody)
+		return 0, ErrSlowBody
+	}
+	start := time.Now()
+	dlErr := b.ctl.SetReadDeadline(start.Add(wait))
+	n, err := b.rc.Read(p)
+	b.waited += time.Since(start)
+	b.got += int64(n)
+	if err == nil || dlErr != nil {
+		return n, err
+	}
+	if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		b.drop(err)
+		return n, err
+	}
+	// At the end of the body the connection goes back to having no read
+	// deadline: net/http reads it in the background to notice a client
+	// that goes away, and that read must not time out during a long poll.
+	b.done = true
+	b.ctl.SetReadDeadline(time.Time{})
+	return n, err
+}
+
+// drop stops reading from a client that sends too slowly: reads of the
+// connection end at once, the reply can still be written, and net/http
+// then closes the connection.
+func (b *body) drop(err error) {
+	b.err = err
+	if b.gc == nil {
+		b.ctl.SetReadDeadline(time.Unix(1, 0))
+		return
+	}
+	b.gc.shutRead()
+}
+
+func (b *body) Close() error { return b.rc.Close() }
+
+// ---- hijacked connections ----
+
+// hijacked is a connection taken over from net/http: reads come from the
+// server's buffered reader, and each read or write that makes progress
+// pushes the deadline of both directions out by the stall timeout, so a
+// transfer that stops in both directions for that long is dropped.
+type hijacked struct {
+	net.Conn
+	r      io.Reader
+	stall  time.Duration
+	last   atomic.Int64 // when the deadline was last pushed (unix nanos)
+	manual atomic.Bool  // the caller set a deadline of its own
+}
+
+// Transfer wraps a connection taken over from net/http (with the buffered
+// reader Hijack returned, if any) for a transfer such as an import or a CLI
+// conversation: it is dropped once no byte has moved either way for the
+// stall timeout of the listener it came from (Defaults' outside a Guard).
+func Transfer(c net.Conn, buffered *bufio.Reader) net.Conn {
+	d := Defaults().StallTimeout
+	if gc := guardConn(c); gc != nil {
+		d = gc.stall
+	}
+	return wrapHijacked(c, buffered, d)
+}
+
+// Interactive is Transfer for a console, where a person may look at a
+// screen that does not change: the bound is the console idle timeout.
+func Interactive(c net.Conn, buffered *bufio.Reader) net.Conn {
+	d := Defaults().ConsoleIdle
+	if gc := guardConn(c); gc != nil {
+		d = gc.console
+	}
+	return wrapHijacked(c, buffered, d)
+}
+
+// StallTimeout is the stall timeout that applies to a connection.
+func StallTimeout(c net.Conn) time.Duration {
+	if gc := guardConn(c); gc != nil {
+		return gc.stall
+	}
+	return Defaults().StallTimeout
+}
+
+func wrapHijacked(c net.Conn, buffered *bufio.Reader, d time.Duration) net.Conn {
+	h := &hijacked{Conn: c, r: c, stall: d}
+	if buffered != nil {
+		h.r = buffered
+	}
+	h.push(true)
+	return h
+}
+
+// push moves the deadline out, at most every 1/16 of the stall timeout
+// (a deadline costs a timer update).
+func (h *hijacked) push(force bool) {
+	if h.manual.Load() {
+		return
+	}
+	now := time.Now().UnixNano()
+	last := h.last.Load()
+	if !force && now-last < int64(h.stall/16) {
+		return
+	}
+	if h.last.CompareAndSwap(last, now) || force {
+		h.Conn.SetDeadline(time.Unix(0, now).Add(h.stall))
+	}
+}
+
+func (h *hijacked) Read(p []byte) (int, error) {
+	n, err := h.r.Read(p)
+	if n > 0 {
+		h.push(false)
+	}
+	return n, err
+}
+
+func (h *hijacked) Write(p []byte) (int, error) {
+	var n int
+	for len(p) > 0 {
+		m, err := h.Conn.Write(p[:min(len(p), maxChunk)])
+		n += m
+		if m > 0 {
+			h.push(false)
+		}
+		if err != nil {
+			return n, err
+		}
+		p = p[m:]
+	}
+	return n, nil
+}
+
+// ReadFrom keeps io.Copy onto the connection going through Write.
+func (h *hijacked) ReadFrom(r io.Reader) (int64, error) {
+	return io.CopyBuffer(writerOnly{h}, r, make([]byte, 64<<10))
+}
+
+// WriteTo keeps io.Copy from the connection going through Read.
+func (h *hijacked) WriteTo(w io.Writer) (int64, error) {
+	return io.CopyBuffer(w, readerOnly{h}, make([]byte, 64<<10))
+}
+
+type readerOnly struct{ io.Reader }
+
+// A deadline the caller sets takes the place of the stall deadline until
+// the caller clears it again (the zero time), for code that cuts a read
+// short to stop a transfer.
+func (h *hijacked) SetDeadline(t time.Time) error {
+	return h.explicit(t, h.Conn.SetDeadline)
+}
+
+func (h *hijacked) SetReadDeadline(t time.Time) error {
+	return h.explicit(t, h.Conn.SetReadDeadline)
+}
+
+func (h *hijacked) SetWriteDeadline(t time.Time) error {
+	return h.explicit(t, h.Conn.SetWriteDeadline)
+}
+
+func (h *hijacked) explicit(t time.Time, set func(time.Time) error) error {
+	if t.IsZero() {
+		h.manual.Store(false)
+		h.push(true)
+		return nil
+	}
+	h.manual.Store(true)
+	return set(t)
+}

@@ -1,0 +1,408 @@
+package netguard
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// serve runs h behind a Guard on a loopback listener.
+func serve(t *testing.T, cfg Config, h http.Handler) (*Guard, string) {
+	t.Helper()
+	g := New(cfg)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := g.Server(h)
+	go hs.Serve(g.Listener(l, false))
+	t.Cleanup(func() { hs.Close() })
+	return g, l.Addr().String()
+}
+
+func fast() Config {
+	return Config{HeaderTimeout: 500 * time.Millisecond, IdleTimeout: 500 * time.Millisecond, WriteTimeout: 500 * time.Millisecond,
+		StallTimeout: 500 * time.Millisecond, ConsoleIdle: 500 * time.Millisecond, MinBodyRate: 100, MaxConnsPerClient: 4, MaxConns: 100}
+}
+
+var hello = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	io.Copy(io.Discard, r.Body)
+	io.WriteString(w, "hello")
+})
+
+// get sends one request on c and reads the reply; it reports whether one came.
+func get(c net.Conn) bool {
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	defer c.SetDeadline(time.Time{})
+	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		return false
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return false
+	}
+	io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode == 200
+}
+
+// closedWithin waits for the server to close c and returns how long it took.
+func closedWithin(t *testing.T, c net.Conn, bound time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	c.SetReadDeadline(start.Add(bound + 2*time.Second))
+	_, err := io.Copy(io.Discard, c)
+	took := time.Since(start)
+	if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatalf("connection still open after %v (bound %v)", took, bound)
+	}
+	if took > bound {
+		t.Fatalf("closed after %v, bound %v", took, bound)
+	}
+	return took
+}
+
+func TestPerClientCap(t *testing.T) {
+	g, addr := serve(t, fast(), hello)
+	var ok, refused int
+	var conns []net.Conn
+	for range 7 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+		if get(c) {
+			ok++
+		} else {
+			refused++
+		}
+	}
+	if ok != 4 || refused != 3 {
+		t.Fatalf("served %d, refused %d; want 4 and 3", ok, refused)
+	}
+	if s := g.Stats(); s.RefusedClient != 3 || s.Open != 4 {
+		t.Fatalf("stats %+v", s)
+	}
+	// Closing one makes room for one more.
+	conns[0].Close()
+	waitFor(t, func() bool { return g.Stats().Open == 3 })
+	c, _ := net.Dial("tcp", addr)
+	defer c.Close()
+	if !get(c) {
+		t.Fatal("no room after a connection closed")
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatal("condition not reached")
+}
+
+// Near the global cap, new connections close the longest-idle ones; at the
+// cap with nothing idle, new connections are refused.
+func TestGlobalCapReclaimsIdle(t *testing.T) {
+	cfg := fast()
+	cfg.MaxConns, cfg.MaxConnsPerClient, cfg.IdleTimeout = 10, 100, time.Minute
+	g, addr := serve(t, cfg, hello)
+	var conns []net.Conn
+	// Up to 90% of the cap nothing is reclaimed.
+	for range 9 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !get(c) {
+			t.Fatal("refused below the cap")
+		}
+		conns = append(conns, c)
+	}
+	waitFor(t, func() bool { return g.Stats().Idle == 9 })
+	if s := g.Stats(); s.Reclaimed != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+	// Five more: each closes an idle one (the oldest first).
+	for range 5 {
+		c, _ := net.Dial("tcp", addr)
+		if !get(c) {
+			t.Fatal("a new client was refused although idle connections could be closed")
+		}
+		conns = append(conns, c)
+	}
+	if s := g.Stats(); s.Open != 9 || s.Reclaimed != 5 {
+		t.Fatalf("stats %+v", s)
+	}
+	closedWithin(t, conns[0], time.Second)
+	// Now hold every slot busy (mid-header): nothing to reclaim, refusal.
+	for _, c := range conns {
+		c.Close()
+	}
+	waitFor(t, func() bool { return g.Stats().Open == 0 })
+	var busy []net.Conn
+	for range 10 {
+		c, _ := net.Dial("tcp", addr)
+		io.WriteString(c, "GET / HTTP/1.1\r\n")
+		busy = append(busy, c)
+	}
+	waitFor(t, func() bool { return g.Stats().Open == 10 })
+	c, _ := net.Dial("tcp", addr)
+	if get(c) {
+		t.Fatal("served over the cap")
+	}
+	if s := g.Stats(); s.RefusedFull < 1 || s.Open != 10 {
+		t.Fatalf("stats %+v", s)
+	}
+	for _, c := range busy {
+		c.Close()
+	}
+}
+
+func TestLocalListenerExemptFromClientCap(t *testing.T) {
+	cfg := fast()
+	cfg.MaxConnsPerClient = 1
+	g := New(cfg)
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	hs := g.Server(hello)
+	go hs.Serve(g.Listener(l, true))
+	defer hs.Close()
+	for range 3 {
+		c, _ := net.Dial("tcp", l.Addr().String())
+		defer c.Close()
+		if !get(c) {
+			t.Fatal("local connection refused")
+		}
+	}
+}
+
+func TestTimeouts(t *testing.T) {
+	longPoll := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), 400)
+			return
+		}
+		if r.URL.Path == "/wait" {
+			// Silent for four stall/write/idle timeouts, then the reply.
+			select {
+			case <-time.After(2 * time.Second):
+			case <-r.Context().Done():
+				return
+			}
+		}
+		fmt.Fprintf(w, "got %d", len(b))
+	})
+	_, addr := serve(t, fast(), longPoll)
+	dial := func() net.Conn {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	bound := 500*time.Millisecond + 400*time.Millisecond
+	t.Run("silent", func(t *testing.T) {
+		closedWithin(t, dial(), bound)
+	})
+	t.Run("slow header", func(t *testing.T) {
+		c := dial()
+		go func() {
+			for _, b := range []byte("GET / HTTP/1.1\r\nHost: x\r\n") {
+				if _, err := c.Write([]byte{b}); err != nil {
+					return
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		}()
+		closedWithin(t, c, bound)
+	})
+	t.Run("idle", func(t *testing.T) {
+		c := dial()
+		if !get(c) {
+			t.Fatal("no reply")
+		}
+		closedWithin(t, c, bound)
+	})
+	t.Run("stalled body", func(t *testing.T) {
+		c := dial()
+		io.WriteString(c, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc")
+		closedWithin(t, c, bound)
+	})
+	t.Run("trickled body", func(t *testing.T) {
+		// 20 bytes a second keeps every read under the stall timeout but
+		// is below the floor rate: dropped after the allowance.
+		c := dial()
+		io.WriteString(c, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+		stop := make(chan struct{})
+		defer close(stop)
+		go func() {
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(50 * time.Millisecond):
+				}
+				if _, err := c.Write([]byte("x")); err != nil {
+					return
+				}
+			}
+		}()
+		closedWithin(t, c, bound+200*time.Millisecond)
+	})
+	t.Run("moving body", func(t *testing.T) {
+		// 400 bytes a second for 1.5 s: above the floor, served.
+		c := dial()
+		io.WriteString(c, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 600\r\n\r\n")
+		for range 30 {
+			c.Write([]byte(strings.Repeat("y", 20)))
+			time.Sleep(50 * time.Millisecond)
+		}
+		c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		if string(b) != "got 600" {
+			t.Fatalf("reply %q", b)
+		}
+	})
+	t.Run("long poll", func(t *testing.T) {
+		// A request that waits longer than every timeout still gets its
+		// reply, and the connection stays usable.
+		c := dial()
+		io.WriteString(c, "POST /wait HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc")
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		if string(b) != "got 3" {
+			t.Fatalf("reply %q", b)
+		}
+	})
+}
+
+// A client that stops reading a large reply is dropped after the write
+// timeout; the handler's write fails.
+func TestWriteStall(t *testing.T) {
+	res := make(chan error, 1)
+	big := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		buf := make([]byte, 1<<20)
+		for range 256 {
+			if _, err := w.Write(buf); err != nil {
+				res <- err
+				return
+			}
+		}
+		res <- nil
+	})
+	_, addr := serve(t, fast(), big)
+	c, _ := net.Dial("tcp", addr)
+	defer c.Close()
+	c.(*net.TCPConn).SetReadBuffer(4096)
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	start := time.Now()
+	select {
+	case err := <-res:
+		if err == nil {
+			t.Fatal("256 MiB written to a client that reads nothing")
+		}
+		if took := time.Since(start); took > 2*time.Second {
+			t.Fatalf("write failed after %v", took)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("write still blocked")
+	}
+}
+
+// A hijacked transfer is dropped when nothing moves either way for the
+// stall timeout; one that moves slowly is not; a deadline the handler sets
+// itself still cuts a read short.
+func TestHijackedStall(t *testing.T) {
+	var moved atomic.Int64
+	res := make(chan error, 4)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		raw, rw, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			res <- err
+			return
+		}
+		c := Transfer(raw, rw.Reader)
+		defer c.Close()
+		c.SetDeadline(time.Time{})
+		io.WriteString(c, "HTTP/1.1 200 OK\r\n\r\n")
+		if r.URL.Path == "/abort" {
+			go func() { time.Sleep(100 * time.Millisecond); c.SetReadDeadline(time.Now()) }()
+		}
+		n, err := io.Copy(io.Discard, c)
+		moved.Store(n)
+		res <- err
+	})
+	_, addr := serve(t, fast(), h)
+	run := func(path string, feed func(net.Conn)) (error, time.Duration) {
+		c, _ := net.Dial("tcp", addr)
+		defer c.Close()
+		io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: x\r\n\r\n")
+		start := time.Now()
+		go feed(c)
+		select {
+		case err := <-res:
+			return err, time.Since(start)
+		case <-time.After(5 * time.Second):
+			t.Fatal("transfer not dropped")
+		}
+		return nil, 0
+	}
+	err, took := run("/", func(net.Conn) {})
+	if !isTimeout(err) || took > 900*time.Millisecond {
+		t.Fatalf("stalled transfer: %v after %v", err, took)
+	}
+	// 12 writes 200 ms apart (slower than nothing, each within the stall
+	// timeout) then silence: runs ~2.4 s, then dropped.
+	err, took = run("/", func(c net.Conn) {
+		for range 12 {
+			c.Write([]byte("data"))
+			time.Sleep(200 * time.Millisecond)
+		}
+	})
+	if !isTimeout(err) || took < 2*time.Second || moved.Load() != 48 {
+		t.Fatalf("slow transfer: %v after %v, %d bytes", err, took, moved.Load())
+	}
+	err, took = run("/abort", func(net.Conn) {})
+	if !isTimeout(err) || took > 400*time.Millisecond {
+		t.Fatalf("abort: %v after %v", err, took)
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+func TestMaxConnsForLimit(t *testing.T) {
+	for _, c := range []struct {
+		limit uint64
+		want  int
+	}{{1024, 512}, {20000, 18000}, {1 << 20, 943719}, {100, 64}, {0, 943719}} {
+		if got := MaxConnsForLimit(c.limit); got != c.want {
+			t.Errorf("MaxConnsForLimit(%d) = %d, want %d", c.limit, got, c.want)
+		}
+	}
+}
