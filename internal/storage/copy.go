@@ -72,6 +72,12 @@ func (s *Service) handleVDICopy(c *api.Call) (any, error) {
 			need += e.Length
 		}
 	}
+	// The disk reserve (see spaceGuard): the amount is known up front.
+	if l, ok := dstB.sr.(localDirer); ok {
+		if err := s.guardFor(l.localDir()).check(need); err != nil {
+			return nil, err
+		}
+	}
 	fresh := dstRow == nil
 	if fresh {
 		if err := s.checkSpace(ctx, dstB, dstSR, need); err != nil {
@@ -95,6 +101,9 @@ func (s *Service) handleVDICopy(c *api.Call) (any, error) {
 		}
 		if xe, ok := err.(*xerr.Error); ok {
 			return nil, xe
+		}
+		if isSpaceErr(err) {
+			return nil, errSpace(err)
 		}
 		return nil, xerr.New(errVDICopyFailed)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"toolstackd/internal/safepath"
 	"toolstackd/internal/xerr"
 )
 
@@ -27,7 +28,7 @@ import (
 //	<uuid>.base.qcow2   an immutable interior node of a snapshot tree
 //	.toolstackd-sr.json the SR's uuid, name and per-VDI metadata
 //	.toolstackd-sr.lock serialises metadata changes between hosts
-//	.journal            an unfinished snapshot or clone, undone at attach
+//	.toolstackd-sr.journal  an unfinished snapshot or clone, undone at attach
 //	.locks/<key>        per-VDI attach locks (shared SRs)
 //
 // Snapshot and clone never copy data: the VDI's image is renamed to a new
@@ -47,11 +48,19 @@ import (
 // changes take an flock on .toolstackd-sr.lock, and attaching a VDI takes
 // an flock on .locks/<key> (shared for read-only, exclusive for
 // read-write), so two hosts never write one VDI.
+//
+// The directory may hold files that are not the SR's: SR.destroy deletes
+// only the volumes the SR made (marked "created" in its metadata), the
+// bases nothing left depends on, and its own files (the names above and
+// temporary files named .tmp-*); images it merely found stay, as do any
+// other files. A location inside the daemon's state or in a system
+// directory is refused (see locationPolicy).
 
 const (
 	srMetaFile  = ".toolstackd-sr.json"
 	srLockFile  = ".toolstackd-sr.lock"
-	srJournal   = ".journal"
+	srJournal   = ".toolstackd-sr.journal"
+	oldJournal  = ".journal" // the journal's name before it had the prefix
 	srLocksDir  = ".locks"
 	baseSuffix  = ".base.qcow2"
 	qcowSuffix  = ".qcow2"
@@ -63,6 +72,7 @@ type fileDriver struct {
 	typ    string
 	shared bool
 	log    *slog.Logger
+	policy *locationPolicy // where SRs may live; nil: system directories only
 }
 
 // NewFileDriver returns the local-directory driver (type "file").
@@ -99,8 +109,13 @@ func (d *fileDriver) Info() DriverInfo {
 }
 
 // location validates device_config:location: an absolute path to an
-// existing directory this host can write.
-func location(cfg map[string]string) (string, error) {
+// existing directory this host can write, outside the daemon's state and
+// the system directories. A refused place is INVALID_VALUE
+// [device_config:location, value]: the argument's value is what is
+// wrong, which is what that code (documented in errors.json with those
+// two parameters) says; SR_BACKEND_FAILURE_<n> numbers belong to SM's
+// own checks. Why it was refused goes to the log.
+func (d *fileDriver) location(cfg map[string]string) (string, error) {
 	loc, ok := cfg["location"]
 	if !ok || loc == "" {
 		return "", BackendError(smConfigLocationMissing, "The request is missing the location parameter")
@@ -109,6 +124,10 @@ func location(cfg map[string]string) (string, error) {
 		return "", BackendError(smInvalidArg, fmt.Sprintf("location %q is not an absolute path", loc))
 	}
 	loc = filepath.Clean(loc)
+	if err := d.policy.check(loc); err != nil {
+		d.log.Warn("refusing a file SR location", "location", loc, "why", err)
+		return "", xerr.New(xerr.InvalidValue, "device_config:location", cfg["location"])
+	}
 	st, err := os.Stat(loc)
 	if err != nil {
 		return "", BackendError(smSRUnavailable, fmt.Sprintf("location %s does not exist or cannot be reached: %v", loc, unwrapPathErr(err)))
@@ -156,10 +175,20 @@ type volMeta struct {
 	// ResetBase is the base an on_boot=reset VDI returns to at each
 	// activation.
 	ResetBase string `json:"reset_base,omitempty"`
+	// Created marks a volume this SR made (VDI.create, snapshot, clone):
+	// SR.destroy deletes those and nothing it merely found.
+	Created bool `json:"created,omitempty"`
+}
+
+// created reports whether the SR made the volume under key. Metadata
+// written before the flag existed has the volume's uuid as its key only
+// for volumes the SR made.
+func (v volMeta) created(key string) bool {
+	return v.Created || (isUUID(key) && v.UUID == key)
 }
 
 func readMeta(dir string) (*srMeta, error) {
-	b, err := os.ReadFile(filepath.Join(dir, srMetaFile))
+	b, err := os.ReadFile(filepath.Join(dir, srMetaFile)) // constant name
 	if err != nil {
 		return nil, err
 	}
@@ -215,7 +244,7 @@ func writeMeta(dir string, m *srMeta) error {
 }
 
 func (d *fileDriver) Probe(ctx context.Context, cfg map[string]string) ([]ProbeResult, error) {
-	loc, err := location(cfg)
+	loc, err := d.location(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -230,7 +259,7 @@ func (d *fileDriver) Probe(ctx context.Context, cfg map[string]string) ([]ProbeR
 }
 
 func (d *fileDriver) Create(ctx context.Context, sr SRSpec) (map[string]string, error) {
-	loc, err := location(sr.DeviceConfig)
+	loc, err := d.location(sr.DeviceConfig)
 	if err != nil {
 		return nil, err
 	}
@@ -245,7 +274,7 @@ func (d *fileDriver) Create(ctx context.Context, sr SRSpec) (map[string]string, 
 }
 
 func (d *fileDriver) Attach(ctx context.Context, sr SRSpec) (SR, error) {
-	loc, err := location(sr.DeviceConfig)
+	loc, err := d.location(sr.DeviceConfig)
 	if err != nil {
 		return nil, err
 	}
@@ -345,23 +374,10 @@ type journal struct {
 // clone is rolled back unless the VDI already runs on its new overlay
 // (then only the half-made new VDI goes), and temporary files go.
 func (s *fileSR) recover() error {
-	jp := filepath.Join(s.dir, srJournal)
-	if b, err := os.ReadFile(jp); err == nil {
-		var j journal
-		if err := json.Unmarshal(b, &j); err == nil && j.Base != "" && j.Path != "" {
-			base, leaf := filepath.Join(s.dir, j.Base), filepath.Join(s.dir, j.Path)
-			if j.New != "" {
-				os.Remove(filepath.Join(s.dir, j.New))
-			}
-			if _, err := os.Stat(leaf); errors.Is(err, fs.ErrNotExist) {
-				if _, err := os.Stat(base); err == nil {
-					if err := os.Rename(base, leaf); err != nil {
-						return err
-					}
-				}
-			}
+	for _, name := range []string{oldJournal, srJournal} {
+		if err := s.recoverJournal(filepath.Join(s.dir, name)); err != nil {
+			return err
 		}
-		os.Remove(jp)
 	}
 	ents, _ := os.ReadDir(s.dir)
 	for _, e := range ents {
@@ -370,6 +386,54 @@ func (s *fileSR) recover() error {
 		}
 	}
 	return syncDir(s.dir)
+}
+
+// recoverJournal rolls back the operation a journal at jp records.
+func (s *fileSR) recoverJournal(jp string) error {
+	if b, err := os.ReadFile(jp); err == nil {
+		j, ok := parseJournal(b)
+		if !ok {
+			// Not a journal this driver wrote: not ours to act on or
+			// delete.
+			s.d.log.Warn("ignoring a journal file this driver did not write", "sr", s.uuid, "file", jp)
+		} else {
+			base, err1 := safepath.JoinName(s.dir, j.Base)
+			leaf, err2 := safepath.JoinName(s.dir, j.Path)
+			if err := errors.Join(err1, err2); err != nil {
+				return err
+			}
+			if j.New != "" {
+				if p, err := safepath.JoinName(s.dir, j.New); err == nil {
+					os.Remove(p)
+				}
+			}
+			if _, err := os.Stat(leaf); errors.Is(err, fs.ErrNotExist) {
+				if _, err := os.Stat(base); err == nil {
+					if err := os.Rename(base, leaf); err != nil {
+						return err
+					}
+				}
+			}
+			os.Remove(jp)
+		}
+	}
+	return nil
+}
+
+// parseJournal reads a journal this driver wrote; ok is false for
+// anything else.
+func parseJournal(b []byte) (journal, bool) {
+	var j journal
+	if err := json.Unmarshal(b, &j); err != nil || (j.Op != "snapshot" && j.Op != "clone") || j.Base == "" || j.Path == "" {
+		return j, false
+	}
+	return j, true
+}
+
+// isOwnBase reports whether a file name is one the SR gives its bases.
+func isOwnBase(name string) bool {
+	k, ok := strings.CutSuffix(name, baseSuffix)
+	return ok && isUUID(k)
 }
 
 func (s *fileSR) Detach(ctx context.Context) error {
@@ -386,30 +450,90 @@ func (s *fileSR) Detach(ctx context.Context) error {
 	return nil
 }
 
+// Destroy deletes what the SR made and nothing else: the volumes its
+// metadata marks as created, then the bases (<uuid>.base.qcow2) that
+// nothing left in the directory is backed by, its lock files, its
+// journal, temporary files and metadata. Images found in the directory
+// and other files stay; their VDI records go with the SR's (forgotten,
+// not deleted).
 func (s *fileSR) Destroy(ctx context.Context) error {
-	vols, err := s.Scan(ctx)
-	if err != nil {
+	if _, err := s.Scan(ctx); err != nil {
 		return err
 	}
 	s.Detach(ctx)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	m, err := readMeta(s.dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		m, err = &srMeta{Volumes: map[string]volMeta{}}, nil
+	}
+	if err != nil {
+		return BackendError(smFileSRDelete, "reading the SR metadata: "+err.Error())
+	}
 	var errs []error
-	for _, v := range vols {
-		if p, _, err := s.pathOf(v.Key); err == nil {
-			if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				errs = append(errs, err)
+	remove := func(dir, name string) {
+		p, err := safepath.JoinName(dir, name)
+		if err != nil {
+			errs = append(errs, err)
+			return
+		}
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	keys := map[string]bool{}
+	for key, vm := range m.Volumes {
+		keys[key] = true
+		if !vm.created(key) {
+			continue
+		}
+		if p, _, err := s.pathOf(key); err == nil {
+			remove(s.dir, filepath.Base(p))
+		}
+	}
+	// Bases left without children, until none is.
+	for range 1000 {
+		nodes, kids, err := s.graph()
+		if err != nil {
+			break
+		}
+		removed := false
+		for name := range nodes {
+			if isOwnBase(name) && len(kids[name]) == 0 {
+				remove(s.dir, name)
+				removed = true
 			}
+			if k := keyOf(name); k != "" {
+				keys[k] = true
+			}
+		}
+		if !removed {
+			break
 		}
 	}
 	ents, _ := os.ReadDir(s.dir)
 	for _, e := range ents {
-		if strings.HasSuffix(e.Name(), baseSuffix) || strings.HasPrefix(e.Name(), tmpPrefix) {
-			os.Remove(filepath.Join(s.dir, e.Name()))
+		if strings.HasPrefix(e.Name(), tmpPrefix) && e.Type().IsRegular() {
+			remove(s.dir, e.Name())
 		}
 	}
-	os.RemoveAll(filepath.Join(s.dir, srLocksDir))
-	for _, f := range []string{srJournal, srMetaFile, srLockFile} {
+	if s.d.shared {
+		locks := filepath.Join(s.dir, srLocksDir)
+		for k := range keys {
+			if safepath.Name(k) == nil {
+				os.Remove(filepath.Join(locks, k))
+			}
+		}
+		os.Remove(locks) // only if empty
+	}
+	for _, name := range []string{oldJournal, srJournal} {
+		if b, err := os.ReadFile(filepath.Join(s.dir, name)); err == nil {
+			if _, ok := parseJournal(b); ok {
+				os.Remove(filepath.Join(s.dir, name))
+			}
+		}
+	}
+	for _, f := range []string{srMetaFile, srLockFile} {
 		os.Remove(filepath.Join(s.dir, f))
 	}
 	if len(errs) > 0 {
@@ -417,6 +541,8 @@ func (s *fileSR) Destroy(ctx context.Context) error {
 	}
 	return syncDir(s.dir)
 }
+
+func (s *fileSR) localDir() string { return s.dir }
 
 func (s *fileSR) Stat(ctx context.Context) (SRStat, error) {
 	var st syscall.Statfs_t
@@ -447,14 +573,23 @@ func isUUID(s string) bool {
 // pathOf maps a key to its image file and format. Keys are VDI uuids for
 // images this driver made, or the file names of images found by scan.
 func (s *fileSR) pathOf(key string) (string, string, error) {
+	notOurs := BackendError(smVDIMissing, fmt.Sprintf("%q is not a volume of this SR", clip(key, 200)))
 	if isUUID(key) {
-		return filepath.Join(s.dir, key+qcowSuffix), "qcow2", nil
+		p, err := safepath.JoinName(s.dir, key+qcowSuffix)
+		if err != nil {
+			return "", "", notOurs
+		}
+		return p, "qcow2", nil
 	}
-	if key == "" || strings.ContainsAny(key, "/\x00") || strings.HasPrefix(key, ".") || strings.HasSuffix(key, baseSuffix) {
-		return "", "", BackendError(smVDIMissing, fmt.Sprintf("%q is not a volume of this SR", key))
+	if safepath.Name(key) != nil || strings.HasPrefix(key, ".") || strings.HasSuffix(key, baseSuffix) {
+		return "", "", notOurs
 	}
 	if f := foreignFormat(key); f != "" {
-		return filepath.Join(s.dir, key), f, nil
+		p, err := safepath.JoinName(s.dir, key)
+		if err != nil {
+			return "", "", notOurs
+		}
+		return p, f, nil
 	}
 	return "", "", BackendError(smVDIMissing, fmt.Sprintf("%q is not a volume of this SR", key))
 }
@@ -654,7 +789,7 @@ func (s *fileSR) VolumeCreate(ctx context.Context, v VolumeSpec) (Volume, error)
 func (s *fileSR) putMeta(key string, v VolumeSpec) error {
 	return s.withMeta(func(m *srMeta) (bool, error) {
 		m.Volumes[key] = volMeta{UUID: v.UUID, Name: v.Name, Description: v.Description, Type: v.Type, Sharable: v.Sharable,
-			IsSnapshot: v.IsSnapshot, SnapshotOf: v.SnapshotOf, SnapshotTime: v.Time}
+			IsSnapshot: v.IsSnapshot, SnapshotOf: v.SnapshotOf, SnapshotTime: v.Time, Created: true}
 		return true, nil
 	})
 }
@@ -715,7 +850,9 @@ func (s *fileSR) VolumeDestroy(ctx context.Context, key string) error {
 		return BackendError(smVDIRemove, err.Error())
 	}
 	if s.d.shared {
-		os.Remove(filepath.Join(s.dir, srLocksDir, key))
+		if lp, err := safepath.JoinName(filepath.Join(s.dir, srLocksDir), key); err == nil {
+			os.Remove(lp)
+		}
 	}
 	s.withMeta(func(m *srMeta) (bool, error) {
 		_, had := m.Volumes[key]
@@ -884,7 +1021,11 @@ func isEmptyImage(p string) bool {
 // tryLock takes the attach lock of a key without waiting.
 func (s *fileSR) tryLock(key string, exclusive bool) (*os.File, error) {
 	os.MkdirAll(filepath.Join(s.dir, srLocksDir), 0o700)
-	f, err := os.OpenFile(filepath.Join(s.dir, srLocksDir, key), fileSRFlags, 0o600)
+	lp, err := safepath.JoinName(filepath.Join(s.dir, srLocksDir), key)
+	if err != nil {
+		return nil, BackendError(smVDIUnavailable, err.Error())
+	}
+	f, err := os.OpenFile(lp, fileSRFlags, 0o600)
 	if err != nil {
 		return nil, BackendError(smVDIUnavailable, err.Error())
 	}
@@ -914,6 +1055,9 @@ func (s *fileSR) VolumeAttach(ctx context.Context, key string, readonly bool) (D
 	}
 	if _, err := os.Stat(p); err != nil {
 		return Datapath{}, BackendError(smVDIUnavailable, fmt.Sprintf("volume %s: %v", key, unwrapPathErr(err)))
+	}
+	if err := s.checkChain(p, format); err != nil {
+		return Datapath{}, BackendError(smVDIUnavailable, fmt.Sprintf("volume %s: %v", key, err))
 	}
 	if !readonly {
 		if _, kids, err := s.graph(); err == nil && len(kids[filepath.Base(p)]) > 0 {
@@ -965,6 +1109,9 @@ func (s *fileSR) VolumeActivate(ctx context.Context, key string, readonly bool) 
 	}
 	if isEmptyImage(p) && h.BackingFile == vm.ResetBase {
 		return nil
+	}
+	if !isOwnBase(vm.ResetBase) {
+		return BackendError(smVDIUnavailable, fmt.Sprintf("volume %s: reset point %q is not a base of this SR", key, clip(vm.ResetBase, 200)))
 	}
 	tmp := filepath.Join(s.dir, tmpPrefix+filepath.Base(p))
 	os.Remove(tmp)
@@ -1031,6 +1178,33 @@ func (s *fileSR) SetResetOnBoot(ctx context.Context, key string, reset bool) err
 		m.Volumes[key] = vm
 		return true, nil
 	})
+}
+
+// checkChain makes sure that what QEMU will open for an image stays in
+// the SR: every backing file (links followed) inside the SR directory and
+// no external data file, whose name the image's header would choose. An
+// image found in the directory, or written by another host of a shared
+// SR, could otherwise hand any host file to a VM.
+func (s *fileSR) checkChain(p, format string) error {
+	paths, formats, err := chain(p, format)
+	if err != nil {
+		return err
+	}
+	for i, q := range paths {
+		if !safepath.Contains(s.dir, q) {
+			return fmt.Errorf("its backing file %s is outside the SR", q)
+		}
+		if formats[i] == "qcow2" {
+			h, err := readQcow2Header(q)
+			if err != nil {
+				return err
+			}
+			if h.ExternalDataFile {
+				return fmt.Errorf("%s has an external data file", filepath.Base(q))
+			}
+		}
+	}
+	return nil
 }
 
 // chain lists an image and its backing files, top first, as absolute

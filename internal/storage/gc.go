@@ -6,7 +6,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 )
 
@@ -80,7 +79,7 @@ func (s *fileSR) collectOnce(ctx context.Context) (bool, error) {
 	}
 	var victim, child string
 	for name := range nodes {
-		if !strings.HasSuffix(name, baseSuffix) || resetBases[name] {
+		if !isOwnBase(name) || resetBases[name] {
 			continue
 		}
 		switch k := kids[name]; len(k) {

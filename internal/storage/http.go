@@ -22,6 +22,7 @@ import (
 	"toolstackd/internal/api"
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
+	"toolstackd/internal/netguard"
 	"toolstackd/internal/schema"
 	"toolstackd/internal/xerr"
 )
@@ -164,6 +165,11 @@ func (s *Service) xferTask(sess *api.Session, given, label string, cancel contex
 		row, ok := s.db.Snapshot().Get(dm.Task.Class, given)
 		if !ok {
 			return nil, xerr.New(xerr.HandleInvalid, "task", given)
+		}
+		// The transfer will write the task's progress and outcome: only
+		// its owner (or pool-operator and above) may hand it over.
+		if err := s.srv.CheckTaskOwner(sess, given); err != nil {
+			return nil, err
 		}
 		if row.String(dm.Task.Status) != string(dm.TaskStatusTypePending) {
 			return nil, xerr.New(errOperationNotAllowed, "task "+given+" is not pending")
@@ -309,6 +315,12 @@ func (s *Service) serveImport(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
+	// The disk reserve, before anything is written; importInto checks it
+	// again as data arrives.
+	if err := s.importGuard(b, q.Format).check(max(r.ContentLength-vdiPhys(vdi), 0)); err != nil {
+		writeError(w, err)
+		return
+	}
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	task, err := s.xferTask(sess, q.Task, "VDI import", cancel)
@@ -331,18 +343,19 @@ func (s *Service) serveImport(w http.ResponseWriter, r *http.Request) {
 			task.finish(err)
 			return
 		}
-		conn = c
+		// A transfer that moves no byte for the stall timeout is dropped.
+		conn = netguard.Transfer(c, brw.Reader)
 		defer conn.Close()
 		conn.SetDeadline(time.Time{})
 		brw.WriteString("HTTP/1.1 200 OK\r\nConnection: close\r\nTask-Id: " + task.ref + "\r\n\r\n")
 		brw.Flush()
-		body = brw.Reader
+		body = conn
 		stop := context.AfterFunc(ctx, func() { conn.SetReadDeadline(time.Now()) })
 		defer stop()
 	} else {
 		w.Header().Set("Task-Id", task.ref)
 	}
-	err = s.importInto(ctx, task, vdi, q.Format, body, r.ContentLength)
+	err = s.importInto(ctx, task, b, vdi, q.Format, body, r.ContentLength)
 	if err != nil {
 		s.log.Warn("VDI import failed", "vdi", vdi.UUID(), "task", task.ref, "err", err)
 	}
@@ -360,15 +373,39 @@ func (s *Service) serveImport(w http.ResponseWriter, r *http.Request) {
 
 func vdiPhys(r *db.Row) int64 { n, _ := r.Get(dm.VDI.PhysicalUtilisation).(int64); return n }
 
+// localDirer is an SR whose volumes are files in a local directory.
+type localDirer interface{ localDir() string }
+
+// importGuard watches the file systems an import into b writes to: the
+// SR's directory for local SRs and, for qcow2 uploads, the spool.
+func (s *Service) importGuard(b *boundSR, format string) *spaceGuard {
+	var dirs []string
+	if l, ok := b.sr.(localDirer); ok {
+		dirs = append(dirs, l.localDir())
+	}
+	if format == "qcow2" {
+		dirs = append(dirs, s.spoolDir())
+	}
+	return s.guardFor(dirs...)
+}
+
 // importInto writes an upload into a VDI. Whatever happens the VDI is
 // left consistent: writes made are flushed and the image closed cleanly.
-func (s *Service) importInto(ctx context.Context, task *xferTask, vdi *db.Row, format string, body io.Reader, length int64) error {
+// The free space is checked as data arrives (see spaceGuard): when the
+// data would eat into the disk reserve the import stops with SR_FULL,
+// and an image that was empty before is emptied again.
+func (s *Service) importInto(ctx context.Context, task *xferTask, b *boundSR, vdi *db.Row, format string, body io.Reader, length int64) error {
 	dpName := "import/" + task.ref
 	d, detach, err := s.transferAttach(ctx, dpName, vdi.Ref, true)
 	if err != nil {
 		return err
 	}
 	defer detach()
+	g := s.importGuard(b, format)
+	if d.Kind == "file" && d.Path != "" {
+		g.dirs = append(g.dirs, filepath.Dir(d.Path))
+	}
+	body = g.reader(body)
 	expect := length
 	if expect <= 0 {
 		expect = vdiSize(vdi)
@@ -433,6 +470,8 @@ func (s *Service) importError(task *xferTask, err error, vdiRef string) error {
 	switch {
 	case errors.As(err, &big):
 		return xerr.New(errVDITooSmall, vdiRef, strconv.FormatInt(big.size+1, 10))
+	case isSpaceErr(err):
+		return errSpace(err)
 	case task.wasCancelled():
 		return xerr.New(errTaskCancelled, task.ref)
 	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed), errors.Is(err, syscall.ECONNRESET),
@@ -472,7 +511,7 @@ func (s *Service) importQcow2Into(ctx context.Context, body io.Reader, dev *devi
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	f, err := os.CreateTemp(dir, "import-*.qcow2")
+	f, err := os.CreateTemp(dir, spoolPattern)
 	if err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -112,6 +113,12 @@ type nbdReq struct {
 type nbdError uint32
 
 func (e nbdError) Error() string { return fmt.Sprintf("NBD server error %d", uint32(e)) }
+
+// nbdENOSPC is the NBD protocol's "no space left" error.
+const nbdENOSPC = 28
+
+// Is lets errors.Is(err, syscall.ENOSPC) see the server's "no space".
+func (e nbdError) Is(target error) bool { return e == nbdENOSPC && target == syscall.ENOSPC }
 
 func dialNBD(ctx context.Context, a nbdAddr) (*nbdClient, error) {
 	var d net.Dialer

@@ -45,6 +45,7 @@ type pluginDriver struct {
 	info      DriverInfo
 	timeout   time.Duration
 	log       *slog.Logger
+	policy    *locationPolicy // where file datapaths may not point
 }
 
 // pluginQuery is Plugin.Query's answer.
@@ -303,9 +304,21 @@ type pluginVolume struct {
 	Keys                map[string]string `json:"keys"`
 }
 
+// volume checks a volume a plugin described. Plugin output is not
+// trusted: a key becomes the VDI's location, which drivers and tools use
+// as a path below the SR, so an absolute key or one with a ".." step is
+// refused, as is a URI whose path climbs with "..".
 func (v pluginVolume) volume() (Volume, error) {
 	if v.Key == "" || v.VirtualSize < 0 || v.PhysicalUtilisation < 0 {
 		return Volume{}, errors.New("plugin returned a volume without a key or with a negative size")
+	}
+	if err := checkVolumeKey(v.Key); err != nil {
+		return Volume{}, fmt.Errorf("plugin returned a volume key that is not a relative path inside the SR: %w", err)
+	}
+	for _, u := range v.URI {
+		if err := checkPluginURI(u); err != nil {
+			return Volume{}, fmt.Errorf("plugin returned a bad URI %q for volume %s: %w", clip(u, 200), clip(v.Key, 200), err)
+		}
 	}
 	out := Volume{Key: v.Key, UUID: v.UUID, Name: v.Name, Description: v.Description, VirtualSize: v.VirtualSize,
 		PhysicalUtilisation: v.PhysicalUtilisation, Sharable: v.Sharable, ReadOnly: v.ReadWrite != nil && !*v.ReadWrite, Format: "raw"}
@@ -448,6 +461,9 @@ func (s *pluginSR) datapathFor(ctx context.Context, key string) (string, string,
 	if err := s.p.call(ctx, s.p.dir, "Volume.stat", map[string]any{"sr": s.sr, "key": key}, &v); err != nil {
 		return "", "", err
 	}
+	if _, err := v.volume(); err != nil {
+		return "", "", xerr.New(errSMPluginComm, s.p.typ+": Volume.stat: "+err.Error())
+	}
 	for _, uri := range v.URI {
 		u, err := url.Parse(uri)
 		if err != nil {
@@ -492,6 +508,9 @@ func (s *pluginSR) VolumeAttach(ctx context.Context, key string, readonly bool) 
 	case "file":
 		if !filepath.IsAbs(d.Path) || (d.Format != "raw" && d.Format != "qcow2") {
 			return Datapath{}, xerr.New(errSMPluginComm, s.p.typ+": Datapath.attach: a file datapath needs an absolute path and a format (raw or qcow2)")
+		}
+		if err := s.p.policy.checkDatapathFile(d.Path); err != nil {
+			return Datapath{}, xerr.New(errSMPluginComm, fmt.Sprintf("%s: Datapath.attach: refusing file datapath %q: %v", s.p.typ, clip(d.Path, 200), err))
 		}
 	default:
 		return Datapath{}, xerr.New(errSMPluginComm, s.p.typ+": Datapath.attach: kind must be nbd or file")

@@ -31,6 +31,7 @@ type qcowAppender struct {
 	partial  []byte   // the start of the guest cluster at pos, if pos is inside one
 	refTable []uint64
 	kicked   int64 // host bytes handed to writeback so far
+	origSize int64 // the file's size before the appender wrote
 }
 
 // kickWriteback starts writeback of what was appended since the last
@@ -86,7 +87,7 @@ func openAppender(path string) (*qcowAppender, error) {
 		f.Close()
 		return nil, fmt.Errorf("reading the refcount table: %w", err)
 	}
-	a := &qcowAppender{f: f, h: h, size: int64(h.Size), l1: map[int64]int64{}, cur: -1}
+	a := &qcowAppender{f: f, h: h, size: int64(h.Size), l1: map[int64]int64{}, cur: -1, origSize: st.Size()}
 	for i := 0; i < len(rt); i += 8 {
 		a.refTable = append(a.refTable, binary.BigEndian.Uint64(rt[i:]))
 	}
@@ -215,6 +216,21 @@ func (a *qcowAppender) flushTable() error {
 	a.l1[a.cur] = host * qcowClusterSize
 	a.cur, a.l2 = -1, nil
 	return nil
+}
+
+// abort drops everything the appender wrote and closes the file. Until
+// commit, the appender only writes past the image's original end, so
+// cutting the file back to its old size leaves the image exactly as it
+// was (empty).
+func (a *qcowAppender) abort() error {
+	err := a.f.Truncate(a.origSize)
+	if err == nil {
+		err = a.f.Sync()
+	}
+	if cerr := a.f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // commit writes what is pending, the refcounts and then the L1 table,

@@ -54,6 +54,19 @@ type Config struct {
 	PluginTimeout time.Duration
 	// LocalSRPath overrides where the first-boot SR lives.
 	LocalSRPath string
+	// ProtectedDirs are more of the daemon's state directories (outside
+	// DataDir) that no file SR may be in or contain. DataDir, the plugin
+	// directories and RunDir are always protected; the first-boot SR's
+	// own directory is the one exception.
+	ProtectedDirs []string
+	// ReserveBytes and ReservePercent are the disk reserve: an import
+	// (and the spool it may use) or a VDI.copy stops with SR_FULL before the file
+	// system holding DataDir has less than max(ReserveBytes,
+	// ReservePercent% of its size) free, so that the database can still
+	// be written. 0 means the default (DefaultReserveBytes,
+	// DefaultReservePercent); a negative value holds nothing back.
+	ReserveBytes   int64
+	ReservePercent float64
 }
 
 // Service is the storage layer of one host.
@@ -72,6 +85,8 @@ type Service struct {
 	hooks    map[string]LiveSwitch
 	locks    map[string]*keyLock // per-object mutexes
 	drivers  map[string]Driver   // SR type -> driver
+	policy   *locationPolicy     // where file SRs may live
+	reserve  *reserve            // space kept free while importing
 
 	bg sync.WaitGroup
 }
@@ -86,7 +101,8 @@ type boundSR struct {
 // Register installs the storage layer into a server: drivers, SM records,
 // XenAPI handlers and HTTP routes. On first boot it creates the "Local
 // storage" SR; on later starts it plugs again the PBDs of this host that
-// were plugged and re-attaches the datapaths that were attached.
+// were plugged and re-attaches the datapaths that were attached. Spool and
+// temporary files a killed daemon left are removed first.
 func Register(srv *api.Server, router *mux.Router, cfg Config) (*Service, error) {
 	if cfg.Log == nil {
 		cfg.Log = srv.Log
@@ -121,15 +137,24 @@ func Register(srv *api.Server, router *mux.Router, cfg Config) (*Service, error)
 	}
 	s := &Service{srv: srv, db: srv.DB, cfg: cfg, log: cfg.Log, host: cfg.HostRef, run: run,
 		bound: map[string]*boundSR{}, inflight: map[string]int{}, vdis: map[string]*vdiDPs{},
-		hooks: map[string]LiveSwitch{}, locks: map[string]*keyLock{}}
+		hooks: map[string]LiveSwitch{}, locks: map[string]*keyLock{}, reserve: newReserve(cfg)}
+	s.policy = &locationPolicy{protected: append([]string{cfg.DataDir, run}, cfg.PluginDirs...)}
+	s.policy.protected = append(s.policy.protected, cfg.ProtectedDirs...)
+	s.policy.homes = []string{s.localSRPath()}
+	s.cleanLeftovers()
 	s.drivers = discoverPlugins(cfg.PluginDirs, cfg.PluginTimeout, cfg.Log)
+	for _, d := range s.drivers {
+		if p, ok := d.(*pluginDriver); ok {
+			p.policy = s.policy
+		}
+	}
 	driversMu.RLock()
 	for t, d := range drivers {
 		s.drivers[t] = d
 	}
 	driversMu.RUnlock()
-	s.drivers["file"] = NewFileDriver(cfg.Log)
-	s.drivers["sharedfs"] = NewSharedFSDriver(cfg.Log)
+	s.drivers["file"] = &fileDriver{typ: "file", log: orDefault(cfg.Log), policy: s.policy}
+	s.drivers["sharedfs"] = &fileDriver{typ: "sharedfs", shared: true, log: orDefault(cfg.Log), policy: s.policy}
 	if err := s.syncSMRecords(); err != nil {
 		return nil, fmt.Errorf("storage: SM records: %w", err)
 	}
@@ -162,12 +187,9 @@ func (s *Service) Close() {
 // firstBoot makes the "Local storage" SR as a XenServer install does and
 // makes it the pool's default, suspend-image and crash-dump SR.
 func (s *Service) firstBoot(ctx context.Context) error {
-	path := s.cfg.LocalSRPath
+	path := s.localSRPath()
 	if path == "" {
-		if s.cfg.DataDir == "" {
-			return errors.New("no data directory")
-		}
-		path = filepath.Join(s.cfg.DataDir, "storage", "local")
+		return errors.New("no data directory")
 	}
 	if err := os.MkdirAll(path, 0o700); err != nil {
 		return err
@@ -191,6 +213,17 @@ func (s *Service) firstBoot(ctx context.Context) error {
 		return tx.Set(dm.Host.CrashDumpSR, s.host, srRef)
 	})
 	return err
+}
+
+// localSRPath is where the first-boot SR lives ("" if nowhere).
+func (s *Service) localSRPath() string {
+	if s.cfg.LocalSRPath != "" {
+		return s.cfg.LocalSRPath
+	}
+	if s.cfg.DataDir == "" {
+		return ""
+	}
+	return filepath.Join(s.cfg.DataDir, "storage", "local")
 }
 
 // restart plugs again, after a daemon restart, the PBDs of this host that

@@ -3,6 +3,7 @@ package storage
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -444,6 +445,13 @@ func importRawSeq(ctx context.Context, body io.Reader, a *qcowAppender, progress
 	}
 	close(ch)
 	werr := <-errc
+	if isSpaceErr(werr) || isSpaceErr(rerr) {
+		// Out of room: give the space back rather than keep a part.
+		if err := a.abort(); err != nil {
+			return total, errors.Join(werr, rerr, err)
+		}
+		return total, errors.Join(werr, rerr)
+	}
 	cerr := a.commit()
 	switch {
 	case werr != nil:

@@ -310,6 +310,11 @@ func (s *Service) handleVDIIntroduce(c *api.Call) (any, error) {
 	if id != "" && !isUUID(id) {
 		return nil, xerr.New(xerr.UUIDInvalid, "VDI", id)
 	}
+	// A location is a volume key, relative to its SR: nothing absolute
+	// or climbing with "..".
+	if checkVolumeKey(loc) != nil {
+		return nil, xerr.New(errVDILocationMissing, sr.Ref, clip(loc, 200))
+	}
 	done, err := s.mark(c.Ctx, opKey(c), marked{dm.SR.Class, sr.Ref, "vdi_introduce"})
 	if err != nil {
 		return nil, err

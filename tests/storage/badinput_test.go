@@ -243,13 +243,20 @@ func TestSRCreateBadLocation(t *testing.T) {
 			{map[string]string{"location": "/no/such/dir"}, "SR_BACKEND_FAILURE_47"},
 			{map[string]string{"location": "relative/dir"}, "SR_BACKEND_FAILURE_1"},
 			{map[string]string{"location": file}, "SR_BACKEND_FAILURE_47"},
-			{map[string]string{"location": "/proc"}, "SR_BACKEND_FAILURE_61"},
 		} {
 			data := h.fails(c.code, "SR.create", h.host, c.dc, "0", "bad", "", typ, "user", false, map[string]string{})
 			if len(data) != 3 || data[1] == "" {
 				t.Errorf("%s %v: params %v carry no message", typ, c.dc, data)
 			}
 		}
+	}
+	// System directories are refused outright (TestSRLocationRefused has
+	// the rest).
+	h.fails("INVALID_VALUE", "SR.create", h.host, map[string]string{"location": "/proc"}, "0", "bad", "", "file", "user", false, map[string]string{})
+	unwritable := t.TempDir()
+	os.Chmod(unwritable, 0o500)
+	if os.Geteuid() != 0 {
+		h.fails("SR_BACKEND_FAILURE_61", "SR.create", h.host, map[string]string{"location": unwritable}, "0", "bad", "", "file", "user", false, map[string]string{})
 	}
 	h.fails("SR_BACKEND_FAILURE_47", "SR.create", h.host, map[string]string{"path": "/no/such/dir"}, "0", "bad", "", "sample", "user", false, map[string]string{})
 	h.fails("SR_UNKNOWN_DRIVER", "SR.create", h.host, map[string]string{}, "0", "bad", "", "nfs-ish", "user", false, map[string]string{})

@@ -91,7 +91,10 @@ func newHarness(t *testing.T, tweak ...func(*storage.Config)) *harness {
 	router := mux.NewRouter()
 	srv.Routes(router)
 	dataDir := t.TempDir()
-	scfg := storage.Config{DataDir: dataDir, HostRef: host, FirstBoot: true, PluginDirs: []string{pluginDir(t)}, OpWait: 2 * time.Second}
+	// A small disk reserve, so that the suite runs on a fairly full disk
+	// too (the default, max(1 GiB, 5%), is tested on its own).
+	scfg := storage.Config{DataDir: dataDir, HostRef: host, FirstBoot: true, PluginDirs: []string{pluginDir(t)}, OpWait: 2 * time.Second,
+		ReserveBytes: 64 << 20, ReservePercent: -1}
 	for _, f := range tweak {
 		f(&scfg)
 	}
