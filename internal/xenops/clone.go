@@ -98,9 +98,15 @@ func (m *Manager) copySuspendImage(o *opCtx, c *api.Call, vm *db.Row, spec *copy
 			img.vdi, spec.suspendVDI = nv, nv
 			return err
 		}
-		img.path = m.suspendPath(spec.uuid)
 		spec.suspendVDI = schema.NullRef
-		return copyFile(m.suspendPath(vm.UUID()), img.path)
+		from, err := m.suspendPath(vm.UUID())
+		if err != nil {
+			return err
+		}
+		if img.path, err = m.suspendPath(spec.uuid); err != nil {
+			return err
+		}
+		return copyFile(from, img.path)
 	})
 	return img, err
 }

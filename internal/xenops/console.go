@@ -9,6 +9,7 @@ import (
 
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
+	"toolstackd/internal/netguard"
 	"toolstackd/internal/schema"
 )
 
@@ -61,11 +62,13 @@ func (m *Manager) serveConsole(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "connection cannot be taken over", http.StatusInternalServerError)
 		return
 	}
-	client, rw, err := hj.Hijack()
+	raw, rw, err := hj.Hijack()
 	if err != nil {
 		backend.Close()
 		return
 	}
+	// Dropped after a long time with no traffic either way.
+	client := netguard.Interactive(raw, rw.Reader)
 	client.SetDeadline(time.Time{})
 	if _, err := client.Write([]byte("HTTP/1.1 200 OK\r\nConnection: keep-alive\r\n\r\n")); err != nil {
 		client.Close()
@@ -73,7 +76,7 @@ func (m *Manager) serveConsole(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	m.log.Debug("console connected", "vm", vm.UUID(), "protocol", con.String(dm.Console.Protocol), "peer", r.RemoteAddr)
-	proxy(client, rw.Reader, backend)
+	proxy(client, client, backend)
 }
 
 // proxy copies both ways until either side ends, then closes both.

@@ -6,11 +6,11 @@ import (
 	"errors"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"syscall"
 	"time"
 
+	"toolstackd/internal/safepath"
 	"toolstackd/internal/xerr"
 )
 
@@ -44,7 +44,10 @@ func (m *Manager) runHooks(ctx context.Context, hook, vmUUID, reason string) err
 	if m.cfg.HooksDir == "" {
 		return nil
 	}
-	dir := filepath.Join(m.cfg.HooksDir, hook)
+	dir, err := safepath.JoinName(m.cfg.HooksDir, hook)
+	if err != nil {
+		return err
+	}
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return nil // no such hook point
@@ -54,7 +57,11 @@ func (m *Manager) runHooks(ctx context.Context, hook, vmUUID, reason string) err
 		if err != nil || !info.Mode().IsRegular() || info.Mode().Perm()&0o111 == 0 {
 			continue
 		}
-		if err := m.runHook(ctx, filepath.Join(dir, e.Name()), hook+"/"+e.Name(), vmUUID, reason); err != nil {
+		path, err := safepath.JoinName(dir, e.Name())
+		if err != nil {
+			continue
+		}
+		if err := m.runHook(ctx, path, hook+"/"+e.Name(), vmUUID, reason); err != nil {
 			return err
 		}
 	}

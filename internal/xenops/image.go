@@ -1,6 +1,7 @@
 package xenops
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -15,15 +16,22 @@ import (
 // end-of-image record:
 //
 //	"TOOLSTACKD-SUSPEND-1\n"
-//	[recMeta  len] JSON ImageMeta: the domain as it ran (VmExtra)
+//	[recMeta  len] JSON ImageMeta: the domain as it ran (informative)
 //	[recQEMU  len] QEMU's migration stream (recSim for the simulator)
 //	[recEnd   0]
 //
-// The metadata comes first so that a resume rebuilds exactly the devices
-// the guest had, whatever its VM record says now. A stream record's
-// length is written as unknownLength while QEMU writes it and set
-// afterwards; a reader on a pipe hands everything after the header to
-// QEMU, which stops at its own end marker.
+// A stream record's length is written as unknownLength while QEMU writes
+// it and set afterwards; a reader hands everything after the header to
+// QEMU, which stops at its own end marker. Bytes after the end record
+// are ignored: an image kept in a VDI is followed by the rest of the
+// volume.
+//
+// An image is untrusted input: whoever can write a VDI can write one.
+// So the reader checks the framing strictly (one metadata record of
+// bounded size, strict JSON, the stream type of the backend named, a
+// stream length inside the file, the end record where it must be) and
+// nothing it reads decides a path or a command line: a resume builds
+// its domain from the VM's record, as a start does (see restorePlan).
 const (
 	imageSignature = "TOOLSTACKD-SUSPEND-1\n"
 	recMeta        = 1
@@ -31,10 +39,16 @@ const (
 	recSim         = 3
 	recEnd         = 0xFF
 	unknownLength  = ^uint64(0)
-	maxMetaLength  = 16 << 20
+	// maxMetaLength bounds the metadata record (a real one is a few KiB).
+	maxMetaLength = 1 << 20
+	// Bounds on the lists the metadata may hold.
+	maxImageDisks = 64
+	maxImageNICs  = 64
 )
 
-// ImageMeta is the domain a suspend image holds.
+// ImageMeta is the domain a suspend image was taken from. It is written
+// for diagnosis and to check a resume against; a resume never takes
+// paths, identity or devices from it.
 type ImageMeta struct {
 	Spec    Spec
 	Disks   []Disk
@@ -44,7 +58,7 @@ type ImageMeta struct {
 }
 
 // CPUDevice is a VCPU added while the domain ran (QEMU device_add
-// arguments), recreated on resume.
+// arguments), recreated on resume after checkHotCPUs.
 type CPUDevice struct {
 	ID   string
 	Args map[string]any
@@ -54,9 +68,11 @@ type CPUDevice struct {
 var (
 	ErrImageSignature = errors.New("suspend image: bad signature")
 	ErrImageTruncated = errors.New("suspend image: truncated")
-	ErrImageRecord    = errors.New("suspend image: unknown record type")
+	ErrImageRecord    = errors.New("suspend image: unknown or misplaced record")
 	ErrImageTooLarge  = errors.New("suspend image: record too large")
 	ErrImageNoEnd     = errors.New("suspend image: no end-of-image record")
+	ErrImageMeta      = errors.New("suspend image: bad metadata")
+	ErrImageBackend   = errors.New("suspend image: made by another backend")
 )
 
 func writeRecordHeader(w io.Writer, typ, length uint64) error {
@@ -74,6 +90,9 @@ func writeImageHeader(f *os.File, meta *ImageMeta, stream uint64) (int64, error)
 	b, err := json.Marshal(meta)
 	if err != nil {
 		return 0, err
+	}
+	if len(b) > maxMetaLength {
+		return 0, ErrImageTooLarge
 	}
 	if _, err := f.Write([]byte(imageSignature)); err != nil {
 		return 0, err
@@ -105,82 +124,164 @@ func finishImage(f *os.File, lengthAt int64) error {
 	return f.Sync()
 }
 
-// readImageHeader reads the signature and the metadata, and the header of
-// the stream record: r is then positioned at the stream.
-func readImageHeader(r io.Reader) (*ImageMeta, uint64, uint64, error) {
-	sig := make([]byte, len(imageSignature))
-	if _, err := io.ReadFull(r, sig); err != nil {
-		return nil, 0, 0, ErrImageTruncated
-	}
-	if string(sig) != imageSignature {
-		return nil, 0, 0, ErrImageSignature
-	}
-	var meta *ImageMeta
-	for {
-		var h [16]byte
-		if _, err := io.ReadFull(r, h[:]); err != nil {
-			return nil, 0, 0, ErrImageTruncated
-		}
-		typ, length := binary.BigEndian.Uint64(h[:8]), binary.BigEndian.Uint64(h[8:])
-		switch typ {
-		case recMeta:
-			if length > maxMetaLength {
-				return nil, 0, 0, ErrImageTooLarge
-			}
-			b := make([]byte, length)
-			if _, err := io.ReadFull(r, b); err != nil {
-				return nil, 0, 0, ErrImageTruncated
-			}
-			meta = &ImageMeta{}
-			if err := json.Unmarshal(b, meta); err != nil {
-				return nil, 0, 0, fmt.Errorf("suspend image: metadata: %w", err)
-			}
-		case recQEMU, recSim:
-			if meta == nil {
-				return nil, 0, 0, fmt.Errorf("suspend image: stream before metadata")
-			}
-			return meta, typ, length, nil
-		case recEnd:
-			return nil, 0, 0, ErrImageNoEnd
-		default:
-			return nil, 0, 0, ErrImageRecord
-		}
-	}
+// imageLayout is what parseImage found in an image.
+type imageLayout struct {
+	meta   *ImageMeta
+	stream uint64 // record type: recQEMU or recSim
+	at     int64  // offset of the stream's first byte
+	length int64  // the stream's length
 }
 
-// ReadImageMeta reads a suspend image's metadata, and checks the image
-// is complete (its stream has a length and the end record follows).
+// streamOf is the stream record type a backend writes.
+func streamOf(backend string) (uint64, bool) {
+	switch backend {
+	case "qemu":
+		return recQEMU, true
+	case "simulator":
+		return recSim, true
+	}
+	return 0, false
+}
+
+// parseImage checks the framing of a complete image of size bytes and
+// decodes its metadata. It reads at most the signature, the headers and
+// maxMetaLength bytes of metadata, whatever the image claims.
+func parseImage(r io.ReaderAt, size int64) (*imageLayout, error) {
+	if size < int64(len(imageSignature)) {
+		return nil, ErrImageTruncated
+	}
+	sig := make([]byte, len(imageSignature))
+	if _, err := r.ReadAt(sig, 0); err != nil {
+		return nil, ErrImageTruncated
+	}
+	if string(sig) != imageSignature {
+		return nil, ErrImageSignature
+	}
+	pos := int64(len(imageSignature))
+	header := func() (uint64, uint64, error) {
+		if size-pos < 16 {
+			return 0, 0, ErrImageTruncated
+		}
+		var h [16]byte
+		if _, err := r.ReadAt(h[:], pos); err != nil {
+			return 0, 0, ErrImageTruncated
+		}
+		pos += 16
+		return binary.BigEndian.Uint64(h[:8]), binary.BigEndian.Uint64(h[8:]), nil
+	}
+	// The metadata, first and once.
+	typ, length, err := header()
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case typ == recEnd:
+		return nil, ErrImageNoEnd
+	case typ != recMeta:
+		return nil, ErrImageRecord
+	case length > maxMetaLength:
+		return nil, ErrImageTooLarge
+	case int64(length) > size-pos:
+		return nil, ErrImageTruncated
+	}
+	b := make([]byte, length)
+	if _, err := r.ReadAt(b, pos); err != nil {
+		return nil, ErrImageTruncated
+	}
+	pos += int64(length)
+	meta, err := decodeImageMeta(b)
+	if err != nil {
+		return nil, err
+	}
+	want, _ := streamOf(meta.Backend)
+	// The stream, of the type the metadata's backend writes.
+	typ, length, err = header()
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case typ == recEnd:
+		return nil, ErrImageNoEnd
+	case typ != recQEMU && typ != recSim:
+		return nil, ErrImageRecord
+	case typ != want:
+		return nil, ErrImageBackend
+	case length == unknownLength:
+		return nil, ErrImageNoEnd // never finished: the save was cut short
+	case length > uint64(size-pos):
+		return nil, ErrImageTruncated
+	}
+	l := &imageLayout{meta: meta, stream: typ, at: pos, length: int64(length)}
+	pos += int64(length)
+	if typ, length, err = header(); err != nil || typ != recEnd || length != 0 {
+		return nil, ErrImageNoEnd
+	}
+	return l, nil
+}
+
+// decodeImageMeta decodes the metadata record strictly: one JSON object
+// of the known shape, nothing after it, lists of sane lengths.
+func decodeImageMeta(b []byte) (*ImageMeta, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	meta := &ImageMeta{}
+	if err := dec.Decode(meta); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrImageMeta, err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, fmt.Errorf("%w: data after the metadata", ErrImageMeta)
+	}
+	if _, ok := streamOf(meta.Backend); !ok {
+		return nil, fmt.Errorf("%w: unknown backend %q", ErrImageMeta, meta.Backend)
+	}
+	if len(meta.HotCPUs) > maxVCPUs || len(meta.Disks) > maxImageDisks || len(meta.NICs) > maxImageNICs {
+		return nil, fmt.Errorf("%w: too many devices", ErrImageMeta)
+	}
+	return meta, nil
+}
+
+// fileSize is the size of an open file or block device.
+func fileSize(f *os.File) (int64, error) {
+	return f.Seek(0, io.SeekEnd)
+}
+
+// ReadImageMeta reads and checks a suspend image: its framing must be
+// complete and its metadata well-formed.
 func ReadImageMeta(path string) (*ImageMeta, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	meta, _, length, err := readImageHeader(f)
+	size, err := fileSize(f)
 	if err != nil {
 		return nil, err
 	}
-	if length == unknownLength {
-		return nil, ErrImageNoEnd
+	l, err := parseImage(f, size)
+	if err != nil {
+		return nil, err
 	}
-	at, _ := f.Seek(0, io.SeekCurrent)
-	var h [16]byte
-	if _, err := f.ReadAt(h[:], at+int64(length)); err != nil || binary.BigEndian.Uint64(h[:8]) != recEnd {
-		return nil, ErrImageNoEnd
-	}
-	return meta, nil
+	return l.meta, nil
 }
 
-// openImageStream opens an image positioned at its stream record.
-func openImageStream(path string) (*os.File, *ImageMeta, error) {
+// openImageStream opens a complete image of the given stream type,
+// positioned at its stream.
+func openImageStream(path string, stream uint64) (*os.File, *ImageMeta, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, nil, err
 	}
-	meta, _, _, err := readImageHeader(f)
-	if err != nil {
-		f.Close()
-		return nil, nil, err
+	size, err := fileSize(f)
+	if err == nil {
+		var l *imageLayout
+		if l, err = parseImage(f, size); err == nil {
+			if l.stream != stream {
+				err = ErrImageBackend
+			} else if _, err = f.Seek(l.at, io.SeekStart); err == nil {
+				return f, l.meta, nil
+			}
+		}
 	}
-	return f, meta, nil
+	f.Close()
+	return nil, nil, err
 }

@@ -148,7 +148,7 @@ func TestSuspendImageFormat(t *testing.T) {
 	if err != nil || got.Spec.UUID != "u" || got.Spec.VCPUs != 2 || len(got.Disks) != 1 {
 		t.Fatalf("read back: %+v %v", got, err)
 	}
-	s, m, err := openImageStream(path)
+	s, m, err := openImageStream(path, recQEMU)
 	if err != nil || m.Spec.UUID != "u" {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -99,41 +100,155 @@ func (m *Manager) plan(r db.Reader, ref string) (*bootPlan, error) {
 	return p, nil
 }
 
-// restorePlan is the domain a suspend image describes: the devices the
-// guest had when it was saved, whose VDIs are attached again.
+// restorePlan is the domain a resume builds: the VM's record planned as
+// for VM.start (identity, firmware, kernel through kernelAllowed, disks
+// and NICs with every check), restoring the image's memory. The image is
+// untrusted: it contributes only its stream, the VCPUs hot-plugged while
+// the guest ran, each checked by checkHotCPUs, and which of the record's
+// device slots were in use (keepSavedDisks). Its uuid, name, kernel,
+// paths, taps and bridges are never used.
 func (m *Manager) restorePlan(r db.Reader, ref, image string) (*bootPlan, error) {
 	meta, err := ReadImageMeta(image)
+	if err == nil && meta.Backend != m.be.Name() {
+		err = ErrImageBackend
+	}
 	if err != nil {
 		m.log.Warn("unusable suspend image", "vm", ref, "image", image, "err", err)
 		return nil, xerr.New("SUSPEND_IMAGE_NOT_ACCESSIBLE", image)
 	}
-	spec := meta.Spec
-	spec.VMRef, spec.RestoreFrom = ref, image
-	spec.HotCPUs = meta.HotCPUs
-	p := &bootPlan{spec: &spec, userdevices: map[string]string{}, macs: map[string]string{}}
-	for _, d := range meta.Disks {
-		d.Path, d.Format = "", ""
-		if d.VDI != "" {
-			vrow, ok := r.Get(dm.VDI.Class, d.VDI)
-			if !ok {
-				return nil, xerr.New("VDI_MISSING", schema.NullRef, d.VDI)
-			}
-			if vrow.Get(dm.VDI.Missing) == true {
-				return nil, xerr.New("VDI_MISSING", vrow.String(dm.VDI.SR), d.VDI)
-			}
-		}
-		p.disks = append(p.disks, d)
+	p, err := m.plan(r, ref)
+	if err != nil {
+		return nil, err
 	}
-	for _, n := range meta.NICs {
-		n.Tap, n.Mode = "", ""
-		if row, ok := r.Get(dm.VIF.Class, n.VIF); ok {
-			if nrow, ok := r.Get(dm.Network.Class, row.String(dm.VIF.Network)); ok {
-				n.Bridge = nrow.String(dm.Network.Bridge)
-			}
-		}
-		p.nics = append(p.nics, n)
+	// VCPUs_at_startup counts the VCPUs the guest had running (a live
+	// change sets it): those it booted with plus those hot-plugged.
+	p.spec.VCPUs -= len(meta.HotCPUs)
+	hot, err := checkHotCPUs(meta.HotCPUs, p.spec)
+	if err == nil && p.spec.VCPUs < 1 {
+		err = fmt.Errorf("%d hot-plugged VCPUs for %d in all", len(meta.HotCPUs), p.spec.VCPUs+len(meta.HotCPUs))
 	}
+	if err != nil {
+		m.log.Warn("unusable suspend image", "vm", ref, "image", image, "err", err)
+		return nil, xerr.New("SUSPEND_IMAGE_NOT_ACCESSIBLE", image)
+	}
+	p.spec.RestoreFrom, p.spec.HotCPUs = image, hot
+	p.disks, p.nics = keepSavedDisks(p.disks, meta.Disks), keepSavedNICs(p.nics, meta.NICs)
 	return p, nil
+}
+
+// keepSavedDisks narrows the record's planned disks to those the domain
+// had when it was saved (same device slot and kind), so that a drive
+// unplugged before the suspend does not reappear. The image can only
+// leave planned disks out: every disk kept is the record's own, checked
+// by planDisks, and nothing else the image says about it is used.
+func keepSavedDisks(planned, saved []Disk) []Disk {
+	had := map[string]bool{}
+	for _, d := range saved {
+		had[d.Device+"/"+strconv.FormatBool(d.CD)] = true
+	}
+	var out []Disk
+	for _, d := range planned {
+		if had[d.Device+"/"+strconv.FormatBool(d.CD)] {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// keepSavedNICs is keepSavedDisks for NICs (by device number).
+func keepSavedNICs(planned, saved []NIC) []NIC {
+	had := map[string]bool{}
+	for _, n := range saved {
+		had[n.Device] = true
+	}
+	var out []NIC
+	for _, n := range planned {
+		if had[n.Device] {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+var (
+	// hotCPUID is the id SetVCPUs gives a VCPU it plugs.
+	hotCPUID = regexp.MustCompile(`^cpu-hot-[0-9]{1,3}-[0-9]{1,3}-[0-9]{1,3}$`)
+	// cpuDriver is a QEMU x86 CPU type ("max-x86_64-cpu").
+	cpuDriver = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}-x86_64-cpu$`)
+)
+
+// hotCPUProps are the topology properties a hot-plugged VCPU may carry.
+var hotCPUProps = map[string]bool{"socket-id": true, "die-id": true, "cluster-id": true, "module-id": true, "core-id": true, "thread-id": true}
+
+// checkHotCPUs rebuilds the VCPUs a suspend image says were hot-plugged,
+// refusing anything SetVCPUs would not have made: an id of the strict
+// form cpu-hot-S-C-T whose numbers are the device's own topology, a CPU
+// driver, small integer topology properties and nothing else, no more
+// than VCPUs_max allows beyond VCPUs_at_startup, no id twice.
+func checkHotCPUs(hot []CPUDevice, spec *Spec) ([]CPUDevice, error) {
+	if len(hot) == 0 {
+		return nil, nil
+	}
+	if len(hot) > spec.MaxCPU-spec.VCPUs {
+		return nil, fmt.Errorf("%d hot-plugged VCPUs, at most %d allowed", len(hot), max(0, spec.MaxCPU-spec.VCPUs))
+	}
+	seen := map[string]bool{}
+	out := make([]CPUDevice, 0, len(hot))
+	for _, c := range hot {
+		if !hotCPUID.MatchString(c.ID) || seen[c.ID] {
+			return nil, fmt.Errorf("bad hot-plugged VCPU id %q", c.ID)
+		}
+		seen[c.ID] = true
+		args := map[string]any{"id": c.ID}
+		for k, v := range c.Args {
+			switch {
+			case k == "id":
+				if v != c.ID {
+					return nil, fmt.Errorf("VCPU %s: id %v", c.ID, v)
+				}
+			case k == "driver":
+				s, ok := v.(string)
+				if !ok || !cpuDriver.MatchString(s) {
+					return nil, fmt.Errorf("VCPU %s: driver %v", c.ID, v)
+				}
+				args[k] = s
+			case hotCPUProps[k]:
+				n, ok := smallInt(v)
+				if !ok || n >= maxVCPUs {
+					return nil, fmt.Errorf("VCPU %s: %s %v", c.ID, k, v)
+				}
+				args[k] = n
+			default:
+				return nil, fmt.Errorf("VCPU %s: property %q", c.ID, k)
+			}
+		}
+		if _, ok := args["driver"]; !ok {
+			return nil, fmt.Errorf("VCPU %s: no driver", c.ID)
+		}
+		socket, ok1 := args["socket-id"].(int64)
+		core, ok2 := args["core-id"].(int64)
+		thread, ok3 := args["thread-id"].(int64)
+		if !ok1 || !ok2 || !ok3 || fmt.Sprintf("cpu-hot-%d-%d-%d", socket, core, thread) != c.ID {
+			return nil, fmt.Errorf("VCPU %s: topology does not match its id", c.ID)
+		}
+		out = append(out, CPUDevice{ID: c.ID, Args: args})
+	}
+	return out, nil
+}
+
+// smallInt is a non-negative integer as JSON decoding or Go code holds it.
+func smallInt(v any) (int64, bool) {
+	switch n := v.(type) {
+	case float64:
+		if n >= 0 && n <= 1<<20 && n == float64(int64(n)) {
+			return int64(n), true
+		}
+	case int64:
+		return n, n >= 0
+	case int:
+		return int64(n), n >= 0
+	}
+	return 0, false
 }
 
 // kernelAllowed keeps guests from booting arbitrary host files: kernels

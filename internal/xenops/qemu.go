@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"toolstackd/internal/safepath"
 	"toolstackd/internal/xerr"
 )
 
@@ -24,8 +25,9 @@ import (
 type QEMUConfig struct {
 	// Binary is the emulator (default qemu-system-x86_64 from PATH).
 	Binary string
-	// Accel is "auto" (KVM when /dev/kvm is usable, TCG otherwise),
-	// "kvm" (KVM or refuse to start) or "tcg".
+	// Accel is "auto" (KVM when /dev/kvm is usable and a probe shows
+	// QEMU running a VCPU of CPUModel under it, TCG otherwise), "kvm"
+	// (KVM or refuse to start) or "tcg".
 	Accel string
 	// KVMDevice is the KVM device (default /dev/kvm).
 	KVMDevice string
@@ -62,6 +64,10 @@ type QEMU struct {
 
 	stop chan struct{}
 	wg   sync.WaitGroup
+
+	// auto is what Accel "auto" resolved to at start-up, autoReason why
+	// (see detectAccel).
+	auto, autoReason string
 }
 
 // qemuJournal is what is kept on disk about a domain.
@@ -139,18 +145,28 @@ func NewQEMU(cfg QEMUConfig, log *slog.Logger) (*QEMU, error) {
 		return nil, err
 	}
 	q := &QEMU{cfg: cfg, log: log, doms: map[string]*qemuDomain{}, nextDomid: 1, stop: make(chan struct{})}
+	q.detectAccel()
 	ents, err := os.ReadDir(cfg.StateDir)
 	if err != nil {
 		return nil, err
 	}
 	for _, e := range ents {
-		b, err := os.ReadFile(filepath.Join(cfg.StateDir, e.Name(), "domain.json"))
+		dir, err := entryPath(cfg.StateDir, e.Name(), "")
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, "domain.json"))
 		if err != nil {
 			continue
 		}
 		d := &qemuDomain{exited: make(chan struct{})}
 		if err := json.Unmarshal(b, &d.j); err != nil || d.j.UUID == "" {
 			log.Warn("qemu: unreadable domain journal", "dir", e.Name(), "err", err)
+			continue
+		}
+		if err := checkJournal(&d.j, cfg.StateDir, e.Name()); err != nil {
+			// Not ours as written: neither managed nor cleaned up.
+			log.Warn("qemu: domain journal refused", "dir", e.Name(), "err", err)
 			continue
 		}
 		q.doms[d.j.UUID] = d
@@ -307,6 +323,37 @@ func (q *QEMU) save(d *qemuDomain) error {
 	return os.Rename(p+".tmp", p)
 }
 
+// checkJournal refuses a journal that does not describe a domain of this
+// state directory: its uuid is its directory's name, its files are in
+// that directory, its sockets there or in a socket directory of ours,
+// its taps named as setupNIC names them. Destroy removes what a journal
+// names, so a journal must not be able to name anything else.
+func checkJournal(j *qemuJournal, stateDir, name string) error {
+	dir, err := entryPath(stateDir, name, "")
+	if err != nil {
+		return err
+	}
+	if j.UUID != name || j.Dir != dir || j.LogPath != filepath.Join(dir, "qemu.log") {
+		return fmt.Errorf("journal names %q in %q, expected %q", j.UUID, j.Dir, dir)
+	}
+	sd := filepath.Dir(j.QMPPath)
+	if sd != dir && !isTempSockDir(sd) {
+		return fmt.Errorf("socket directory %q", sd)
+	}
+	if j.QMPPath != filepath.Join(sd, "qmp.sock") || j.VNCPath != filepath.Join(sd, "vnc.sock") || j.SerialPath != filepath.Join(sd, "serial.sock") {
+		return fmt.Errorf("socket paths %q %q %q", j.QMPPath, j.VNCPath, j.SerialPath)
+	}
+	if j.Spec.UUID != j.UUID {
+		return fmt.Errorf("spec for %q", j.Spec.UUID)
+	}
+	for _, n := range j.NICs {
+		if n.Tap != "" && !tapNamePattern.MatchString(n.Tap) {
+			return fmt.Errorf("tap %q", n.Tap)
+		}
+	}
+	return nil
+}
+
 func (q *QEMU) accel(spec *Spec) (string, error) {
 	switch q.cfg.Accel {
 	case "tcg":
@@ -318,10 +365,7 @@ func (q *QEMU) accel(spec *Spec) (string, error) {
 		}
 		return "kvm", nil
 	default:
-		if ok, _ := kvmAvailable(q.cfg.KVMDevice); ok {
-			return "kvm", nil
-		}
-		return "tcg", nil
+		return q.auto, nil
 	}
 }
 
@@ -349,7 +393,11 @@ func (q *QEMU) sockDir(dir, uuid string) string {
 	if len(dir)+len("/serial.sock") < 100 {
 		return dir
 	}
-	return filepath.Join(os.TempDir(), "toolstackd-"+uuid[:8]+"-"+strconv.FormatInt(time.Now().UnixNano()%1e6, 36))
+	short := filepath.Base(dir) // the uuid, already checked to be a plain name
+	if len(short) > 8 {
+		short = short[:8]
+	}
+	return filepath.Join(os.TempDir(), sockDirPrefix+short+"-"+strconv.FormatInt(time.Now().UnixNano()%1e6, 36))
 }
 
 // Create implements Backend.
@@ -363,9 +411,13 @@ func (q *QEMU) Create(ctx context.Context, spec *Spec) (int64, error) {
 		q.mu.Unlock()
 		return 0, xerr.New("DOMAIN_EXISTS", spec.VMRef, strconv.FormatInt(old.j.Domid, 10))
 	}
+	dir, err := entryPath(q.cfg.StateDir, spec.UUID, "")
+	if err != nil {
+		q.mu.Unlock()
+		return 0, err
+	}
 	domid := q.nextDomid
 	q.nextDomid++
-	dir := filepath.Join(q.cfg.StateDir, spec.UUID)
 	d := &qemuDomain{state: DomainBuilding, exited: make(chan struct{}), vcpus: spec.VCPUs, memory: spec.Target}
 	sd := q.sockDir(dir, spec.UUID)
 	d.j = qemuJournal{UUID: spec.UUID, Domid: domid, Spec: *spec, Accel: accel, Dir: dir,
@@ -377,13 +429,13 @@ func (q *QEMU) Create(ctx context.Context, spec *Spec) (int64, error) {
 		q.mu.Lock()
 		delete(q.doms, spec.UUID)
 		q.mu.Unlock()
-		os.RemoveAll(dir)
+		removeBelow(q.cfg.StateDir, dir)
 		if sd != dir {
-			os.RemoveAll(sd)
+			removeBelow(os.TempDir(), sd)
 		}
 		return 0, err
 	}
-	os.RemoveAll(dir) // leftovers of a domain destroyed half-way
+	removeBelow(q.cfg.StateDir, dir) // leftovers of a domain destroyed half-way
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fail(err)
 	}
@@ -418,7 +470,10 @@ func (q *QEMU) Build(ctx context.Context, uuid string) error {
 		}
 	}
 	if s.Firmware == "uefi" {
-		vars := filepath.Join(d.j.Dir, "OVMF_VARS.fd")
+		vars, err := safepath.Join(d.j.Dir, "OVMF_VARS.fd")
+		if err != nil {
+			return err
+		}
 		if _, err := os.Stat(vars); err != nil {
 			if err := copyFile(q.cfg.OVMFVars, vars); err != nil {
 				return xerr.New("FAILED_TO_START_EMULATOR", s.VMRef, "qemu", "UEFI variable store: "+err.Error())
@@ -494,7 +549,7 @@ func (q *QEMU) StartDeviceModel(ctx context.Context, uuid string) error {
 	// it, and it outlives the daemon.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if j.Spec.RestoreFrom != "" {
-		img, _, err := openImageStream(j.Spec.RestoreFrom)
+		img, _, err := openImageStream(j.Spec.RestoreFrom, recQEMU)
 		if err != nil {
 			logf.Close()
 			q.log.Warn("qemu: unusable suspend image", "vm", j.UUID, "err", err)
@@ -841,7 +896,8 @@ func (q *QEMU) Suspend(ctx context.Context, uuid, path string, progress func(flo
 		if wasRunning {
 			q.Unpause(bg, uuid)
 		}
-		os.Remove(path)
+		// The image is the manager's to discard: path may be a
+		// storage-owned VDI, which is never removed from here.
 		return cause
 	}
 	// Saving would crawl at QEMU's default migration speed (32 MiB/s).
@@ -891,7 +947,11 @@ func (q *QEMU) Destroy(ctx context.Context, uuid string) error {
 	d := q.doms[uuid]
 	q.mu.Unlock()
 	if d == nil {
-		os.RemoveAll(filepath.Join(q.cfg.StateDir, uuid))
+		dir, err := entryPath(q.cfg.StateDir, uuid, "")
+		if err != nil {
+			return err
+		}
+		removeBelow(q.cfg.StateDir, dir)
 		return nil
 	}
 	d.mu.Lock()
@@ -943,10 +1003,14 @@ func (q *QEMU) Destroy(ctx context.Context, uuid string) error {
 			}
 		}
 	}
-	if sd := filepath.Dir(j.QMPPath); sd != j.Dir {
-		os.RemoveAll(sd)
+	if sd := filepath.Dir(j.QMPPath); sd != j.Dir && isTempSockDir(sd) {
+		if err := removeBelow(os.TempDir(), sd); err != nil {
+			q.log.Warn("qemu: socket directory left", "vm", uuid, "err", err)
+		}
 	}
-	os.RemoveAll(j.Dir)
+	if err := removeBelow(q.cfg.StateDir, j.Dir); err != nil {
+		q.log.Warn("qemu: state directory left", "vm", uuid, "err", err)
+	}
 	q.mu.Lock()
 	if q.doms[uuid] == d {
 		delete(q.doms, uuid)

@@ -171,14 +171,7 @@ func (q *QEMU) qemuArgv(j *qemuJournal) ([]string, error) {
 	if !platformTrue(s.Platform, "acpi", true) {
 		mopts += ",acpi=off"
 	}
-	cpu := q.cfg.CPUModel
-	if cpu == "" {
-		if j.Accel == "kvm" {
-			cpu = "host"
-		} else {
-			cpu = "max"
-		}
-	}
+	cpu := q.cpuModel(j.Accel)
 	if j.Accel == "kvm" && platformTrue(s.Platform, "viridian", false) {
 		cpu += ",hv_relaxed,hv_vapic,hv_spinlocks=0x1fff,hv_time"
 	}

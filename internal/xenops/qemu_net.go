@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"regexp"
 	"strconv"
 	"strings"
 )
@@ -37,11 +38,18 @@ func tapExists(name string) bool {
 
 // deleteTap removes a tap if it is there.
 func deleteTap(name string) error {
+	if !tapNamePattern.MatchString(name) {
+		return fmt.Errorf("not a tap of ours: %q", name)
+	}
 	if !tapExists(name) {
 		return nil
 	}
 	return runIP("link", "del", "dev", name)
 }
+
+// tapNamePattern matches the names tapName makes: only those are ever
+// deleted.
+var tapNamePattern = regexp.MustCompile(`^tsvif[0-9]{1,10}\.[0-9]{1,2}$`)
 
 // tapName names a NIC's tap after the domain and device, as Xen's
 // vifDOMID.DEVICE (at most 15 characters).

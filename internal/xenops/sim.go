@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"toolstackd/internal/safepath"
 	"toolstackd/internal/xerr"
 )
 
@@ -74,7 +75,7 @@ func NewSimulator(cfg SimConfig) (*Simulator, error) {
 				continue
 			}
 			var d simDomain
-			if json.Unmarshal(b, &d) != nil || d.Info.UUID == "" {
+			if json.Unmarshal(b, &d) != nil || d.Info.UUID == "" || d.Info.UUID+".json" != e.Name() || safepath.Name(d.Info.UUID) != nil {
 				continue
 			}
 			s.doms[d.Info.UUID] = &d
@@ -162,7 +163,10 @@ func (s *Simulator) save(uuid string, b []byte) {
 	if b == nil {
 		return
 	}
-	p := filepath.Join(s.cfg.StateDir, uuid+".json")
+	p, err := entryPath(s.cfg.StateDir, uuid, ".json")
+	if err != nil {
+		return
+	}
 	tmp := p + "." + strconv.FormatInt(time.Now().UnixNano(), 36)
 	if os.WriteFile(tmp, b, 0o600) == nil {
 		os.Rename(tmp, p)
@@ -188,6 +192,9 @@ func (s *Simulator) Check(spec *Spec) error {
 func (s *Simulator) Create(ctx context.Context, spec *Spec) (int64, error) {
 	if err := s.step(ctx, "create"); err != nil {
 		return 0, err
+	}
+	if safepath.Name(spec.UUID) != nil {
+		return 0, xerr.New(xerr.InvalidValue, "uuid", spec.UUID)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -380,7 +387,9 @@ func (s *Simulator) Destroy(ctx context.Context, uuid string) error {
 	}
 	delete(s.doms, uuid)
 	if s.cfg.StateDir != "" {
-		os.Remove(filepath.Join(s.cfg.StateDir, uuid+".json"))
+		if p, err := entryPath(s.cfg.StateDir, uuid, ".json"); err == nil {
+			os.Remove(p)
+		}
 	}
 	return nil
 }
@@ -471,6 +480,18 @@ func (s *Simulator) Info(uuid string) (DomainInfo, bool) {
 		return DomainInfo{}, false
 	}
 	return cloneInfo(d.Info), true
+}
+
+// DomainSpec is the spec a simulated domain was built from (for tests:
+// what a real backend would have turned into a command line).
+func (s *Simulator) DomainSpec(uuid string) (Spec, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d := s.doms[uuid]
+	if d == nil {
+		return Spec{}, false
+	}
+	return d.Spec, true
 }
 
 func cloneInfo(i DomainInfo) DomainInfo {

@@ -412,8 +412,9 @@ func (m *Manager) newSuspendImage(o *opCtx, vm *db.Row, forUUID string) (*suspen
 			if m.cfg.DataDir == "" {
 				return xerr.New("VM_NO_SUSPEND_SR", vm.Ref)
 			}
-			img.path = m.suspendPath(forUUID)
-			return nil
+			var err error
+			img.path, err = m.suspendPath(forUUID)
+			return err
 		}
 		size := vm.Get(dm.VM.MemoryStaticMax).(int64) + 64<<20
 		vdi, err := store.CreateSuspendVDI(ctx, vm.Ref, vm.String(dm.VM.SuspendSR), size)
@@ -441,7 +442,10 @@ func (m *Manager) openSuspendImage(ctx context.Context, vm *db.Row) (*suspendIma
 		}
 		return &suspendImage{vm: vm.UUID(), vdi: vdi, path: path, attached: true}, nil
 	}
-	path := m.suspendPath(vm.UUID())
+	path, err := m.suspendPath(vm.UUID())
+	if err != nil {
+		return nil, err
+	}
 	if _, err := os.Stat(path); err != nil {
 		return nil, xerr.New("VM_HAS_NO_SUSPEND_VDI", vm.Ref)
 	}
@@ -484,7 +488,11 @@ func (m *Manager) discardSuspendImage(ctx context.Context, vm *db.Row) error {
 	vdi := vm.String(dm.VM.SuspendVDI)
 	img := &suspendImage{vdi: vdi}
 	if vdi == "" || vdi == schema.NullRef {
-		img.vdi, img.path = schema.NullRef, m.suspendPath(vm.UUID())
+		path, err := m.suspendPath(vm.UUID())
+		if err != nil {
+			return err
+		}
+		img.vdi, img.path = schema.NullRef, path
 	}
 	return m.discardImage(ctx, img)
 }

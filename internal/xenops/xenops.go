@@ -158,6 +158,9 @@ func Register(srv *api.Server, router *mux.Router, cfg Config) (*Manager, error)
 		return nil, err
 	}
 	m.be = be
+	if a, ok := be.(interface{ Accelerator() (string, string) }); ok {
+		m.recordAccelerator(a.Accelerator())
+	}
 	if m.cfg.ConsoleBase == "" {
 		m.cfg.ConsoleBase = m.consoleBase()
 	}
@@ -296,8 +299,9 @@ func (m *Manager) suspendDir() string { return filepath.Join(m.cfg.DataDir, "xen
 
 // suspendPath is where a VM's memory image lives when storage does not
 // hold suspend images.
-func (m *Manager) suspendPath(uuid string) string {
-	return filepath.Join(m.suspendDir(), uuid+".img")
+// A uuid that is not a plain file name is refused (INVALID_VALUE).
+func (m *Manager) suspendPath(uuid string) (string, error) {
+	return entryPath(m.suspendDir(), uuid, ".img")
 }
 
 // notify is the backend's "this domain needs attention".

@@ -283,7 +283,16 @@ func (e *env) template(name string) string {
 // newVM makes a VM with VM.create from a record based on a template's.
 func (e *env) newVM(name string, tweak map[string]any) string {
 	e.t.Helper()
-	rec := map[string]any{
+	rec := vmRecord(name)
+	for k, v := range tweak {
+		rec[k] = v
+	}
+	return e.str(e.call("VM.create", rec))
+}
+
+// vmRecord is a VM.create record for a small HVM guest.
+func vmRecord(name string) map[string]any {
+	return map[string]any{
 		"name_label": name, "name_description": "", "user_version": 1, "is_a_template": false,
 		"affinity": "OpaqueRef:NULL", "memory_target": 128 << 20,
 		"memory_static_max": 128 << 20, "memory_dynamic_max": 128 << 20, "memory_dynamic_min": 128 << 20, "memory_static_min": 64 << 20,
@@ -298,10 +307,6 @@ func (e *env) newVM(name string, tweak map[string]any) string {
 		"suspend_SR": "OpaqueRef:NULL", "version": 0, "generation_id": "", "hardware_platform_version": 0,
 		"has_vendor_device": false, "reference_label": "", "domain_type": "hvm", "NVRAM": map[string]string{},
 	}
-	for k, v := range tweak {
-		rec[k] = v
-	}
-	return e.str(e.call("VM.create", rec))
 }
 
 // network is the management network first boot made.

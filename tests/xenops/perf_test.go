@@ -169,6 +169,9 @@ func TestDaemonFigures(t *testing.T) {
 	}
 	dir := shortTempDir(t)
 	dbg, extra := debugFlag(t)
+	// 1000 calls at once from one client: above the default per-client
+	// connection cap, which this figure is not about.
+	extra = append(extra, "--max-conns-per-client", "2048")
 	d := startDaemonArgs(t, dir, freeAddr(t), "simulator", extra)
 	defer d.kill()
 	e := remote(t, d)

@@ -214,6 +214,11 @@ func TestQEMULifecycle(t *testing.T) {
 	if r.inUse() != 0 {
 		t.Fatalf("%d VDIs attached while suspended", r.inUse())
 	}
+	// The image is untrusted: its metadata now names host files as
+	// kernel and disk and another uuid; the resume must take the domain
+	// from the VM record, hot-plugged VCPU included, and only the stream
+	// from the image.
+	poisonImageMeta(t, img)
 
 	// resume: a new process carries on where the guest was.
 	t0 = time.Now()
@@ -222,6 +227,10 @@ func TestQEMULifecycle(t *testing.T) {
 	pid2 := e.pid(vm)
 	if e.power(vm) != "Running" || !alive(pid2) || pid2 == pid {
 		t.Fatalf("after resume: %s pid %d", e.power(vm), pid2)
+	}
+	if argv := strings.Join(e.qemuArgv(uuid), " "); strings.Contains(argv, "/etc/shadow") || strings.Contains(argv, "not-this-vm") ||
+		!strings.Contains(argv, g.kernel) || !strings.Contains(argv, "cpu-hot-") {
+		t.Fatalf("resumed with a command line from the image: %s", argv)
 	}
 	serial = e.console(vm, "vt100")
 	serial.waitFor(t, "GUEST-READY", 30*time.Second) // the loop goes on: no reboot

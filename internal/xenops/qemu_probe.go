@@ -1,0 +1,232 @@
+package xenops
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os/exec"
+	"strings"
+	"syscall"
+	"time"
+
+	dm "toolstackd/internal/api/datamodel"
+	"toolstackd/internal/db"
+)
+
+// What "auto" acceleration means is decided once, when the backend
+// starts: KVM only if /dev/kvm is usable AND a QEMU with the CPU model
+// guests will get actually runs a VCPU under it. A usable /dev/kvm is
+// not enough: under nested KVM, `-cpu host` makes QEMU abort at start
+// with "failed to set MSR ...", and every VM.start would fail. When the
+// probe fails, guests run under TCG, a warning is logged and the host
+// record says so (other_config:accelerator and accelerator_reason).
+
+// kvmCheck is kvmAvailable (a variable for tests of the decision on
+// hosts without /dev/kvm).
+var kvmCheck = kvmAvailable
+
+// probeTimeout bounds the whole probe.
+const probeTimeout = 15 * time.Second
+
+// cpuModel is the -cpu a domain gets under accel.
+func (q *QEMU) cpuModel(accel string) string {
+	if q.cfg.CPUModel != "" {
+		return q.cfg.CPUModel
+	}
+	if accel == "kvm" {
+		return "host"
+	}
+	return "max"
+}
+
+func (q *QEMU) machine() string {
+	if q.cfg.Machine != "" {
+		return q.cfg.Machine
+	}
+	return "pc"
+}
+
+// detectAccel settles q.auto for "auto" (and records why).
+func (q *QEMU) detectAccel() {
+	switch q.cfg.Accel {
+	case "tcg", "kvm":
+		q.auto, q.autoReason = q.cfg.Accel, "configured"
+		return
+	}
+	if ok, why := kvmCheck(q.cfg.KVMDevice); !ok {
+		q.auto, q.autoReason = "tcg", "KVM unusable: "+why
+		return
+	}
+	cpu := q.cpuModel("kvm")
+	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+	defer cancel()
+	start := time.Now()
+	if err := probeAccel(ctx, q.cfg.Binary, "kvm", cpu, q.machine()); err != nil {
+		q.auto = "tcg"
+		q.autoReason = truncate(fmt.Sprintf("QEMU cannot run -cpu %s under KVM: %v", cpu, err), 500)
+		q.log.Warn("qemu: KVM is present but unusable with this CPU model; guests run under TCG (slow)",
+			"cpu", cpu, "err", err)
+		return
+	}
+	q.auto, q.autoReason = "kvm", "probed: a VCPU ran with -cpu "+cpu
+	q.log.Info("qemu: KVM works", "cpu", cpu, "probe", time.Since(start).Round(time.Millisecond))
+}
+
+// Accelerator is what "auto" chose and why.
+func (q *QEMU) Accelerator() (accel, reason string) { return q.auto, q.autoReason }
+
+// probeAccel starts binary under accel with one VCPU of the cpu model,
+// no devices and no display, monitored over QMP on stdin/stdout, lets
+// the VCPU run briefly and checks it still runs; then quits it. A QEMU
+// that aborts while setting up the VCPU (nested KVM's "failed to set
+// MSR") never answers, and its stderr is the error.
+func probeAccel(ctx context.Context, binary, accel, cpu, machine string) error {
+	cmd := exec.CommandContext(ctx, binary,
+		"-machine", machine+",accel="+accel, "-cpu", cpu, "-m", "32", "-smp", "1",
+		"-nodefaults", "-no-user-config", "-display", "none", "-S", "-qmp", "stdio")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = time.Second
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	waited := false
+	defer func() {
+		in.Close()
+		if !waited {
+			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			cmd.Wait()
+		}
+	}()
+	fail := func(err error) error {
+		in.Close()
+		cmd.Wait()
+		waited = true
+		if msg := lastLines(stderr.String(), 3); msg != "" {
+			return errors.New(msg)
+		}
+		return err
+	}
+	sc := bufio.NewScanner(io.LimitReader(out, 1<<20))
+	// reply skips events and returns the next reply's "return" or error.
+	reply := func() (json.RawMessage, error) {
+		for sc.Scan() {
+			var m struct {
+				QMP    json.RawMessage
+				Return json.RawMessage
+				Error  *struct{ Desc string }
+				Event  string
+			}
+			if json.Unmarshal(sc.Bytes(), &m) != nil || m.Event != "" || m.QMP != nil {
+				continue
+			}
+			if m.Error != nil {
+				return nil, errors.New(m.Error.Desc)
+			}
+			return m.Return, nil
+		}
+		return nil, errors.New("the emulator exited")
+	}
+	exec1 := func(c string) (json.RawMessage, error) {
+		if _, err := fmt.Fprintf(in, `{"execute":%q}`+"\n", c); err != nil {
+			return nil, errors.New("the emulator exited")
+		}
+		return reply()
+	}
+	if _, err := exec1("qmp_capabilities"); err != nil {
+		return fail(err)
+	}
+	if accel == "kvm" {
+		r, err := exec1("query-kvm")
+		if err != nil {
+			return fail(err)
+		}
+		var k struct{ Enabled, Present bool }
+		if json.Unmarshal(r, &k) != nil || !k.Enabled {
+			return fail(errors.New("KVM not enabled in the emulator"))
+		}
+	}
+	if _, err := exec1("cont"); err != nil {
+		return fail(err)
+	}
+	select {
+	case <-ctx.Done():
+		return fail(ctx.Err())
+	case <-time.After(300 * time.Millisecond):
+	}
+	r, err := exec1("query-status")
+	if err != nil {
+		return fail(err)
+	}
+	var st struct{ Status string }
+	json.Unmarshal(r, &st)
+	if st.Status != "running" {
+		return fail(fmt.Errorf("the VCPU stopped: status %q", st.Status))
+	}
+	exec1("quit")
+	in.Close()
+	cmd.Wait()
+	waited = true
+	return nil
+}
+
+// lastLines is the last n non-empty lines of s, joined by "; ".
+func lastLines(s string, n int) string {
+	var lines []string
+	for _, l := range strings.Split(s, "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "; ")
+}
+
+// Host other_config keys that say how guests are accelerated.
+const (
+	hostKeyAccel       = "accelerator"
+	hostKeyAccelReason = "accelerator_reason"
+)
+
+// recordAccelerator writes the backend's choice into this host's
+// other_config, so that an administrator sees it (xe host-param-get).
+func (m *Manager) recordAccelerator(accel, reason string) {
+	if m.host == "" {
+		return
+	}
+	_, err := m.db.Update(func(tx *db.Tx) error {
+		row, ok := tx.Get(dm.Host.Class, m.host)
+		if !ok {
+			return nil
+		}
+		old, _ := row.Get(dm.Host.OtherConfig).(map[string]string)
+		if old[hostKeyAccel] == accel && old[hostKeyAccelReason] == reason {
+			return nil
+		}
+		oc := make(map[string]string, len(old)+2)
+		for k, v := range old {
+			oc[k] = v
+		}
+		oc[hostKeyAccel], oc[hostKeyAccelReason] = accel, reason
+		return tx.Set(dm.Host.OtherConfig, m.host, oc)
+	})
+	if err != nil {
+		m.log.Warn("recording the accelerator in the host record", "err", err)
+	}
+}
