@@ -28,6 +28,7 @@ import (
 	"toolstackd/internal/cli"
 	"toolstackd/internal/db"
 	"toolstackd/internal/db/persist"
+	"toolstackd/internal/netguard"
 	"toolstackd/internal/storage" // issue 6
 	"toolstackd/internal/xenops"  // issue 7
 )
@@ -41,6 +42,7 @@ type options struct {
 	logLevel    string
 	redoLog     string
 	debugListen string
+	conns       netguard.Config
 }
 
 func main() {
@@ -86,6 +88,16 @@ func rootCmd() *cobra.Command {
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&o.redoLog, "redo-log", "", "mirror the database into a redo log at this file or block device (e.g. on shared storage)")
 	f.StringVar(&o.debugListen, "debug-listen", "", "serve Go's profiler (net/http/pprof) on this address, e.g. 127.0.0.1:6060; empty: off")
+	// Connection limits (issue 10): see internal/netguard.
+	def := netguard.Defaults()
+	f.DurationVar(&o.conns.HeaderTimeout, "header-timeout", def.HeaderTimeout, "a request's line and headers (and a TLS handshake) must arrive within this")
+	f.DurationVar(&o.conns.IdleTimeout, "idle-timeout", def.IdleTimeout, "close a keep-alive connection idle for this long")
+	f.DurationVar(&o.conns.WriteTimeout, "write-timeout", def.WriteTimeout, "drop a client that accepts no byte of a reply for this long (long polls may wait as asked; only writing is timed)")
+	f.DurationVar(&o.conns.StallTimeout, "stall-timeout", def.StallTimeout, "drop a request body, or a taken-over transfer (length-less import, xe handshake), that moves no byte for this long")
+	f.Int64Var(&o.conns.MinBodyRate, "min-body-rate", def.MinBodyRate, "bytes a second a request body must average (after a stall-timeout allowance)")
+	f.DurationVar(&o.conns.ConsoleIdle, "console-idle-timeout", def.ConsoleIdle, "close a /console connection with no traffic either way for this long")
+	f.IntVar(&o.conns.MaxConnsPerClient, "max-conns-per-client", def.MaxConnsPerClient, "connections open at once from one IP address (the local socket is exempt)")
+	f.IntVar(&o.conns.MaxConns, "max-conns", 0, "connections open at once in total; 0: the file limit (raised to its hard limit at start) less a reserve")
 	cmd.AddCommand(recoverCmd())
 	return cmd
 }
@@ -104,6 +116,20 @@ func run(ctx context.Context, o options) error {
 	if err := os.MkdirAll(o.dataDir, 0o700); err != nil {
 		return fmt.Errorf("data dir: %w", err)
 	}
+	// Connections are bounded by the file limit: raise it to the hard
+	// limit, and keep a reserve of it for files and QEMU's sockets.
+	nofile, err := netguard.RaiseFileLimit()
+	if err != nil {
+		log.Warn("cannot raise the open file limit", "limit", nofile, "err", err)
+	}
+	if auto := netguard.MaxConnsForLimit(nofile); o.conns.MaxConns <= 0 || o.conns.MaxConns > auto {
+		if o.conns.MaxConns > auto {
+			log.Warn("--max-conns is above what the open file limit allows; lowered", "asked", o.conns.MaxConns, "limit", nofile)
+		}
+		o.conns.MaxConns = auto
+	}
+	o.conns.Log = log
+	guard := netguard.New(o.conns)
 	cfg := api.DefaultConfig()
 	store, err := persist.Open(filepath.Join(o.dataDir, "toolstackd.db"), dm.Model, persist.Options{Log: log})
 	if err != nil {
@@ -169,7 +195,13 @@ func run(ctx context.Context, o options) error {
 	router := mux.NewRouter()
 	srv.Routes(router)
 	// Storage (issue 6): SR drivers, the SR/PBD/VDI/SM calls, /import_raw_vdi and /export_raw_vdi.
-	stor, err := storage.Register(srv, router, storage.Config{DataDir: o.dataDir, HostRef: hostRef, FirstBoot: first, Log: log})
+	var protected []string
+	if o.redoLog != "" {
+		// A file SR must not be made where the redo log lives.
+		protected = append(protected, filepath.Dir(o.redoLog))
+	}
+	stor, err := storage.Register(srv, router, storage.Config{DataDir: o.dataDir, HostRef: hostRef, FirstBoot: first, Log: log,
+		ProtectedDirs: protected})
 	if err != nil {
 		return err
 	}
@@ -187,7 +219,9 @@ func run(ctx context.Context, o options) error {
 	var servers []*http.Server
 	var wg sync.WaitGroup
 	serve := func(l net.Listener, h http.Handler, tlsFiles ...string) {
-		hs := &http.Server{Handler: h, ReadHeaderTimeout: 30 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+		hs := guard.Server(h)
+		hs.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelDebug)
+		l = guard.Listener(l, l.Addr().Network() == "unix")
 		servers = append(servers, hs)
 		wg.Add(1)
 		go func() {
