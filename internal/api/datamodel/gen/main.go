@@ -87,6 +87,7 @@ func main() {
 	}
 	write(filepath.Join(*out, "zz_model.go"), genModel(&dm, specs, enums, rels))
 	write(filepath.Join(*out, "zz_records.go"), genRecords(model))
+	write(filepath.Join(*out, "zz_routes.go"), genRoutes(model, filepath.Join(filepath.Dir(*ov), "routes.json")))
 	if *docs != "" {
 		genDocs(model, *docs)
 	}
