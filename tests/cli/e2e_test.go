@@ -13,124 +13,37 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"toolstackd/internal/testdaemon"
 )
 
 const password = "e2e-secret"
 
-var (
-	xeBin, daemonBin string
-	buildDir         string
-	buildOnce        sync.Once
-	buildErr         error
-)
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if buildDir != "" {
-		os.RemoveAll(buildDir)
-	}
-	os.Exit(code)
-}
-
-func build(t *testing.T) {
-	t.Helper()
-	buildOnce.Do(func() {
-		xeBin, daemonBin = os.Getenv("XE_BIN"), os.Getenv("TOOLSTACKD_BIN")
-		_, file, _, _ := runtime.Caller(0)
-		root := filepath.Join(filepath.Dir(file), "..", "..")
-		dir, err := os.MkdirTemp("", "xe-e2e-bin")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		buildDir = dir
-		for _, b := range []struct {
-			path *string
-			pkg  string
-		}{{&xeBin, "./cmd/xe"}, {&daemonBin, "./cmd/toolstackd"}} {
-			if *b.path != "" {
-				continue
-			}
-			*b.path = filepath.Join(dir, filepath.Base(b.pkg))
-			cmd := exec.Command("go", "build", "-o", *b.path, b.pkg)
-			cmd.Dir = root
-			if out, err := cmd.CombinedOutput(); err != nil {
-				buildErr = fmt.Errorf("go build %s: %v\n%s", b.pkg, err, out)
-				return
-			}
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-}
-
 // daemon is a running toolstackd.
 type daemon struct {
-	t    *testing.T
-	dir  string
-	addr string
-	port string
-	cmd  *exec.Cmd
-	log  *bytes.Buffer
+	*testdaemon.Daemon
+	t     *testing.T
+	dir   string
+	port  string
+	xeBin string // the xe client
 }
 
 func startDaemon(t *testing.T) *daemon {
 	t.Helper()
-	build(t)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	dir := t.TempDir()
-	d := &daemon{t: t, dir: dir, addr: addr, log: &bytes.Buffer{}}
-	_, d.port, _ = net.SplitHostPort(addr)
-	d.cmd = exec.Command(daemonBin, "--data-dir", filepath.Join(dir, "data"), "--listen", addr, "--backend", "simulator",
-		"--log-level", "warn")
-	d.cmd.Env = append(os.Environ(), "TOOLSTACKD_ROOT_PASSWORD="+password)
-	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
-	// The daemon dies with the test, even one killed by a timeout.
-	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := d.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		d.cmd.Process.Signal(os.Interrupt)
-		done := make(chan struct{})
-		go func() { d.cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			d.cmd.Process.Kill()
-		}
-		if t.Failed() {
-			t.Logf("daemon log:\n%s", d.log.String())
-		}
-	})
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
-		if c, err := net.Dial("tcp", addr); err == nil {
-			c.Close()
-			if _, err := os.Stat(d.socket()); err == nil {
-				return d
-			}
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("daemon did not start:\n%s", d.log.String())
-	return nil
+	d := &daemon{t: t, dir: t.TempDir(), xeBin: testdaemon.BuildCommand(t, "xe", "XE_BIN")}
+	d.Daemon = testdaemon.Start(t, testdaemon.Options{DataDir: filepath.Join(d.dir, "data"), Backend: "simulator", LogLevel: "warn",
+		Password: password, StartTimeout: 20 * time.Second, Ready: func(*testdaemon.Daemon) bool {
+			_, err := os.Stat(d.socket())
+			return err == nil
+		}})
+	_, d.port, _ = net.SplitHostPort(d.Addr)
+	return d
 }
 
 func (d *daemon) socket() string { return filepath.Join(d.dir, "data", "xapi.sock") }
@@ -144,7 +57,7 @@ type run struct {
 // xeEnv runs bin/xe with an environment (HOME is the test's directory).
 func (d *daemon) xeEnv(env []string, args ...string) run {
 	d.t.Helper()
-	cmd := exec.Command(xeBin, args...)
+	cmd := exec.Command(d.xeBin, args...)
 	cmd.Dir = d.dir
 	cmd.Env = append([]string{"HOME=" + d.dir, "PATH=" + os.Getenv("PATH")}, env...)
 	var out, errb bytes.Buffer
@@ -190,23 +103,15 @@ func (d *daemon) fails(args ...string) string {
 // a plain VM).
 func (d *daemon) rpc(method string, params ...any) any {
 	d.t.Helper()
-	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "method": method, "params": params, "id": 1})
-	resp, err := http.Post("http://"+d.addr+"/jsonrpc", "application/json", bytes.NewReader(body))
+	r, err := d.Client().Call(method, params...)
 	if err != nil {
+		d.t.Fatalf("%s: %v", method, err)
+	}
+	var out any
+	if err := json.Unmarshal(r, &out); err != nil {
 		d.t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	var out struct {
-		Result any
-		Error  any
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		d.t.Fatal(err)
-	}
-	if out.Error != nil {
-		d.t.Fatalf("%s: %v", method, out.Error)
-	}
-	return out.Result
+	return out
 }
 
 func (d *daemon) login() string {

@@ -62,14 +62,14 @@ func TestPerfVMList(t *testing.T) {
 	t.Logf("vm-list prints %d bytes, %d lines", len(out), strings.Count(out, "\n"))
 	tcp := []string{"-s", "127.0.0.1", "-p", d.port, "-pw", password}
 	local := []string{"TOOLSTACKD_SOCKET=" + d.socket()}
-	timeRuns(t, 3, local, xeBin, "vm-list") // warm up
-	t.Logf("xe vm-list, local socket:        %s", summary(timeRuns(t, 30, local, xeBin, "vm-list")))
-	t.Logf("xe vm-list --minimal, local:     %s", summary(timeRuns(t, 30, local, xeBin, "vm-list", "--minimal")))
-	t.Logf("xe vm-list params=all, local:    %s", summary(timeRuns(t, 10, local, xeBin, "vm-list", "params=all")))
-	t.Logf("xe vm-list, TCP + password:      %s", summary(timeRuns(t, 30, nil, xeBin, append(tcp, "vm-list")...)))
-	t.Logf("xe host-list, TCP + password:    %s", summary(timeRuns(t, 30, nil, xeBin, append(tcp, "host-list")...)))
-	t.Logf("xe host-list, local socket:      %s", summary(timeRuns(t, 30, local, xeBin, "host-list")))
-	t.Logf("xe -version (process start):     %s", summary(timeRuns(t, 30, nil, xeBin, "-version")))
+	timeRuns(t, 3, local, d.xeBin, "vm-list") // warm up
+	t.Logf("xe vm-list, local socket:        %s", summary(timeRuns(t, 30, local, d.xeBin, "vm-list")))
+	t.Logf("xe vm-list --minimal, local:     %s", summary(timeRuns(t, 30, local, d.xeBin, "vm-list", "--minimal")))
+	t.Logf("xe vm-list params=all, local:    %s", summary(timeRuns(t, 10, local, d.xeBin, "vm-list", "params=all")))
+	t.Logf("xe vm-list, TCP + password:      %s", summary(timeRuns(t, 30, nil, d.xeBin, append(tcp, "vm-list")...)))
+	t.Logf("xe host-list, TCP + password:    %s", summary(timeRuns(t, 30, nil, d.xeBin, append(tcp, "host-list")...)))
+	t.Logf("xe host-list, local socket:      %s", summary(timeRuns(t, 30, local, d.xeBin, "host-list")))
+	t.Logf("xe -version (process start):     %s", summary(timeRuns(t, 30, nil, d.xeBin, "-version")))
 }
 
 func TestPerfVDIImport(t *testing.T) {
@@ -105,7 +105,7 @@ func TestPerfVDIImport(t *testing.T) {
 	rawRun := func() time.Duration {
 		fh, _ := os.Open(file)
 		defer fh.Close()
-		req, _ := http.NewRequest(http.MethodPut, fmt.Sprintf("http://%s/import_raw_vdi?session_id=%s&vdi=%s&format=raw", d.addr, session, vdi), fh)
+		req, _ := http.NewRequest(http.MethodPut, fmt.Sprintf("http://%s/import_raw_vdi?session_id=%s&vdi=%s&format=raw", d.Addr, session, vdi), fh)
 		req.ContentLength = size
 		start := time.Now()
 		resp, err := http.DefaultClient.Do(req)

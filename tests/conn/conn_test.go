@@ -11,189 +11,41 @@ package conn_test
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/url"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
-	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"toolstackd/internal/testdaemon"
 )
 
 const rootPW = "conn-test-pw"
 
-var (
-	buildOnce sync.Once
-	daemonBin string
-	buildErr  error
-)
-
-// binary builds cmd/toolstackd once (TOOLSTACKD_BIN overrides it, to
-// measure another build).
-func binary(t testing.TB) string {
-	t.Helper()
-	if b := os.Getenv("TOOLSTACKD_BIN"); b != "" {
-		return b
-	}
-	buildOnce.Do(func() {
-		_, file, _, _ := runtime.Caller(0)
-		root := filepath.Join(filepath.Dir(file), "..", "..")
-		dir, err := os.MkdirTemp("", "conn-bin")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		daemonBin = filepath.Join(dir, "toolstackd")
-		cmd := exec.Command("go", "build", "-o", daemonBin, "./cmd/toolstackd")
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("%v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatalf("building the daemon: %v", buildErr)
-	}
-	return daemonBin
-}
-
+// daemon is the daemon under test, with the calls these tests make.
 type daemon struct {
-	cmd  *exec.Cmd
-	addr string
-	url  string
-	log  *syncBuffer
+	*testdaemon.Daemon
+	client *testdaemon.Client
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func freeAddr(t testing.TB) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-// start runs the daemon with args; nofile > 0 sets its file limit (soft
-// and hard) first.
+// start runs the daemon with args (TOOLSTACKD_BIN overrides the build, to
+// measure another one); nofile > 0 sets its file limit (soft and hard)
+// first.
 func start(t testing.TB, nofile int, args ...string) *daemon {
 	t.Helper()
-	addr := freeAddr(t)
-	dir := t.TempDir()
-	argv := append([]string{binary(t), "--data-dir", dir, "--listen", addr, "--log-level", "warn"}, args...)
-	var cmd *exec.Cmd
-	if nofile > 0 {
-		script := fmt.Sprintf(`ulimit -Sn %d && ulimit -Hn %d && exec "$@"`, nofile, nofile)
-		cmd = exec.Command("sh", append([]string{"-c", script, "sh"}, argv...)...)
-	} else {
-		cmd = exec.Command(argv[0], argv[1:]...)
-	}
-	cmd.Env = append(os.Environ(), "TOOLSTACKD_ROOT_PASSWORD="+rootPW)
-	log := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	d := &daemon{cmd: cmd, addr: addr, url: "http://" + addr, log: log}
-	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-		if t.Failed() {
-			t.Logf("daemon log:\n%s", log.String())
-		}
-	})
-	for end := time.Now().Add(60 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-		if c, err := net.Dial("tcp", addr); err == nil {
-			c.Close()
-			return d
-		}
-		if cmd.ProcessState != nil {
-			break
-		}
-	}
-	t.Fatalf("the daemon did not start:\n%s", log.String())
-	return nil
-}
-
-// fds counts the daemon's open files.
-func (d *daemon) fds() int {
-	es, _ := os.ReadDir("/proc/" + strconv.Itoa(d.cmd.Process.Pid) + "/fd")
-	return len(es)
-}
-
-// rss is the daemon's resident memory in bytes.
-func (d *daemon) rss() int64 {
-	b, _ := os.ReadFile("/proc/" + strconv.Itoa(d.cmd.Process.Pid) + "/status")
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
-			n, _ := strconv.ParseInt(f[1], 10, 64)
-			return n << 10
-		}
-	}
-	return 0
-}
-
-type rpcError struct {
-	Message string
-	Data    []string
+	d := testdaemon.Start(t, testdaemon.Options{LogLevel: "warn", ExtraArgs: args, Password: rootPW, NoFile: nofile})
+	// Each call on a fresh connection.
+	return &daemon{d, &testdaemon.Client{URL: d.URL, Timeout: 30 * time.Second, NoKeepAlive: true}}
 }
 
 // call makes a JSON-RPC call on a fresh connection.
 func (d *daemon) call(t testing.TB, method string, params ...any) (json.RawMessage, error) {
 	t.Helper()
-	if params == nil {
-		params = []any{}
-	}
-	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
-	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 30 * time.Second}
-	resp, err := client.Post(d.url+"/jsonrpc", "application/json", bytes.NewReader(body))
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	var out struct {
-		Result json.RawMessage
-		Error  *rpcError
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		return nil, err
-	}
-	if out.Error != nil {
-		return nil, fmt.Errorf("%s %v", out.Error.Message, out.Error.Data)
-	}
-	return out.Result, nil
+	return d.client.Call(method, params...)
 }
 
 func (d *daemon) must(t testing.TB, method string, params ...any) json.RawMessage {
@@ -206,8 +58,7 @@ func (d *daemon) must(t testing.TB, method string, params ...any) json.RawMessag
 }
 
 func str(r json.RawMessage) string {
-	var s string
-	json.Unmarshal(r, &s)
+	s, _ := testdaemon.String(r)
 	return s
 }
 
@@ -250,7 +101,7 @@ func TestSlowClients(t *testing.T) {
 		"name_description": "", "type": "user", "sharable": false, "read_only": false, "other_config": map[string]string{}}))
 
 	dial := func(t *testing.T) net.Conn {
-		c, err := net.Dial("tcp", d.addr)
+		c, err := net.Dial("tcp", d.Addr)
 		if err != nil {
 			t.Fatal(err)
 		}

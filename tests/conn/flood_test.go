@@ -220,7 +220,7 @@ func TestConnectionFlood(t *testing.T) {
 	d := start(t, nofile, "--max-conns-per-client="+strconv.Itoa(perClient), "--idle-timeout=30s", "--header-timeout=5s")
 	sess := d.login(t)
 	time.Sleep(200 * time.Millisecond)
-	baseline := d.fds()
+	baseline := d.FDCount()
 
 	// One address tries twice its cap; the rest is spread below the cap
 	// per address over as many addresses as it takes.
@@ -271,7 +271,7 @@ func TestConnectionFlood(t *testing.T) {
 	begin := time.Now()
 	var children []*child
 	for _, p := range parts {
-		children = append(children, startChild(t, d.addr, p))
+		children = append(children, startChild(t, d.Addr, p))
 	}
 	ready := map[string][]int{}
 	maxFDs := 0
@@ -279,12 +279,12 @@ func TestConnectionFlood(t *testing.T) {
 		for ip, v := range c.line(t, "ready") {
 			ready[ip] = v
 		}
-		maxFDs = max(maxFDs, d.fds())
+		maxFDs = max(maxFDs, d.FDCount())
 	}
 	opened := time.Since(begin)
 	// Let the dust settle, then look at what is held.
 	time.Sleep(500 * time.Millisecond)
-	held := d.fds()
+	held := d.FDCount()
 	maxFDs = max(maxFDs, held)
 	open := map[string]int{}
 	total := 0
@@ -344,10 +344,10 @@ func TestConnectionFlood(t *testing.T) {
 		c.in.Close()
 		c.cmd.Wait()
 	}
-	for time.Since(gone) < 10*time.Second && d.fds() > baseline+10 {
+	for time.Since(gone) < 10*time.Second && d.FDCount() > baseline+10 {
 		time.Sleep(100 * time.Millisecond)
 	}
-	if f := d.fds(); f > baseline+10 {
+	if f := d.FDCount(); f > baseline+10 {
 		t.Errorf("the daemon still has %d files open %v after the clients left (baseline %d)", f, time.Since(gone).Round(time.Millisecond), baseline)
 	} else {
 		t.Logf("files back to %d (baseline %d) %v after the clients left", f, baseline, time.Since(gone).Round(time.Millisecond))
@@ -372,17 +372,17 @@ func TestIdleFigures(t *testing.T) {
 	sess := d.login(t)
 	d.must(t, "host.get_all", sess)
 	time.Sleep(time.Second)
-	fds0, rss0 := d.fds(), d.rss()
+	fds0, rss0 := d.FDCount(), d.RSS()
 	share := map[string]int{}
 	for i, ip := range []string{"127.0.0.2", "127.0.0.3", "127.0.0.4"} {
 		share[ip] = n/3 + map[bool]int{true: n % 3}[i == 0]
 	}
-	c := startChild(t, d.addr, share)
+	c := startChild(t, d.Addr, share)
 	ready := c.line(t, "ready")
 	time.Sleep(2 * time.Second)
 	io.WriteString(c.in, "check\n")
 	open := c.line(t, "open")
-	fds1, rss1 := d.fds(), d.rss()
+	fds1, rss1 := d.FDCount(), d.RSS()
 	held, served := 0, 0
 	for ip, v := range open {
 		held += v[0]

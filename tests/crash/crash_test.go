@@ -4,111 +4,24 @@
 package crash
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"net"
-	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"toolstackd/internal/testdaemon"
 )
 
 const password = "crash-test"
 
-func buildDaemon(t *testing.T) string {
-	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	root := filepath.Join(filepath.Dir(file), "..", "..")
-	bin := filepath.Join(t.TempDir(), "toolstackd")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/toolstackd")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
-	return bin
-}
-
-func freePort(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-type daemon struct {
-	cmd  *exec.Cmd
-	addr string
-	log  *bytes.Buffer
-}
-
-func start(t *testing.T, bin, dir, addr string) *daemon {
-	t.Helper()
-	cmd := exec.Command(bin, "--data-dir", dir, "--listen", addr, "--backend", "simulator")
-	cmd.Env = append(os.Environ(), "TOOLSTACKD_ROOT_PASSWORD="+password)
-	var log bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &log, &log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
-		if c, err := net.Dial("tcp", addr); err == nil {
-			c.Close()
-			return &daemon{cmd, addr, &log}
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	cmd.Process.Kill()
-	t.Fatalf("daemon did not start:\n%s", log.String())
-	return nil
-}
-
-func (d *daemon) kill() {
-	d.cmd.Process.Signal(syscall.SIGKILL)
-	d.cmd.Wait()
-}
-
-var client = &http.Client{Timeout: 10 * time.Second}
-
-// call makes a JSON-RPC call; ok is false when the call was not
+// call makes a JSON-RPC call; an error means the call was not
 // acknowledged (transport error or XenAPI error).
 func call(addr, method string, params ...any) (json.RawMessage, error) {
-	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
-	resp, err := client.Post("http://"+addr+"/jsonrpc", "application/json", bytes.NewReader(body))
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	var out struct {
-		Result json.RawMessage
-		Error  *struct{ Message string }
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		return nil, err
-	}
-	if out.Error != nil {
-		return nil, fmt.Errorf("%s", out.Error.Message)
-	}
-	return out.Result, nil
-}
-
-func login(t *testing.T, addr string) string {
-	r, err := call(addr, "session.login_with_password", "root", password)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var s string
-	json.Unmarshal(r, &s)
-	return s
+	c := testdaemon.Client{URL: "http://" + addr, Timeout: 10 * time.Second}
+	return c.Call(method, params...)
 }
 
 // acked is what the daemon acknowledged: network ref -> the last
@@ -124,9 +37,9 @@ func TestAcknowledgedWritesSurviveSIGKILL(t *testing.T) {
 	if testing.Short() {
 		t.Skip("crash test is long")
 	}
-	bin := buildDaemon(t)
-	dir := t.TempDir()
-	addr := freePort(t)
+	opts := testdaemon.Options{DataDir: t.TempDir(), Listen: testdaemon.FreeAddr(t, ""), Backend: "simulator",
+		Password: password, StartTimeout: 20 * time.Second}
+	addr := opts.Listen
 	rounds := 30
 	if v := os.Getenv("CRASH_ROUNDS"); v != "" {
 		fmt.Sscan(v, &rounds)
@@ -135,8 +48,8 @@ func TestAcknowledgedWritesSurviveSIGKILL(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, uint64(time.Now().UnixNano())))
 	total := 0
 	for round := 0; round < rounds; round++ {
-		d := start(t, bin, dir, addr)
-		s := login(t, addr)
+		d := testdaemon.Start(t, opts)
+		s := d.Login(t)
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
 		var n sync.Mutex
@@ -180,14 +93,14 @@ func TestAcknowledgedWritesSurviveSIGKILL(t *testing.T) {
 			}()
 		}
 		time.Sleep(time.Duration(20+rng.IntN(300)) * time.Millisecond)
-		d.kill()
+		d.Kill()
 		close(stop)
 		wg.Wait()
 		total += count
 
 		// Restart and check every acknowledged write.
-		d = start(t, bin, dir, addr)
-		s = login(t, addr)
+		d = d.Restart()
+		s = d.Login(t)
 		r, err := call(addr, "network.get_all_records", s)
 		if err != nil {
 			t.Fatal(err)
@@ -201,7 +114,7 @@ func TestAcknowledgedWritesSurviveSIGKILL(t *testing.T) {
 			rec, ok := recs[ref]
 			switch {
 			case !ok:
-				t.Errorf("round %d: acknowledged network %s lost\n%s", round, ref, d.log.String())
+				t.Errorf("round %d: acknowledged network %s lost\n%s", round, ref, d.Log())
 			case rec.NameDescription != want && rec.NameDescription != state.inflight[ref]:
 				t.Errorf("round %d: %s description %q, acknowledged %q", round, ref, rec.NameDescription, want)
 			}
@@ -210,7 +123,7 @@ func TestAcknowledgedWritesSurviveSIGKILL(t *testing.T) {
 		}
 		clear(state.inflight)
 		state.mu.Unlock()
-		d.kill()
+		d.Kill()
 		if t.Failed() {
 			break
 		}

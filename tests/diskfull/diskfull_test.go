@@ -10,109 +10,39 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"toolstackd/internal/testdaemon"
 )
 
 const password = "diskfull-test"
 
-// syncBuffer collects the daemon's output; the test reads it while the
-// process writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-type daemon struct {
-	cmd    *exec.Cmd
-	addr   string
-	log    *syncBuffer
-	exited chan struct{}
-}
-
-func (d *daemon) alive() bool {
-	select {
-	case <-d.exited:
-		return false
-	default:
-		return true
-	}
-}
-
-func (d *daemon) kill() {
-	d.cmd.Process.Signal(syscall.SIGKILL)
-	<-d.exited
-}
-
-func buildDaemon(t *testing.T) string {
+// start runs the daemon on dir and addr and waits until root can log in.
+func start(t *testing.T, dir, addr string, extra ...string) *testdaemon.Daemon {
 	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	root := filepath.Join(filepath.Dir(file), "..", "..")
-	bin := filepath.Join(t.TempDir(), "toolstackd")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/toolstackd")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
-	return bin
+	return testdaemon.Start(t, testdaemon.Options{DataDir: dir, Listen: addr, Backend: "simulator", ExtraArgs: extra,
+		Password: password, StartTimeout: 20 * time.Second, Ready: func(d *testdaemon.Daemon) bool {
+			_, err := call(addr, "session.login_with_password", "root", password)
+			return err == nil
+		}})
 }
 
-func freePort(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
+// call makes one XML-RPC call. A transport error means the outcome is
+// unknown; a *testdaemon.Error means the daemon answered with a failure.
+func call(addr, method string, params ...any) (any, error) {
+	c := testdaemon.Client{URL: "http://" + addr, Timeout: 15 * time.Second}
+	return c.CallXML(method, params...)
 }
 
-func start(t *testing.T, bin, dir, addr string, extra ...string) *daemon {
-	t.Helper()
-	cmd := exec.Command(bin, append([]string{"--data-dir", dir, "--listen", addr, "--backend", "simulator"}, extra...)...)
-	cmd.Env = append(os.Environ(), "TOOLSTACKD_ROOT_PASSWORD="+password)
-	log := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	d := &daemon{cmd: cmd, addr: addr, log: log, exited: make(chan struct{})}
-	go func() { cmd.Wait(); close(d.exited) }()
-	t.Cleanup(func() {
-		if d.alive() {
-			d.kill()
-		}
-	})
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) && d.alive() {
-		if _, err := call(addr, "session.login_with_password", "root", password); err == nil {
-			return d
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("daemon did not start:\n%s", log.String())
-	return nil
-}
+func isAPIError(err error) (*testdaemon.Error, bool) { return testdaemon.AsError(err) }
 
 // mountTmpfs mounts a tmpfs of the given size, or skips the test where
 // that is not allowed.
@@ -194,14 +124,14 @@ func outcomeOf(err error) outcome {
 func TestDiskFullIsRecoverable(t *testing.T) {
 	mnt := mountTmpfs(t, "16m")
 	t0 := time.Now()
-	bin := buildDaemon(t)
+	bin := testdaemon.Build(t)
 	t.Logf("built the daemon in %v", time.Since(t0).Round(time.Millisecond))
 	dataDir := filepath.Join(mnt, "data")
 	// The redo log shares the full disk: it must degrade and catch up,
 	// never hang or stop the daemon.
 	redo := filepath.Join(mnt, "redo.log")
-	addr := freePort(t)
-	d := start(t, bin, dataDir, addr, "--redo-log", redo)
+	addr := testdaemon.FreeAddr(t, "")
+	d := start(t, dataDir, addr, "--redo-log", redo)
 
 	sess := login(t, addr)
 	counterNet := mustString(t, must(t, addr, "network.create", sess, map[string]any{
@@ -296,8 +226,8 @@ func TestDiskFullIsRecoverable(t *testing.T) {
 		if n >= 20 {
 			break
 		}
-		if time.Now().After(deadline) || !d.alive() {
-			t.Fatalf("writes did not fail on a full disk (%d refused; daemon alive: %v)\n%s", n, d.alive(), tail(d.log.String()))
+		if time.Now().After(deadline) || !d.Alive() {
+			t.Fatalf("writes did not fail on a full disk (%d refused; daemon alive: %v)\n%s", n, d.Alive(), d.LogTail(4000))
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -316,8 +246,8 @@ func TestDiskFullIsRecoverable(t *testing.T) {
 	// Stay full a while, clients pushing, so that the daemon is well into
 	// its back-off when space returns.
 	time.Sleep(700 * time.Millisecond)
-	if !d.alive() {
-		t.Fatalf("the daemon died on a full disk:\n%s", tail(d.log.String()))
+	if !d.Alive() {
+		t.Fatalf("the daemon died on a full disk:\n%s", d.LogTail(4000))
 	}
 	// Reads go on, and so do logins (sessions are not written to disk).
 	if _, err := call(addr, "network.get_all_records", sess); err != nil {
@@ -346,7 +276,7 @@ func TestDiskFullIsRecoverable(t *testing.T) {
 			break
 		}
 		if time.Since(freedAt) > 10*time.Second {
-			t.Fatalf("writes did not resume within 10s of freeing the disk; last error: %v\n%s", err, tail(d.log.String()))
+			t.Fatalf("writes did not resume within 10s of freeing the disk; last error: %v\n%s", err, d.LogTail(4000))
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -426,7 +356,7 @@ func TestDiskFullIsRecoverable(t *testing.T) {
 			}
 		}
 		got, _ := strconv.Atoi(desc)
-		if got != l.lastAck && !(got > l.lastAck && l.counter[got] == unknown) {
+		if got != l.lastAck && (got <= l.lastAck || l.counter[got] != unknown) {
 			t.Errorf("%s: the counter reads %q; the last acknowledged value is %d (that one's outcome: %v)", when, desc, l.lastAck, l.counter[got])
 		}
 		if lost+phantom > 0 {
@@ -434,38 +364,38 @@ func TestDiskFullIsRecoverable(t *testing.T) {
 		}
 	}
 	check("live, after space returned")
-	if !d.alive() {
-		t.Fatalf("the daemon exited:\n%s", tail(d.log.String()))
+	if !d.Alive() {
+		t.Fatalf("the daemon exited:\n%s", d.LogTail(4000))
 	}
 	// The redo log catches up by itself (its first retry is 2s after it
 	// failed) and then holds every acknowledged write too.
 	redoOK := false
-	if strings.Contains(d.log.String(), "redo log degraded") {
+	if strings.Contains(d.Log(), "redo log degraded") {
 		deadline := time.Now().Add(10 * time.Second)
-		for !strings.Contains(d.log.String(), "redo log recovered") {
+		for !strings.Contains(d.Log(), "redo log recovered") {
 			if time.Now().After(deadline) {
-				t.Fatalf("the redo log did not recover after space returned:\n%s", tail(d.log.String()))
+				t.Fatalf("the redo log did not recover after space returned:\n%s", d.LogTail(4000))
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
 		redoOK = true
 	}
-	d.kill()
-	if strings.Contains(d.log.String(), "panic") {
-		t.Errorf("the daemon panicked:\n%s", tail(d.log.String()))
+	d.Kill()
+	if strings.Contains(d.Log(), "panic") {
+		t.Errorf("the daemon panicked:\n%s", d.LogTail(4000))
 	}
-	d = start(t, bin, dataDir, addr, "--redo-log", redo)
+	d = start(t, dataDir, addr, "--redo-log", redo)
 	check("after SIGKILL and restart")
-	d.kill()
+	d.Kill()
 
 	if redoOK {
 		recovered := filepath.Join(t.TempDir(), "recovered")
 		if out, err := exec.Command(bin, "recover", "--redo-log", redo, "--data-dir", recovered).CombinedOutput(); err != nil {
 			t.Fatalf("recover from the redo log: %v\n%s", err, out)
 		}
-		d = start(t, bin, recovered, addr)
+		d = start(t, recovered, addr)
 		check("rebuilt from the redo log")
-		d.kill()
+		d.Kill()
 		t.Log("the redo log degraded on the full disk, recovered by itself, and holds every acknowledged write")
 	} else {
 		t.Log("the redo log never failed (its writes fit in space it already had)")
@@ -491,13 +421,6 @@ func mustString(t *testing.T, v any) string {
 	s, ok := v.(string)
 	if !ok {
 		t.Fatalf("want a string, got %T %v", v, v)
-	}
-	return s
-}
-
-func tail(s string) string {
-	if len(s) > 4000 {
-		return "..." + s[len(s)-4000:]
 	}
 	return s
 }

@@ -4,101 +4,49 @@
 package integration
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
+
+	"toolstackd/internal/testdaemon"
 )
 
+// daemon is a running toolstackd with a root session.
 type daemon struct {
+	*testdaemon.Daemon
 	t    *testing.T
-	addr string
-	cmd  *exec.Cmd
-	log  bytes.Buffer
 	sess string
 }
 
 func startDaemon(t *testing.T, backend string) *daemon {
 	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	root := filepath.Join(filepath.Dir(file), "..", "..")
-	bin := filepath.Join(t.TempDir(), "toolstackd")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/toolstackd")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	d := &daemon{t: t, addr: addr}
-	d.cmd = exec.Command(bin, "--data-dir", t.TempDir(), "--listen", addr, "--backend", backend)
-	d.cmd.Env = append(os.Environ(), "TOOLSTACKD_ROOT_PASSWORD=pw", "TOOLSTACKD_QEMU_ACCEL=tcg")
-	d.cmd.Stdout, d.cmd.Stderr = &d.log, &d.log
-	if err := d.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		d.cmd.Process.Signal(os.Interrupt)
-		d.cmd.Wait()
-		if t.Failed() {
-			t.Logf("daemon log:\n%s", d.log.String())
-		}
-	})
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if c, err := net.Dial("tcp", addr); err == nil {
-			c.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("daemon did not start:\n%s", d.log.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	d := &daemon{t: t}
+	d.Daemon = testdaemon.Start(t, testdaemon.Options{Backend: backend, Password: "pw", Env: []string{"TOOLSTACKD_QEMU_ACCEL=tcg"},
+		StartTimeout: 20 * time.Second})
 	d.sess = d.str(d.call("session.login_with_password", "root", "pw"))
 	return d
 }
 
+// call makes a JSON-RPC call with the session that must succeed.
 func (d *daemon) call(method string, params ...any) json.RawMessage {
 	d.t.Helper()
 	if method != "session.login_with_password" {
 		params = append([]any{d.sess}, params...)
 	}
-	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
-	resp, err := http.Post("http://"+d.addr+"/jsonrpc", "application/json", bytes.NewReader(body))
+	r, err := d.Client().Call(method, params...)
 	if err != nil {
-		d.t.Fatal(err)
+		d.t.Fatalf("%s: %v", method, err)
 	}
-	defer resp.Body.Close()
-	var out struct {
-		Result json.RawMessage
-		Error  *struct {
-			Message string
-			Data    []string
-		}
-	}
-	json.NewDecoder(resp.Body).Decode(&out)
-	if out.Error != nil {
-		d.t.Fatalf("%s: %s %v", method, out.Error.Message, out.Error.Data)
-	}
-	return out.Result
+	return r
 }
 
 func (d *daemon) str(raw json.RawMessage) string {
-	var s string
-	json.Unmarshal(raw, &s)
+	s, _ := testdaemon.String(raw)
 	return s
 }
 
@@ -157,15 +105,8 @@ func TestVMGetsItsDiskFromTheDatapath(t *testing.T) {
 		t.Error("VM not running with its disk attached")
 	}
 	// While the VM holds the disk read-write, destroying it is refused.
-	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": "VDI.destroy", "params": []any{d.sess, vdi}})
-	resp, err := http.Post("http://"+d.addr+"/jsonrpc", "application/json", bytes.NewReader(body))
-	if err == nil {
-		var out struct{ Error *struct{ Message string } }
-		json.NewDecoder(resp.Body).Decode(&out)
-		resp.Body.Close()
-		if out.Error == nil {
-			t.Error("VDI.destroy of a disk in use succeeded")
-		}
+	if _, err := d.Client().Call("VDI.destroy", d.sess, vdi); err == nil {
+		t.Error("VDI.destroy of a disk in use succeeded")
 	}
 	d.call("VM.hard_shutdown", vm)
 	if qemuCmdline(uuid) != "" {

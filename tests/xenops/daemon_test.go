@@ -1,134 +1,41 @@
 package xenops_test
 
 import (
-	"bytes"
-	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
-	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"toolstackd/internal/testdaemon"
 )
 
 // The real daemon, built from cmd/toolstackd.
 
-var (
-	daemonOnce sync.Once
-	daemonBin  string
-	daemonErr  error
-	binDir     string
-)
-
-func buildDaemon(t *testing.T) string {
-	t.Helper()
-	daemonOnce.Do(func() {
-		_, file, _, _ := runtime.Caller(0)
-		root := filepath.Join(filepath.Dir(file), "..", "..")
-		binDir, daemonErr = os.MkdirTemp("", "xo-bin")
-		if daemonErr != nil {
-			return
-		}
-		daemonBin = filepath.Join(binDir, "toolstackd")
-		cmd := exec.Command("go", "build", "-o", daemonBin, "./cmd/toolstackd")
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			daemonErr = err
-			daemonBin = string(out)
-		}
-	})
-	if daemonErr != nil {
-		t.Fatalf("building the daemon: %v\n%s", daemonErr, daemonBin)
-	}
-	return daemonBin
-}
-
-type daemon struct {
-	cmd  *exec.Cmd
-	addr string
-	log  *bytes.Buffer
-}
-
-func freeAddr(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // startDaemon runs toolstackd on a data dir and waits until it answers.
-func startDaemon(t *testing.T, dir, addr, backend string, env ...string) *daemon {
+func startDaemon(t *testing.T, dir, addr, backend string, env ...string) *testdaemon.Daemon {
 	t.Helper()
 	return startDaemonArgs(t, dir, addr, backend, nil, env...)
 }
 
-func startDaemonArgs(t *testing.T, dir, addr, backend string, args []string, env ...string) *daemon {
+func startDaemonArgs(t *testing.T, dir, addr, backend string, args []string, env ...string) *testdaemon.Daemon {
 	t.Helper()
-	cmd := exec.Command(buildDaemon(t), append([]string{"--data-dir", dir, "--listen", addr, "--backend", backend, "--log-level", "warn"}, args...)...)
-	cmd.Env = append(append(os.Environ(), "TOOLSTACKD_ROOT_PASSWORD="+rootPW), env...)
-	var log bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &log, &log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	d := &daemon{cmd: cmd, addr: addr, log: &log}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("daemon log:\n%s", log.String())
-		}
-	})
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		if c, err := net.Dial("tcp", addr); err == nil {
-			c.Close()
-			return d
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	cmd.Process.Kill()
-	cmd.Wait()
-	t.Fatalf("daemon did not start:\n%s", log.String())
-	return nil
+	return testdaemon.Start(t, testdaemon.Options{DataDir: dir, Listen: addr, Backend: backend, LogLevel: "warn",
+		ExtraArgs: args, Env: env, Password: rootPW})
 }
 
-func (d *daemon) kill() {
-	d.cmd.Process.Signal(syscall.SIGKILL)
-	d.cmd.Wait()
-}
-
-func (d *daemon) stop(t *testing.T) {
-	d.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan error, 1)
-	go func() { done <- d.cmd.Wait() }()
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		d.kill()
-		t.Errorf("daemon did not stop on SIGTERM")
+// stop stops the daemon with SIGTERM; it must go within 30 s.
+func stop(t *testing.T, d *testdaemon.Daemon) {
+	t.Helper()
+	if err := d.Stop(); err != nil {
+		t.Errorf("daemon did not stop on SIGTERM: %v", err)
 	}
-}
-
-// rss is a process's resident memory in bytes.
-func rss(pid int) int64 {
-	b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
-			n, _ := strconv.ParseInt(f[1], 10, 64)
-			return n << 10
-		}
-	}
-	return 0
 }
 
 // remote is an env talking to a daemon.
-func remote(t *testing.T, d *daemon) *env {
-	e := &env{t: t, url: "http://" + d.addr}
+func remote(t *testing.T, d *testdaemon.Daemon) *env {
+	e := &env{t: t, url: d.URL}
 	e.sess = e.str(e.call("session.login_with_password", "root", rootPW, "2.21", "xenops-test"))
 	return e
 }
@@ -141,10 +48,10 @@ func (e *env) uuidOf(vm string) string { return e.field("VM", vm, "uuid").(strin
 func TestDaemonRestartKeepsVMs(t *testing.T) {
 	g := testGuest(t)
 	dir := shortTempDir(t)
-	addr := freeAddr(t)
+	addr := testdaemon.FreeAddr(t, "")
 	env := []string{"TOOLSTACKD_QEMU_ACCEL=" + g.accel, "TOOLSTACKD_GUEST_KERNEL_DIRS=" + g.dir}
 	d := startDaemon(t, dir, addr, "qemu", env...)
-	defer func() { d.kill() }()
+	defer func() { d.Kill() }()
 	e := remote(t, d)
 	a := e.guestVM(g, "survivor", nil)
 	b := e.guestVM(g, "casualty", nil)
@@ -166,17 +73,17 @@ func TestDaemonRestartKeepsVMs(t *testing.T) {
 	}
 	domid := e.field("VM", a, "domid")
 
-	d.kill()
+	d.Kill()
 	syscall.Kill(pb[0], syscall.SIGKILL) // dies while nobody watches
 	time.Sleep(100 * time.Millisecond)
 	if !alive(pa[0]) {
 		t.Fatal("killing the daemon killed a VM")
 	}
 
-	d = startDaemon(t, dir, addr, "qemu", env...)
+	d = d.Restart()
 	e = remote(t, d)
 	if p := e.power(a); p != "Running" || e.field("VM", a, "domid") != domid {
-		t.Fatalf("survivor after restart: %s domid %v (was %v)\n%s", p, e.field("VM", a, "domid"), domid, d.log)
+		t.Fatalf("survivor after restart: %s domid %v (was %v)\n%s", p, e.field("VM", a, "domid"), domid, d.Log())
 	}
 	if now := qemuProcesses(e.uuidOf(a)); len(now) != 1 || now[0] != pa[0] {
 		t.Fatalf("survivor's QEMU after restart: %v, was %d", now, pa[0])
@@ -208,5 +115,5 @@ func TestDaemonRestartKeepsVMs(t *testing.T) {
 	if p := qemuProcesses(uuids[1]); len(p) != 0 || e.power(b) != "Halted" {
 		t.Fatalf("hard_shutdown after restart: %v %s", p, e.power(b))
 	}
-	d.stop(t)
+	stop(t, d)
 }

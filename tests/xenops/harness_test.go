@@ -3,13 +3,11 @@
 package xenops_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -24,6 +22,7 @@ import (
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/db/persist"
+	"toolstackd/internal/testdaemon"
 	"toolstackd/internal/xenops"
 )
 
@@ -34,9 +33,7 @@ func TestMain(m *testing.M) {
 	if guestRoot != "" {
 		os.RemoveAll(guestRoot)
 	}
-	if binDir != "" {
-		os.RemoveAll(binDir)
-	}
+	testdaemon.RemoveBuilds()
 	os.Exit(code)
 }
 
@@ -172,41 +169,28 @@ func shortTempDir(t *testing.T) string {
 }
 
 // xapiError is a XenAPI failure.
-type xapiError struct {
-	Code   string
-	Params []string
+type xapiError = testdaemon.Error
+
+// rpcTimeout bounds one call: VM.start on real QEMU and a storm of a
+// thousand of them take a while.
+const rpcTimeout = 5 * time.Minute
+
+// client is a JSON-RPC client for the env's server.
+func (e *env) client() *testdaemon.Client {
+	return &testdaemon.Client{URL: e.url, Timeout: rpcTimeout}
 }
-
-func (x *xapiError) Error() string { return x.Code + " " + strings.Join(x.Params, " ") }
-
-var client = &http.Client{Timeout: 5 * time.Minute}
 
 // rpc makes a JSON-RPC call.
 func (e *env) rpc(method string, params ...any) (json.RawMessage, *xapiError) {
 	e.t.Helper()
-	if params == nil {
-		params = []any{}
+	r, err := e.client().Call(method, params...)
+	if x, ok := testdaemon.AsError(err); ok {
+		return nil, x
 	}
-	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
-	resp, err := client.Post(e.url+"/jsonrpc", "application/json", bytes.NewReader(body))
 	if err != nil {
 		e.t.Fatalf("%s: %v", method, err)
 	}
-	defer resp.Body.Close()
-	var out struct {
-		Result json.RawMessage
-		Error  *struct {
-			Message string
-			Data    []string
-		}
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		e.t.Fatalf("%s: %v", method, err)
-	}
-	if out.Error != nil {
-		return nil, &xapiError{out.Error.Message, out.Error.Data}
-	}
-	return out.Result, nil
+	return r, nil
 }
 
 // call makes a call with the session that must succeed.
@@ -261,14 +245,6 @@ func (e *env) record(class, ref string) map[string]any {
 func (e *env) field(class, ref, f string) any { return e.record(class, ref)[f] }
 
 func (e *env) power(vm string) string { return e.field("VM", vm, "power_state").(string) }
-
-func (e *env) row(class string, ref string) *db.Row {
-	r, ok := e.d.Snapshot().Get(dm.Model.Class(class), ref)
-	if !ok {
-		e.t.Fatalf("no %s %s", class, ref)
-	}
-	return r
-}
 
 // template finds a built-in template.
 func (e *env) template(name string) string {
@@ -475,12 +451,12 @@ func (e *env) setOC(vm, key, value string) {
 	e.call("VM.add_to_other_config", vm, key, value)
 }
 
-// post makes a JSON-RPC call from any goroutine, without failing the test.
+// post makes a JSON-RPC call from any goroutine, without failing the
+// test; it reports only a call that was not answered.
 func (e *env) post(method string, params ...any) error {
-	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
-	resp, err := client.Post(e.url+"/jsonrpc", "application/json", bytes.NewReader(body))
-	if err != nil {
-		return err
+	_, err := e.client().Call(method, params...)
+	if _, ok := testdaemon.AsError(err); ok {
+		return nil
 	}
-	return resp.Body.Close()
+	return err
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"toolstackd/internal/testdaemon"
 	"toolstackd/internal/xenops"
 )
 
@@ -133,7 +135,7 @@ func heapInuse(debugAddr string) int64 {
 	if debugAddr == "" {
 		return 0
 	}
-	resp, err := client.Get("http://" + debugAddr + "/debug/pprof/heap?debug=1&gc=1")
+	resp, err := (&http.Client{Timeout: rpcTimeout}).Get("http://" + debugAddr + "/debug/pprof/heap?debug=1&gc=1")
 	if err != nil {
 		return 0
 	}
@@ -151,11 +153,11 @@ func heapInuse(debugAddr string) int64 {
 // debugFlag returns --debug-listen arguments when the daemon has that
 // option.
 func debugFlag(t *testing.T) (string, []string) {
-	out, _ := exec.Command(buildDaemon(t), "--help").CombinedOutput()
+	out, _ := exec.Command(testdaemon.Build(t), "--help").CombinedOutput()
 	if !bytes.Contains(out, []byte("debug-listen")) {
 		return "", nil
 	}
-	addr := freeAddr(t)
+	addr := testdaemon.FreeAddr(t, "")
 	return addr, []string{"--debug-listen", addr}
 }
 
@@ -172,8 +174,8 @@ func TestDaemonFigures(t *testing.T) {
 	// 1000 calls at once from one client: above the default per-client
 	// connection cap, which this figure is not about.
 	extra = append(extra, "--max-conns-per-client", "2048")
-	d := startDaemonArgs(t, dir, freeAddr(t), "simulator", extra)
-	defer d.kill()
+	d := startDaemonArgs(t, dir, testdaemon.FreeAddr(t, ""), "simulator", extra)
+	defer d.Kill()
 	e := remote(t, d)
 	const n = 1000
 	vms := make([]string, n)
@@ -181,7 +183,7 @@ func TestDaemonFigures(t *testing.T) {
 		vms[i] = e.newVM("storm-"+strconv.Itoa(i), nil)
 	}
 	time.Sleep(500 * time.Millisecond)
-	before, heapBefore := rss(d.cmd.Process.Pid), heapInuse(dbg)
+	before, heapBefore := d.RSS(), heapInuse(dbg)
 	start := time.Now()
 	var wg sync.WaitGroup
 	var failed sync.Map
@@ -189,17 +191,8 @@ func TestDaemonFigures(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": "VM.start", "params": []any{e.sess, vm, false, false}})
-			resp, err := client.Post(e.url+"/jsonrpc", "application/json", bytes.NewReader(body))
-			if err != nil {
+			if _, err := e.client().Call("VM.start", e.sess, vm, false, false); err != nil {
 				failed.Store(vm, err.Error())
-				return
-			}
-			var out struct{ Error any }
-			json.NewDecoder(resp.Body).Decode(&out)
-			resp.Body.Close()
-			if out.Error != nil {
-				failed.Store(vm, out.Error)
 			}
 		}()
 	}
@@ -221,16 +214,16 @@ func TestDaemonFigures(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	time.Sleep(500 * time.Millisecond)
-	after, heapAfter := rss(d.cmd.Process.Pid), heapInuse(dbg)
+	after, heapAfter := d.RSS(), heapInuse(dbg)
 	t.Logf("daemon, simulator: %d concurrent VM.start returned in %v; all Running in the database after %v; RSS %d MiB -> %d MiB, %.1f KiB per running VM; heap in use after GC %.1f KiB per running VM",
 		n, calls, all, before>>20, after>>20, float64(after-before)/n/1024, float64(heapAfter-heapBefore)/n/1024)
-	d.stop(t)
+	stop(t, d)
 
 	g := testGuest(t)
 	qdir := shortTempDir(t)
 	qdbg, qextra := debugFlag(t)
-	qd := startDaemonArgs(t, qdir, freeAddr(t), "qemu", qextra, "TOOLSTACKD_QEMU_ACCEL="+g.accel, "TOOLSTACKD_GUEST_KERNEL_DIRS="+g.dir)
-	defer qd.kill()
+	qd := startDaemonArgs(t, qdir, testdaemon.FreeAddr(t, ""), "qemu", qextra, "TOOLSTACKD_QEMU_ACCEL="+g.accel, "TOOLSTACKD_GUEST_KERNEL_DIRS="+g.dir)
+	defer qd.Kill()
 	qe := remote(t, qd)
 	const k = 8
 	var qvms []string
@@ -253,16 +246,16 @@ func TestDaemonFigures(t *testing.T) {
 		}
 	})
 	time.Sleep(300 * time.Millisecond)
-	before, heapBefore = rss(qd.cmd.Process.Pid), heapInuse(qdbg)
+	before, heapBefore = qd.RSS(), heapInuse(qdbg)
 	for _, vm := range qvms {
 		qe.call("VM.start", vm, false, false)
 	}
 	time.Sleep(500 * time.Millisecond)
-	after, heapAfter = rss(qd.cmd.Process.Pid), heapInuse(qdbg)
+	after, heapAfter = qd.RSS(), heapInuse(qdbg)
 	t.Logf("daemon, QEMU: RSS %d KiB -> %d KiB with %d running VMs: %.1f KiB per running VM; heap in use after GC %.1f KiB per running VM (the daemon's own memory, not QEMU's)",
 		before>>10, after>>10, k, float64(after-before)/k/1024, float64(heapAfter-heapBefore)/k/1024)
 	for _, vm := range qvms {
 		qe.call("VM.hard_shutdown", vm)
 	}
-	qd.stop(t)
+	stop(t, qd)
 }
