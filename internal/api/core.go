@@ -105,7 +105,7 @@ func (s *Server) eventFrom(c *Call) (any, error) {
 		}
 		return nil, err
 	}
-	return eventBatch{b: b, key: batchKey{sub: sub.String(), token: c.String(1)}}, nil
+	return eventBatch{b: b, key: batchKey{sub: sub.String(), token: c.String(1)}, rows: s.rows}, nil
 }
 
 func (s *Server) eventInject(c *Call) (any, error) {
@@ -132,7 +132,7 @@ func (s *Server) eventNext(c *Call) (any, error) {
 		}
 		return nil, err
 	}
-	return legacyEvents{evs, s.DB.Snapshot()}, nil
+	return legacyEvents{evs, s.DB.Snapshot(), s.rows}, nil
 }
 
 // eventBatch writes event.from's result: {events, valid_ref_counts, token}.
@@ -140,8 +140,9 @@ func (s *Server) eventNext(c *Call) (any, error) {
 // it started from, so the many watchers one commit wakes get the same
 // reply: it is encoded once per transport and snapshot, then copied.
 type eventBatch struct {
-	b   *events.Batch
-	key batchKey
+	b    *events.Batch
+	key  batchKey
+	rows *rowCache
 }
 
 type batchKey struct{ sub, token, kind string }
@@ -182,7 +183,7 @@ func (eb eventBatch) encode(e wire.Encoder) {
 		e.String(ev.Ref)
 		if ev.Row != nil {
 			e.Member("snapshot")
-			encodeRow(e, b.Snap, ev.Row)
+			eb.rows.row(e, b.Snap, ev.Row)
 		}
 		e.EndStruct()
 	}
@@ -203,6 +204,7 @@ func (eb eventBatch) encode(e wire.Encoder) {
 type legacyEvents struct {
 	evs  []events.LegacyEvent
 	snap *db.Snapshot
+	rows *rowCache
 }
 
 func (le legacyEvents) MarshalXenAPI(e wire.Encoder) {
@@ -227,7 +229,7 @@ func (le legacyEvents) MarshalXenAPI(e wire.Encoder) {
 		e.String(uuid)
 		if ev.Row != nil {
 			e.Member("snapshot")
-			encodeRow(e, le.snap, ev.Row)
+			le.rows.row(e, le.snap, ev.Row)
 		}
 		e.EndStruct()
 	}

@@ -214,14 +214,16 @@ type typed struct {
 	t    *schema.Type
 	v    any
 	snap db.Reader
+	rows *rowCache // encoded records to reuse; nil: none
 }
 
-func (tv typed) MarshalXenAPI(e wire.Encoder) { encodeValue(e, tv.t, tv.v, tv.snap) }
+func (tv typed) MarshalXenAPI(e wire.Encoder) { tv.rows.value(e, tv.t, tv.v, tv.snap) }
 
-func encodeValue(e wire.Encoder, t *schema.Type, v any, snap db.Reader) {
+// value writes a canonical value of type t; records come from the cache c.
+func (c *rowCache) value(e wire.Encoder, t *schema.Type, v any, snap db.Reader) {
 	switch x := v.(type) {
 	case *db.Row:
-		encodeRow(e, snap, x)
+		c.row(e, snap, x)
 		return
 	case wire.Marshaler:
 		x.MarshalXenAPI(e)
@@ -259,11 +261,11 @@ func encodeValue(e wire.Encoder, t *schema.Type, v any, snap db.Reader) {
 			}
 		case []any:
 			for _, it := range s {
-				encodeValue(e, t.Elem, it, snap)
+				c.value(e, t.Elem, it, snap)
 			}
 		case []*db.Row:
 			for _, it := range s {
-				encodeRow(e, snap, it)
+				c.row(e, snap, it)
 			}
 		}
 		e.EndArray()
@@ -288,17 +290,17 @@ func encodeValue(e wire.Encoder, t *schema.Type, v any, snap db.Reader) {
 		case map[string][]string:
 			for _, k := range schema.SortedKeys(m) {
 				e.Member(k)
-				encodeValue(e, t.Elem, m[k], snap)
+				c.value(e, t.Elem, m[k], snap)
 			}
 		case map[string]any:
 			for _, k := range schema.SortedKeys(m) {
 				e.Member(k)
-				encodeValue(e, t.Elem, m[k], snap)
+				c.value(e, t.Elem, m[k], snap)
 			}
 		case []*db.Row: // ref -> record maps from get_all_records
 			for _, r := range m {
 				e.Member(r.Ref)
-				encodeRow(e, snap, r)
+				c.row(e, snap, r)
 			}
 		}
 		e.EndStruct()
@@ -318,7 +320,7 @@ func encodeValue(e wire.Encoder, t *schema.Type, v any, snap db.Reader) {
 			if !ok {
 				fv = t.Class.Base[f.Index]
 			}
-			encodeValue(e, f.Type, fv, snap)
+			c.value(e, f.Type, fv, snap)
 		}
 		e.EndStruct()
 	case schema.KOption:
@@ -326,30 +328,10 @@ func encodeValue(e wire.Encoder, t *schema.Type, v any, snap db.Reader) {
 			e.Nil()
 			return
 		}
-		encodeValue(e, t.Elem, v, snap)
+		c.value(e, t.Elem, v, snap)
 	case schema.KVoid:
 		e.String("")
 	default:
 		wire.Encode(e, v)
 	}
-}
-
-// encodeRow writes a database row as its record: every public field in
-// datamodel order.
-func encodeRow(e wire.Encoder, snap db.Reader, r *db.Row) {
-	e.BeginStruct()
-	for _, f := range r.Class.Fields {
-		if f.Internal {
-			continue
-		}
-		e.Member(f.Name)
-		var v any
-		if f.Derived && snap != nil {
-			v = snap.Value(r, f)
-		} else {
-			v = r.At(f.Index)
-		}
-		encodeValue(e, f.Type, v, snap)
-	}
-	e.EndStruct()
 }

@@ -203,7 +203,7 @@ func (s *sink) init(w io.Writer) {
 
 func (s *sink) maybeFlush() {
 	if len(s.buf) >= flushAt && s.w != nil {
-		s.flush()
+		_ = s.flush() // sticky: kept in s.err and returned by the final flush
 	}
 }
 

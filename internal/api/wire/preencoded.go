@@ -13,7 +13,11 @@ type Preencoder interface {
 	// EncodeAlone encodes v as a single value with a new encoder of the
 	// same kind and returns the bytes.
 	EncodeAlone(v any) []byte
-	// Preencoded writes one complete value made by EncodeAlone.
+	// AppendAlone is EncodeAlone appending to dst instead of making a
+	// new buffer: the same bytes, for callers that reuse their scratch.
+	AppendAlone(dst []byte, v any) []byte
+	// Preencoded writes one complete value made by EncodeAlone or
+	// AppendAlone.
 	Preencoded(b []byte)
 }
 
@@ -30,11 +34,20 @@ func (e *XMLEncoder) EncodeAlone(v any) []byte {
 	var b bytes.Buffer
 	x := NewXMLEncoder(&b)
 	Encode(x, v)
-	x.Flush()
+	_ = x.Flush() // into a bytes.Buffer: cannot fail
 	return b.Bytes()
 }
 
-// Preencoded writes a value made by EncodeAlone.
+// AppendAlone appends v, encoded on its own in XML-RPC, to dst.
+func (e *XMLEncoder) AppendAlone(dst []byte, v any) []byte {
+	x := &XMLEncoder{}
+	x.buf = dst
+	x.nest.init()
+	Encode(x, v)
+	return x.buf
+}
+
+// Preencoded writes a value made by EncodeAlone or AppendAlone.
 func (e *XMLEncoder) Preencoded(b []byte) {
 	e.begin()
 	e.buf = append(e.buf, b...)
@@ -49,11 +62,20 @@ func (e *JSONEncoder) EncodeAlone(v any) []byte {
 	var b bytes.Buffer
 	j := NewJSONEncoder(&b)
 	Encode(j, v)
-	j.Flush()
+	_ = j.Flush() // into a bytes.Buffer: cannot fail
 	return b.Bytes()
 }
 
-// Preencoded writes a value made by EncodeAlone.
+// AppendAlone appends v, encoded on its own in JSON, to dst.
+func (e *JSONEncoder) AppendAlone(dst []byte, v any) []byte {
+	j := &JSONEncoder{}
+	j.buf = dst
+	j.nest.init()
+	Encode(j, v)
+	return j.buf
+}
+
+// Preencoded writes a value made by EncodeAlone or AppendAlone.
 func (e *JSONEncoder) Preencoded(b []byte) {
 	e.begin()
 	e.buf = append(e.buf, b...)

@@ -30,6 +30,7 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -256,7 +257,7 @@ func startBaseline(rec json.RawMessage, session, ref string) (addr string, pid i
 // thousands of goroutines cannot delay it.
 func runCall(args []string) error {
 	if len(args) < 2 {
-		return fmt.Errorf("usage: tsload call ADDR METHOD PARAM...")
+		return errors.New("usage: tsload call ADDR METHOD [PARAM ...]")
 	}
 	cl, err := newClient(args[0])
 	if err != nil {

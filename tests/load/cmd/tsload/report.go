@@ -259,7 +259,7 @@ func runVMs(o options, cl *client, tmpl string, md *strings.Builder) error {
 	fmt.Fprintf(md, "### 4. VM.get_all_records with %d VMs\n\n", total)
 	fmt.Fprintf(md, "%d VMs created first with VM.create (template record, %d parallel JSON-RPC clients): %s, %.0f VMs/s; daemon RSS %.1f → %.1f MiB. Each call on a fresh connection, timed from sending the request to reading the last byte; median of %d calls per transport (min–max).\n\n",
 		o.vms, o.vmWorkers, d.Round(time.Millisecond), float64(o.vms)/d.Seconds(), float64(rss0)/1024, float64(rss1)/1024, o.garRounds)
-	fmt.Fprintf(md, "| transport | time | response bytes | bytes per VM | MB/s | server CPU |\n|---|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(md, "| transport | time | first call | response bytes | bytes per VM | MB/s | server CPU | first call's server CPU |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, t := range []transport{jsonRPC, xmlRPC} {
 		var ds, cpu []time.Duration
 		for _, r := range rs[t] {
@@ -268,8 +268,11 @@ func runVMs(o options, cl *client, tmpl string, md *strings.Builder) error {
 		}
 		lo, hi := minMaxD(ds)
 		b := rs[t][0].bytes
-		fmt.Fprintf(md, "| %s | %s (%s–%s) | %d | %d | %.0f | %s |\n", t, medianD(ds).Round(time.Millisecond), lo.Round(time.Millisecond), hi.Round(time.Millisecond),
-			b, b/total, float64(b)/1e6/medianD(ds).Seconds(), medianD(cpu))
+		// The first call also fills the daemon's cache of encoded records
+		// (internal/api/records_enc.go); later ones copy from it.
+		first := rs[t][0]
+		fmt.Fprintf(md, "| %s | %s (%s–%s) | %s | %d | %d | %.0f | %s | %s |\n", t, medianD(ds).Round(time.Millisecond), lo.Round(time.Millisecond), hi.Round(time.Millisecond),
+			first.dur.Round(time.Millisecond), b, b/total, float64(b)/1e6/medianD(ds).Seconds(), medianD(cpu), first.cpu)
 	}
 	md.WriteString("\n")
 	return nil
