@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs what the test suites need, from Debian's packages and the npm
-# registry. Safe to run again; skips what is already there.
+# Installs what the test suites need, from Debian's packages, the npm
+# registry and the Go module proxy. Safe to run again; skips what is
+# already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
@@ -17,4 +18,11 @@ if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null; then
 fi
 if [ -f tests/e2e/package.json ] && [ ! -d tests/e2e/node_modules ]; then
   (cd tests/e2e && npm install --no-audit --no-fund --silent)
+fi
+# golangci-lint for `make lint`, pinned, built with our Go from the module
+# proxy into $(go env GOPATH)/bin, where the Makefile looks for it.
+GOLANGCI_LINT_VERSION=v2.15.0
+lint_bin="$(go env GOPATH)/bin/golangci-lint"
+if ! "$lint_bin" version 2>/dev/null | grep -q "version ${GOLANGCI_LINT_VERSION#v} "; then
+  go install "github.com/golangci/golangci-lint/v2/cmd/golangci-lint@${GOLANGCI_LINT_VERSION}"
 fi

@@ -29,7 +29,7 @@ func (d *storageDisks) Attach(ctx context.Context, vm, vdi string, readonly bool
 		return "", "", err
 	}
 	if err := d.s.Activate(ctx, dp, vdi); err != nil {
-		d.s.Detach(ctx, dp, vdi)
+		_ = d.s.Detach(ctx, dp, vdi)
 		return "", "", err
 	}
 	if m := d.vm.Load(); !readonly && m != nil {

@@ -180,7 +180,7 @@ func run(ctx context.Context, o options) error {
 		if err != nil {
 			return fmt.Errorf("redo log: %w", err)
 		}
-		defer rl.Close()
+		defer func(c func() error) { _ = c() }(rl.Close)
 		log.Info("mirroring the database into a redo log", "path", o.redoLog)
 	}
 	srv := api.New(d, cfg, log)
@@ -263,12 +263,16 @@ func run(ctx context.Context, o options) error {
 		serve(l, router, cert, key)
 		log.Info("serving XenAPI", "url", "https://"+l.Addr().String())
 	}
-	os.Remove(o.socket)
+	_ = os.Remove(o.socket)
 	ul, err := net.Listen("unix", o.socket)
 	if err != nil {
 		return fmt.Errorf("local socket: %w", err)
 	}
-	os.Chmod(o.socket, 0o600)
+	// The socket grants superuser rights: never serve it open to all.
+	if err := os.Chmod(o.socket, 0o600); err != nil {
+		_ = ul.Close()
+		return fmt.Errorf("local socket: %w", err)
+	}
 	serve(ul, api.LocalHandler(router))
 	log.Info("serving local superuser socket", "path", o.socket)
 	if o.debugListen != "" {
@@ -279,22 +283,22 @@ func run(ctx context.Context, o options) error {
 		serve(l, profiler())
 		log.Info("serving the profiler", "url", "http://"+l.Addr().String()+"/debug/pprof/")
 	}
-	daemon.SdNotify(false, daemon.SdNotifyReady)
+	_, _ = daemon.SdNotify(false, daemon.SdNotifyReady) // no systemd, or it went: nothing to tell
 
 	sig, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	<-sig.Done()
 	log.Info("stopping")
-	daemon.SdNotify(false, daemon.SdNotifyStopping)
+	_, _ = daemon.SdNotify(false, daemon.SdNotifyStopping)
 	srv.Close() // ends long polls, so that shutdown does not wait for them
 	xm.Close()  // xenops (issue 7): stops watching; VMs keep running
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for _, hs := range servers {
-		hs.Shutdown(sctx)
+		_ = hs.Shutdown(sctx) // past the deadline, the process exits anyway
 	}
 	wg.Wait()
-	os.Remove(o.socket)
+	_ = os.Remove(o.socket)
 	return store.Close()
 }
 
@@ -304,7 +308,7 @@ func writeInventory(dir, hostUUID string) error {
 }
 
 func readInventory(dir string) (string, error) {
-	b, err := os.ReadFile(filepath.Join(dir, "inventory"))
+	b, err := os.ReadFile(filepath.Join(dir, "inventory")) //nolint:gosec // the operator's data dir and a fixed name
 	if err != nil {
 		return "", fmt.Errorf("inventory: %w", err)
 	}
@@ -323,7 +327,7 @@ func rootPassword(dir string, log *slog.Logger) (string, error) {
 		return pw, nil
 	}
 	path := filepath.Join(dir, "root-password")
-	if b, err := os.ReadFile(path); err == nil {
+	if b, err := os.ReadFile(path); err == nil { //nolint:gosec // the operator's data dir and a fixed name
 		return strings.TrimSpace(string(b)), nil
 	}
 	raw := make([]byte, 18)

@@ -51,7 +51,7 @@ dir as the host named by --host-uuid (default: the pool's master).`,
 				return err
 			}
 			if err := st.ReplaceAll(snap); err != nil {
-				st.Close()
+				_ = st.Close()
 				return err
 			}
 			if err := st.Close(); err != nil {
@@ -60,7 +60,7 @@ dir as the host named by --host-uuid (default: the pool's master).`,
 			if err := writeInventory(dataDir, hostUUID); err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "recovered generation %d (database record at %d and %d delta records) into %s as host %s\n",
+			_, _ = fmt.Fprintf(cmd.OutOrStdout(), "recovered generation %d (database record at %d and %d delta records) into %s as host %s\n",
 				snap.Generation(), rec.Gen, len(rec.Deltas), path, hostUUID)
 			return nil
 		},
@@ -68,6 +68,6 @@ dir as the host named by --host-uuid (default: the pool's master).`,
 	cmd.Flags().StringVar(&redo, "redo-log", "", "the redo log file or block device")
 	cmd.Flags().StringVar(&dataDir, "data-dir", defaultDataDir(), "the data dir to write the database into")
 	cmd.Flags().StringVar(&hostUUID, "host-uuid", "", "the host this data dir will be (default: the pool master)")
-	cmd.MarkFlagRequired("redo-log")
+	_ = cmd.MarkFlagRequired("redo-log") // fails only for a flag that does not exist
 	return cmd
 }

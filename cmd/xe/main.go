@@ -71,7 +71,7 @@ func run(args []string) int {
 	})
 	root.SetArgs(args)
 	if err := root.Execute(); err != nil {
-		os.Stderr.WriteString("Error: " + err.Error() + "\n")
+		_, _ = os.Stderr.WriteString("Error: " + err.Error() + "\n")
 		return 1
 	}
 	return code

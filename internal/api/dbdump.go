@@ -13,6 +13,7 @@ import (
 	"toolstackd/internal/db"
 	"toolstackd/internal/db/xmldb"
 	"toolstackd/internal/schema"
+	"toolstackd/internal/xerr"
 )
 
 // MaxRestoreBytes bounds a database uploaded to PUT /pool/xmldbdump.
@@ -55,7 +56,7 @@ func (s *Server) HTTPSession(w http.ResponseWriter, r *http.Request, roles schem
 		return nil
 	}
 	if roles != 0 && !sess.Roles.Intersects(roles) {
-		http.Error(w, "RBAC_PERMISSION_DENIED", http.StatusForbidden)
+		http.Error(w, xerr.RBACPermissionDenied, http.StatusForbidden)
 		return nil
 	}
 	sess.touch()
@@ -74,7 +75,9 @@ func (s *Server) getDump(w http.ResponseWriter, r *http.Request) {
 		s.Log.Error("database dump", "err", err)
 		return
 	}
-	bw.Flush()
+	if err := bw.Flush(); err != nil {
+		s.Log.Warn("database dump: client write", "err", err)
+	}
 }
 
 // putDump restores a database: it is checked whole (format, schema,
@@ -108,7 +111,7 @@ func (s *Server) putDump(w http.ResponseWriter, r *http.Request) {
 	}
 	s.afterRestore()
 	setType(w, "text/plain")
-	io.WriteString(w, "database restored\n")
+	_, _ = io.WriteString(w, "database restored\n") // the restore is done; the client may have gone
 }
 
 // checkDump loads a dump into a scratch database, which finds what the

@@ -226,7 +226,7 @@ func (s *Server) wireResult(t *schema.Type, v any) any {
 	case wire.Marshaler:
 		return x
 	}
-	return typed{t: t, v: v, snap: s.DB.Snapshot()}
+	return typed{t: t, v: v, snap: s.DB.Snapshot(), rows: s.rows}
 }
 
 func (s *Server) methodList() []string {

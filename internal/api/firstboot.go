@@ -88,7 +88,7 @@ func ProbeHost() HostFacts {
 				f.CPUFlags = v
 			}
 		}
-		fh.Close()
+		_ = fh.Close()
 	}
 	if fh, err := os.Open("/proc/meminfo"); err == nil {
 		sc := bufio.NewScanner(fh)
@@ -105,7 +105,7 @@ func ProbeHost() HostFacts {
 				f.MemFree = n << 10
 			}
 		}
-		fh.Close()
+		_ = fh.Close()
 	}
 	return f
 }

@@ -79,7 +79,7 @@ func (s *Server) serveXML(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		setType(w, "text/xml")
 		w.WriteHeader(http.StatusBadRequest)
-		wire.WriteXMLFault(w, 400, err.Error())
+		_ = wire.WriteXMLFault(w, 400, err.Error()) // a client that is gone needs no fault
 		return
 	}
 	res, err := s.Dispatch(originContext(r), method, params)
@@ -110,7 +110,7 @@ func (s *Server) serveJSON(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		setType(w, "application/json")
 		w.WriteHeader(http.StatusBadRequest)
-		wire.WriteJSONParseFailure(w, xerr.InternalError, []string{err.Error()})
+		_ = wire.WriteJSONParseFailure(w, xerr.InternalError, []string{err.Error()}) // a client that is gone needs no answer
 		return
 	}
 	res, err := s.Dispatch(originContext(r), req.Method, req.Params)

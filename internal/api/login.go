@@ -182,8 +182,8 @@ func (g *authGuard) failed(st *clientState, now time.Time) time.Duration {
 	st.failures++
 	st.lastFailure = now
 	if l.FailuresBeforeRefusal > 0 && st.failures >= l.FailuresBeforeRefusal {
-		switch {
-		case st.period == 0:
+		switch st.period {
+		case 0:
 			st.period = l.RefusalPeriod
 		default:
 			st.period *= 2

@@ -398,12 +398,16 @@ func (s *Server) endSession(sess *Session) {
 	sess.cancel()
 	s.events.Forget(sess.Ref)
 	s.sessionEndedTasks(sess.Ref)
-	s.DB.Update(func(tx *db.Tx) error {
+	// The session has ended in memory whatever happens here; its callers
+	// (logout, expiry, revocation) have nobody to hand a failure to.
+	if _, err := s.DB.Update(func(tx *db.Tx) error {
 		if _, ok := tx.Get(dm.Session.Class, sess.Ref); ok {
 			return tx.Delete(dm.Session.Class, sess.Ref)
 		}
 		return nil
-	})
+	}); err != nil {
+		s.Log.Error("cannot delete an ended session's record", "session", sess.Ref, "err", err)
+	}
 }
 
 // revokeSessions ends at once every live session match selects (an
@@ -477,14 +481,23 @@ func (s *Server) expireSessions(now time.Time) {
 	if len(flush) == 0 {
 		return
 	}
-	s.DB.Update(func(tx *db.Tx) error {
+	// A background sweep: a failure is logged, and the next sweep writes
+	// last_active again.
+	if _, err := s.DB.Update(func(tx *db.Tx) error {
 		for _, sess := range flush {
 			last := sess.lastActive.Load()
 			if _, ok := tx.Get(dm.Session.Class, sess.Ref); ok {
-				tx.Set(dm.Session.LastActive, sess.Ref, time.Unix(0, last).UTC())
+				if err := tx.Set(dm.Session.LastActive, sess.Ref, time.Unix(0, last).UTC()); err != nil {
+					return err
+				}
 			}
 			sess.flushed.Store(last)
 		}
 		return nil
-	})
+	}); err != nil {
+		for _, sess := range flush {
+			sess.flushed.Store(0)
+		}
+		s.Log.Error("cannot record sessions' last_active", "sessions", len(flush), "err", err)
+	}
 }

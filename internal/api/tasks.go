@@ -13,9 +13,6 @@ import (
 	"toolstackd/internal/xerr"
 )
 
-// TaskCancelled is xapi's error for a cancelled task: [task ref].
-const TaskCancelled = "TASK_CANCELLED"
-
 type finishedTask struct {
 	ref string
 	at  time.Time
@@ -242,8 +239,8 @@ func (s *Server) FinishTask(ref string, resultType *schema.Type, v any, err erro
 			set(dm.Task.Result, wire.XMLValueFragment(s.wireResult(resultType, v)))
 			set(dm.Task.Progress, 1.0)
 			set(dm.Task.Status, string(dm.TaskStatusTypeSuccess))
-		case cancelled || xerr.HasCode(err, TaskCancelled):
-			set(dm.Task.ErrorInfo, []string{TaskCancelled, ref})
+		case cancelled || xerr.HasCode(err, xerr.TaskCancelled):
+			set(dm.Task.ErrorInfo, []string{xerr.TaskCancelled, ref})
 			set(dm.Task.Status, string(dm.TaskStatusTypeCancelled))
 		default:
 			xe := xerr.From(err)
@@ -264,7 +261,10 @@ func (c *Call) SetProgress(p float64) {
 	if c.Task == "" {
 		return
 	}
-	c.Server.DB.Update(func(tx *db.Tx) error { return tx.Set(dm.Task.Progress, c.Task, p) })
+	// Progress is advisory and the caller's work goes on: log a failure.
+	if _, err := c.Server.DB.Update(func(tx *db.Tx) error { return tx.Set(dm.Task.Progress, c.Task, p) }); err != nil {
+		c.Server.Log.Warn("cannot record task progress", "task", c.Task, "err", err)
+	}
 }
 
 // taskRow returns the task a task message names, once the caller has
@@ -290,7 +290,7 @@ func (s *Server) cancelTask(c *Call) (any, error) {
 	}
 	ops, _ := row.Get(dm.Task.AllowedOperations).([]string)
 	if !containsString(ops, string(dm.TaskAllowedOperationsCancel)) {
-		return nil, xerr.New("OPERATION_NOT_ALLOWED", "task cannot be cancelled")
+		return nil, xerr.New(xerr.OperationNotAllowed, "task cannot be cancelled")
 	}
 	if err := c.Update(func(tx *db.Tx) error {
 		return tx.Set(dm.Task.Status, row.Ref, string(dm.TaskStatusTypeCancelling))
@@ -344,10 +344,10 @@ func (s *Server) taskSetter(c *Call) (any, error) {
 		}
 	}
 	return nil, c.Update(func(tx *db.Tx) error {
-		switch {
-		case name == "add_to_other_config":
+		switch name {
+		case "add_to_other_config":
 			return tx.AddToMap(dm.Task.OtherConfig, row.Ref, c.String(1), c.Args[2])
-		case name == "remove_from_other_config":
+		case "remove_from_other_config":
 			return tx.RemoveFromMap(dm.Task.OtherConfig, row.Ref, c.String(1))
 		default:
 			f := dm.Task.Class.Field(strings.TrimPrefix(name, "set_"))
@@ -405,14 +405,19 @@ func (s *Server) collectTasks(now time.Time) {
 	if len(doomed) == 0 {
 		return
 	}
-	s.DB.Update(func(tx *db.Tx) error {
+	// A background sweep with nobody to report to: log a failure.
+	if _, err := s.DB.Update(func(tx *db.Tx) error {
 		for _, ref := range doomed {
 			if _, ok := tx.Get(dm.Task.Class, ref); ok {
-				tx.Delete(dm.Task.Class, ref)
+				if err := tx.Delete(dm.Task.Class, ref); err != nil {
+					return err
+				}
 			}
 		}
 		return nil
-	})
+	}); err != nil {
+		s.Log.Error("cannot delete expired tasks", "tasks", len(doomed), "err", err)
+	}
 }
 
 func containsString(list []string, s string) bool {

@@ -672,7 +672,7 @@ func (c *Ctx) watchClient() (context.Context, func()) {
 	go func() {
 		defer close(done)
 		var b [1]byte
-		c.conn.R.Read(b[:])
+		_, _ = c.conn.R.Read(b[:]) // any outcome, data, EOF or error, means the client moved
 		cancel()
 	}()
 	return ctx, func() {

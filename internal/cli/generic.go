@@ -259,7 +259,7 @@ func paramListCmd(v *classView) func(*Ctx) error {
 func fieldOf(v *classView, name string) (*fieldView, error) {
 	fv := v.lookup(name)
 	if fv == nil {
-		return nil, xerr.New("Missing parameter", name)
+		return nil, xerr.New(xerr.MissingParameter, name)
 	}
 	return fv, nil
 }

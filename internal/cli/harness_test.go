@@ -38,14 +38,6 @@ type harness struct {
 // fixture fills a database; it returns this host's ref.
 type fixture func(t testing.TB, d *db.DB, pwHash string) string
 
-func firstBoot(t testing.TB, d *db.DB, hash string) string {
-	host, err := api.FirstBoot(d, api.ProbeHost(), api.BootOptions{RootPasswordHash: hash})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return host
-}
-
 func newHarness(t testing.TB, fill fixture, tweak ...func(*Options)) *harness {
 	t.Helper()
 	cfg := api.DefaultConfig()
@@ -121,16 +113,6 @@ func hasPassword(args []string) bool {
 		}
 	}
 	return false
-}
-
-// must runs xe and fails the test unless it succeeds.
-func (h *harness) must(args ...string) string {
-	h.t.Helper()
-	r := h.xe(args...)
-	if r.code != 0 {
-		h.t.Fatalf("xe %s: exit %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), r.code, r.out, r.err)
-	}
-	return r.out
 }
 
 // route adds a test endpoint.

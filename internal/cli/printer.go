@@ -102,14 +102,6 @@ func (p *printer) msg(s string) {
 	}
 }
 
-// stderr prints a line to the client's standard error (dropped in
-// --minimal mode).
-func (p *printer) stderr(s string) {
-	if !p.minimal {
-		p.conn.Send(proto.PrintStderr(s + "\n"))
-	}
-}
-
 // flush sends the --minimal output.
 func (p *printer) flush() {
 	if p.minimal {

@@ -124,7 +124,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	tooBig := int64(len(body)) > s.opts.MaxBody
 	if tooBig {
 		// Read the rest, so that the protocol starts after the body.
-		io.Copy(io.Discard, io.LimitReader(r.Body, 4<<20))
+		_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, 4<<20)) // best effort: the refusal follows either way
 	}
 	hj, ok := w.(http.Hijacker)
 	if !ok {
@@ -136,7 +136,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.log.Debug("cli: hijack", "err", err)
 		return
 	}
-	defer nc.Close()
+	defer func(c func() error) { _ = c() }(nc.Close)
 	nc.SetDeadline(time.Time{})
 	conn := proto.NewConn(rw.Reader, bufio.NewWriterSize(nc, 64<<10))
 	ctx := api.RequestContext(r)
@@ -151,7 +151,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // refuse does the handshake and ends the conversation with an error.
 func (s *Server) refuse(conn *proto.Conn, nc net.Conn, msg string) {
-	conn.W.Write(proto.Banner(proto.Major, proto.Minor))
+	_, _ = conn.W.Write(proto.Banner(proto.Major, proto.Minor)) // sticky: the Flush or Recv after reports it
 	conn.Flush()
 	nc.SetReadDeadline(time.Now().Add(10 * time.Second))
 	if _, _, err := proto.ReadBanner(conn.R); err != nil {
@@ -163,12 +163,12 @@ func (s *Server) refuse(conn *proto.Conn, nc net.Conn, msg string) {
 	// Read what the client is still sending, so that closing does not
 	// reset the connection before it reads the reply.
 	nc.SetReadDeadline(time.Now().Add(2 * time.Second))
-	io.CopyN(io.Discard, conn.R, 1<<20)
+	_, _ = io.CopyN(io.Discard, conn.R, 1<<20) // draining until the client closes or the deadline
 }
 
 // serve runs one conversation: handshake, command, Exit.
 func (s *Server) serve(ctx context.Context, conn *proto.Conn, nc net.Conn, session string, args []string) {
-	conn.W.Write(proto.Banner(proto.Major, proto.Minor))
+	_, _ = conn.W.Write(proto.Banner(proto.Major, proto.Minor)) // sticky: the Flush or Recv after reports it
 	if err := conn.Flush(); err != nil {
 		return
 	}
@@ -296,7 +296,10 @@ func (c *Ctx) login() (func(), error) {
 	}
 	c.session = res.(string)
 	return func() {
-		c.s.api.Invoke(context.WithoutCancel(c.ctx), c.session, "session.logout")
+		// The conversation is over; a session left behind expires.
+		if _, _, err := c.s.api.Invoke(context.WithoutCancel(c.ctx), c.session, "session.logout"); err != nil {
+			c.s.log.Warn("cli: session.logout", "err", err)
+		}
 	}, nil
 }
 

@@ -116,8 +116,6 @@ func params(reqd, optn []string) func(*Command) {
 	return func(c *Command) { c.Reqd, c.Optn = reqd, optn }
 }
 
-func flags(f cmdFlag) func(*Command) { return func(c *Command) { c.Flags = f } }
-
 // addClassCommands generates <class>-list and -param-* for a view; a
 // param command exists only where the class has fields it can act on.
 func (s *Server) addClassCommands(v *classView) {

@@ -16,10 +16,6 @@ import (
 	"toolstackd/internal/xerr"
 )
 
-// clientError is xapi's error for a transfer the client reports as
-// failed before the server-side handler took it up.
-const clientError = "CLIENT_ERROR"
-
 // loadFile asks the client for a file named on its command line and
 // returns its contents. A client that cannot read it answers Failed; the
 // command then ends with "Failed to read <what>".
@@ -63,7 +59,13 @@ func (c *Ctx) transfer(put bool, file, path string, q url.Values, label string) 
 	if err != nil {
 		return "", err
 	}
-	defer c.s.api.Invoke(context.WithoutCancel(c.ctx), c.session, "task.destroy", task)
+	defer func() {
+		// The transfer's outcome is already decided; a task left behind
+		// is collected with the finished ones.
+		if _, _, err := c.s.api.Invoke(context.WithoutCancel(c.ctx), c.session, "task.destroy", task); err != nil {
+			c.s.log.Warn("cli: task.destroy", "task", task, "err", err)
+		}
+	}()
 	// -1: no handler has the task yet.
 	if _, err := c.call("task.set_progress", task, -1.0); err != nil {
 		return "", err
@@ -97,16 +99,16 @@ func (c *Ctx) transfer(put bool, file, path string, q url.Values, label string) 
 	switch row.String(dm.Task.Status) {
 	case string(dm.TaskStatusTypeSuccess):
 		if !ok {
-			return "", xerr.New(clientError)
+			return "", xerr.New(xerr.ClientError)
 		}
 		return row.String(dm.Task.Result), nil
 	case string(dm.TaskStatusTypeCancelled), string(dm.TaskStatusTypeCancelling):
-		return "", xerr.New("TASK_CANCELLED", task)
+		return "", xerr.New(xerr.TaskCancelled, task)
 	}
 	info, _ := row.Get(dm.Task.ErrorInfo).([]string)
 	if len(info) == 0 {
 		if !ok {
-			return "", xerr.New(clientError)
+			return "", xerr.New(xerr.ClientError)
 		}
 		return "", xerr.New(xerr.InternalError, label+" failed without an error")
 	}
@@ -135,7 +137,7 @@ func (c *Ctx) waitTask(task string, clientOK bool) (*db.Row, error) {
 		if progress < 0 && !time.Now().Before(grace) {
 			var failed error
 			if !clientOK {
-				failed = xerr.New(clientError)
+				failed = xerr.New(xerr.ClientError)
 			}
 			c.s.api.FinishTask(task, schema.Void, nil, failed, false)
 			row, found = c.s.api.DB.Snapshot().Get(dm.Task.Class, task)

@@ -1,8 +1,6 @@
 package db
 
 import (
-	"strings"
-
 	"github.com/google/btree"
 
 	"toolstackd/internal/schema"
@@ -111,9 +109,4 @@ func newState(m *schema.Model, relIndex map[*schema.Field]int) *state {
 		s.rels[i] = btree.NewG(degree, pairLess)
 	}
 	return s
-}
-
-// lowerClass maps a lower-case class name to its class.
-func lowerClass(m *schema.Model, name string) *schema.Class {
-	return m.ClassFold(strings.TrimSpace(name))
 }

@@ -55,13 +55,6 @@ import (
 	"toolstackd/internal/xerr"
 )
 
-// Error codes Resolve raises besides xerr's (all in errors.json; the test
-// checks their parameter counts).
-const (
-	codeSRHasNoPBDs      = "SR_HAS_NO_PBDS"     // sr
-	codeNoHostsAvailable = "NO_HOSTS_AVAILABLE" //
-)
-
 const nullRef = "OpaqueRef:NULL"
 
 // Mark paths that name no argument: the pool, and the host the call is
@@ -400,7 +393,7 @@ func (res *resolver) placement(p schema.Path) ([]string, error) {
 	}
 	cands := res.seeing(res.vmSRs(vm), true)
 	if len(cands) == 0 {
-		return nil, xerr.New(codeNoHostsAvailable)
+		return nil, xerr.New(xerr.NoHostsAvailable)
 	}
 	if a := vm.String(dm.VM.Affinity); slices.Contains(cands, a) {
 		return []string{a}, nil
@@ -433,7 +426,7 @@ func (res *resolver) srAccess(targets []schema.Path, vm *db.Row) ([]string, erro
 	}
 	cands := res.seeing(srs, false)
 	if len(cands) == 0 {
-		return nil, xerr.New(codeNoHostsAvailable)
+		return nil, xerr.New(xerr.NoHostsAvailable)
 	}
 	return []string{res.prefer(cands)}, nil
 }
@@ -542,7 +535,7 @@ func (res *resolver) srPlugged(p schema.Path) ([]string, error) {
 	}
 	hosts := res.pbdHosts(sr.Ref, true)
 	if len(hosts) == 0 {
-		return nil, xerr.New(codeSRHasNoPBDs, sr.Ref)
+		return nil, xerr.New(xerr.SRHasNoPBDs, sr.Ref)
 	}
 	return hosts[:1], nil
 }

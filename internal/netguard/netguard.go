@@ -225,7 +225,7 @@ func (l *listener) Accept() (net.Conn, error) {
 		if gc := l.g.admit(c, l.local); gc != nil {
 			return gc, nil
 		}
-		c.Close()
+		_ = c.Close()
 	}
 }
 
@@ -286,7 +286,7 @@ func (g *Guard) admit(c net.Conn, local bool) *Conn {
 func (g *Guard) closeVictims(vs []*Conn) {
 	for _, v := range vs {
 		g.reclaimed.Add(1)
-		v.Conn.Close()
+		_ = v.Conn.Close()
 	}
 }
 

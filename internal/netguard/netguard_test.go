@@ -356,7 +356,7 @@ func TestHijackedStall(t *testing.T) {
 		res <- err
 	})
 	_, addr := serve(t, fast(), h)
-	run := func(path string, feed func(net.Conn)) (error, time.Duration) {
+	run := func(path string, feed func(net.Conn)) (time.Duration, error) {
 		c, _ := net.Dial("tcp", addr)
 		defer c.Close()
 		io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -364,19 +364,19 @@ func TestHijackedStall(t *testing.T) {
 		go feed(c)
 		select {
 		case err := <-res:
-			return err, time.Since(start)
+			return time.Since(start), err
 		case <-time.After(5 * time.Second):
 			t.Fatal("transfer not dropped")
 		}
-		return nil, 0
+		return 0, nil
 	}
-	err, took := run("/", func(net.Conn) {})
+	took, err := run("/", func(net.Conn) {})
 	if !isTimeout(err) || took > 900*time.Millisecond {
 		t.Fatalf("stalled transfer: %v after %v", err, took)
 	}
 	// 12 writes 200 ms apart (slower than nothing, each within the stall
 	// timeout) then silence: runs ~2.4 s, then dropped.
-	err, took = run("/", func(c net.Conn) {
+	took, err = run("/", func(c net.Conn) {
 		for range 12 {
 			c.Write([]byte("data"))
 			time.Sleep(200 * time.Millisecond)
@@ -385,7 +385,7 @@ func TestHijackedStall(t *testing.T) {
 	if !isTimeout(err) || took < 2*time.Second || moved.Load() != 48 {
 		t.Fatalf("slow transfer: %v after %v, %d bytes", err, took, moved.Load())
 	}
-	err, took = run("/abort", func(net.Conn) {})
+	took, err = run("/abort", func(net.Conn) {})
 	if !isTimeout(err) || took > 400*time.Millisecond {
 		t.Fatalf("abort: %v after %v", err, took)
 	}

@@ -455,7 +455,7 @@ func writeSexprValue(b *strings.Builder, t *Type, v any) {
 		writePairs(b, sortedKeys(x), func(k string) { writeSexprValue(b, t.Elem, x[k]) })
 	case map[string]any:
 		writePairs(b, sortedKeys(x), func(k string) {
-			var et *Type = String
+			et := String
 			if t != nil && t.Elem != nil {
 				et = t.Elem
 			}

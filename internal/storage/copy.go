@@ -31,10 +31,10 @@ func (s *Service) handleVDICopy(c *api.Call) (any, error) {
 			return nil, err
 		}
 		if vdiSize(dstRow) < vdiSize(src) {
-			return nil, xerr.New(errVDITooSmall, dstRow.Ref, strconv.FormatInt(vdiSize(src), 10))
+			return nil, xerr.New(xerr.VDITooSmall, dstRow.Ref, strconv.FormatInt(vdiSize(src), 10))
 		}
 		if boolField(dstRow, dm.VDI.ReadOnly) {
-			return nil, xerr.New(errVDIReadOnly, dstRow.Ref)
+			return nil, xerr.New(xerr.VDIReadonly, dstRow.Ref)
 		}
 	} else {
 		srRef := c.String(1)
@@ -89,7 +89,7 @@ func (s *Service) handleVDICopy(c *api.Call) (any, error) {
 		}
 		dstRow = mustGet(s.db.Snapshot(), dm.VDI.Class, ref)
 	} else if s.vdiBusy(s.db.Snapshot(), dstRow.Ref) {
-		return nil, xerr.New(errVDIInUse, dstRow.Ref, "copy")
+		return nil, xerr.New(xerr.VDIInUse, dstRow.Ref, "copy")
 	}
 	err = s.copyInto(ctx, c, key, sdev, dstRow, fresh)
 	if err != nil {
@@ -97,7 +97,7 @@ func (s *Service) handleVDICopy(c *api.Call) (any, error) {
 			s.destroyQuietly(dstB, dstRow)
 		}
 		if ctx.Err() != nil {
-			return nil, xerr.New(errTaskCancelled, c.Task)
+			return nil, xerr.New(xerr.TaskCancelled, c.Task)
 		}
 		if xe, ok := err.(*xerr.Error); ok {
 			return nil, xe
@@ -105,7 +105,7 @@ func (s *Service) handleVDICopy(c *api.Call) (any, error) {
 		if isSpaceErr(err) {
 			return nil, errSpace(err)
 		}
-		return nil, xerr.New(errVDICopyFailed)
+		return nil, xerr.New(xerr.VDICopyFailed)
 	}
 	s.refreshVolume(ctx, dstRow.Ref)
 	s.updateSRStats(ctx, dstSR.Ref)
@@ -192,7 +192,7 @@ func (s *Service) newVDILike(ctx context.Context, b *boundSR, srRef string, src 
 		return err
 	})
 	if err != nil {
-		b.sr.VolumeDestroy(context.Background(), v.Key)
+		_ = b.sr.VolumeDestroy(context.Background(), v.Key)
 		return "", err
 	}
 	return ref, nil
@@ -203,10 +203,13 @@ func (s *Service) destroyQuietly(b *boundSR, vdi *db.Row) {
 	if err := b.sr.VolumeDestroy(context.Background(), vdi.String(dm.VDI.Location)); err != nil {
 		s.log.Error("removing a half-made VDI", "vdi", vdi.UUID(), "err", err)
 	}
-	s.db.Update(func(tx *db.Tx) error {
+	// Cleanup after a failure that the caller reports: log this one.
+	if _, err := s.db.Update(func(tx *db.Tx) error {
 		if _, ok := tx.Get(dm.VDI.Class, vdi.Ref); ok {
 			return s.dropVDIRecord(tx, vdi.Ref)
 		}
 		return nil
-	})
+	}); err != nil {
+		s.log.Error("removing a half-made VDI's record", "vdi", vdi.UUID(), "err", err)
+	}
 }

@@ -161,7 +161,7 @@ func (s *Service) liveSwitch(vdiRef, op string) (LiveSwitch, error) {
 	var hooks []LiveSwitch
 	for _, dp := range ws {
 		if internalDP(dp) {
-			return nil, xerr.New(errVDIInUse, vdiRef, op)
+			return nil, xerr.New(xerr.VDIInUse, vdiRef, op)
 		}
 		s.mu.Lock()
 		h := s.hooks[dp]
@@ -214,12 +214,12 @@ func (s *Service) apply(ctx context.Context, dp, vdiRef string, op VDIOp) (Datap
 	s.mu.Unlock()
 
 	if op.Kind == "attach" && op.Mode == RW && boolField(row, dm.VDI.ReadOnly) {
-		return Datapath{}, xerr.New(errVDIReadOnly, vdiRef)
+		return Datapath{}, xerr.New(xerr.VDIReadonly, vdiRef)
 	}
 	old := st.DPs[dp]
 	next, err := Transition(old, op)
 	if err != nil {
-		return Datapath{}, xerr.New(errOperationNotAllowed, err.Error())
+		return Datapath{}, xerr.New(xerr.OperationNotAllowed, err.Error())
 	}
 	if next == old && op.Kind != "attach" {
 		return st.Path, nil
@@ -254,7 +254,7 @@ func (s *Service) apply(ctx context.Context, dp, vdiRef string, op VDIOp) (Datap
 			st.Path = p
 		case super.Attached && oldSuper.Mode == RO && super.Mode == RW:
 			if st.Path.Kind != "file" {
-				return Datapath{}, xerr.New(errVDIInUse, vdiRef, "attached read-only by "+strings.Join(keysOf(st.DPs, dp), ", "))
+				return Datapath{}, xerr.New(xerr.VDIInUse, vdiRef, "attached read-only by "+strings.Join(keysOf(st.DPs, dp), ", "))
 			}
 			p, err := b.sr.VolumeAttach(ctx, key, false)
 			if err != nil {
@@ -265,7 +265,7 @@ func (s *Service) apply(ctx context.Context, dp, vdiRef string, op VDIOp) (Datap
 		if super.Activated && !oldSuper.Activated {
 			if err := b.sr.VolumeActivate(ctx, key, super.Mode == RO); err != nil {
 				if !oldSuper.Attached {
-					b.sr.VolumeDetach(ctx, key)
+					_ = b.sr.VolumeDetach(ctx, key)
 				}
 				return Datapath{}, asBackend(err, smVDIUnavailable)
 			}
@@ -290,7 +290,10 @@ func (s *Service) apply(ctx context.Context, dp, vdiRef string, op VDIOp) (Datap
 	}
 	s.mu.Unlock()
 	s.saveDatapaths()
-	s.db.Update(func(tx *db.Tx) error {
+	// The datapath has changed and its state above is what counts; the
+	// record only mirrors it, so a failure to update it is logged rather
+	// than reported as a failed attach or detach.
+	if _, err := s.db.Update(func(tx *db.Tx) error {
 		if _, ok := tx.Get(dm.VDI.Class, vdiRef); !ok {
 			return nil
 		}
@@ -303,11 +306,14 @@ func (s *Service) apply(ctx context.Context, dp, vdiRef string, op VDIOp) (Datap
 			delete(m, k)
 		}
 		if !maps.Equal(m, was) {
-			tx.Set(dm.VDI.SMConfig, vdiRef, m)
+			if err := tx.Set(dm.VDI.SMConfig, vdiRef, m); err != nil {
+				return err
+			}
 		}
-		s.refreshVDI(tx, vdiRef)
-		return nil
-	})
+		return s.refreshVDI(tx, vdiRef)
+	}); err != nil {
+		s.log.Error("cannot record a VDI's attachment in sm_config", "vdi", vdiRef, "err", err)
+	}
 	if !super.Attached && oldSuper.Attached && b != nil {
 		s.refreshVolume(ctx, vdiRef)
 	}
@@ -344,7 +350,10 @@ func (s *Service) refreshVolume(ctx context.Context, vdiRef string) {
 	if err != nil {
 		return
 	}
-	s.db.Update(func(tx *db.Tx) error { s.applyVolume(tx, vdiRef, v); return nil })
+	// Best effort, as the stat above: the next scan records the sizes.
+	if _, err := s.db.Update(func(tx *db.Tx) error { return s.applyVolume(tx, vdiRef, v) }); err != nil {
+		s.log.Warn("cannot record VDI sizes", "vdi", vdiRef, "err", err)
+	}
 }
 
 func (s *Service) dpFile() string {
@@ -365,7 +374,7 @@ func (s *Service) saveDatapaths() {
 	if err != nil {
 		return
 	}
-	os.MkdirAll(filepath.Dir(path), 0o700)
+	_ = os.MkdirAll(filepath.Dir(path), 0o700) // writeFileAtomic reports a failure
 	if err := writeFileAtomic(path, b); err != nil {
 		s.log.Error("saving datapath state", "err", err)
 	}
@@ -377,7 +386,7 @@ func (s *Service) restoreDatapaths(ctx context.Context) {
 	if path == "" {
 		return
 	}
-	b, err := os.ReadFile(path)
+	b, err := os.ReadFile(path) //nolint:gosec // DataDir/storage/datapaths.json: operator's dir, fixed name
 	if err != nil {
 		return
 	}

@@ -139,8 +139,8 @@ func (d *fileDriver) location(cfg map[string]string) (string, error) {
 	if err != nil {
 		return "", BackendError(smFileSRCreate, fmt.Sprintf("location %s is not writable: %v", loc, unwrapPathErr(err)))
 	}
-	probe.Close()
-	os.Remove(probe.Name())
+	_ = probe.Close()
+	_ = os.Remove(probe.Name())
 	return loc, nil
 }
 
@@ -188,7 +188,7 @@ func (v volMeta) created(key string) bool {
 }
 
 func readMeta(dir string) (*srMeta, error) {
-	b, err := os.ReadFile(filepath.Join(dir, srMetaFile)) // constant name
+	b, err := os.ReadFile(filepath.Join(dir, srMetaFile)) //nolint:gosec // the SR's directory and a fixed name
 	if err != nil {
 		return nil, err
 	}
@@ -220,18 +220,18 @@ func writeFileAtomic(path string, data []byte) error {
 		err = os.Rename(f.Name(), path)
 	}
 	if err != nil {
-		os.Remove(f.Name())
+		_ = os.Remove(f.Name())
 		return err
 	}
 	return syncDir(dir)
 }
 
 func syncDir(dir string) error {
-	d, err := os.Open(dir)
+	d, err := os.Open(dir) //nolint:gosec // a directory this driver already works in
 	if err != nil {
 		return err
 	}
-	defer d.Close()
+	defer func(c func() error) { _ = c() }(d.Close)
 	return d.Sync()
 }
 
@@ -297,10 +297,10 @@ func (d *fileDriver) Attach(ctx context.Context, sr SRSpec) (SR, error) {
 		return nil, BackendError(smSRUnavailable, "recovering an unfinished operation: "+err.Error())
 	}
 	if d.shared {
-		os.MkdirAll(filepath.Join(loc, srLocksDir), 0o700)
+		_ = os.MkdirAll(filepath.Join(loc, srLocksDir), 0o700) // tryLock makes it again, and reports
 	}
 	s.wg.Add(1)
-	go s.gcLoop()
+	go s.gcLoop() //nolint:gosec // the SR's collector lives as long as the SR, not the request that attached it; stopped by s.stop
 	s.kickGC()
 	return s, nil
 }
@@ -335,7 +335,7 @@ func (s *fileSR) withMeta(fn func(m *srMeta) (bool, error)) error {
 	if err != nil {
 		return err
 	}
-	defer lf.Close()
+	defer func(c func() error) { _ = c() }(lf.Close)
 	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX); err != nil {
 		return err
 	}
@@ -382,7 +382,7 @@ func (s *fileSR) recover() error {
 	ents, _ := os.ReadDir(s.dir)
 	for _, e := range ents {
 		if strings.HasPrefix(e.Name(), tmpPrefix) {
-			os.Remove(filepath.Join(s.dir, e.Name()))
+			_ = os.Remove(filepath.Join(s.dir, e.Name()))
 		}
 	}
 	return syncDir(s.dir)
@@ -390,7 +390,7 @@ func (s *fileSR) recover() error {
 
 // recoverJournal rolls back the operation a journal at jp records.
 func (s *fileSR) recoverJournal(jp string) error {
-	if b, err := os.ReadFile(jp); err == nil {
+	if b, err := os.ReadFile(jp); err == nil { //nolint:gosec // the SR's directory and a fixed journal name
 		j, ok := parseJournal(b)
 		if !ok {
 			// Not a journal this driver wrote: not ours to act on or
@@ -404,7 +404,7 @@ func (s *fileSR) recoverJournal(jp string) error {
 			}
 			if j.New != "" {
 				if p, err := safepath.JoinName(s.dir, j.New); err == nil {
-					os.Remove(p)
+					_ = os.Remove(p)
 				}
 			}
 			if _, err := os.Stat(leaf); errors.Is(err, fs.ErrNotExist) {
@@ -414,7 +414,7 @@ func (s *fileSR) recoverJournal(jp string) error {
 					}
 				}
 			}
-			os.Remove(jp)
+			_ = os.Remove(jp)
 		}
 	}
 	return nil
@@ -443,7 +443,7 @@ func (s *fileSR) Detach(ctx context.Context) error {
 	defer s.mu.Unlock()
 	for k, a := range s.attached {
 		if a.lock != nil {
-			a.lock.Close()
+			_ = a.lock.Close()
 		}
 		delete(s.attached, k)
 	}
@@ -460,7 +460,7 @@ func (s *fileSR) Destroy(ctx context.Context) error {
 	if _, err := s.Scan(ctx); err != nil {
 		return err
 	}
-	s.Detach(ctx)
+	_ = s.Detach(ctx)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	m, err := readMeta(s.dir)
@@ -521,20 +521,20 @@ func (s *fileSR) Destroy(ctx context.Context) error {
 		locks := filepath.Join(s.dir, srLocksDir)
 		for k := range keys {
 			if safepath.Name(k) == nil {
-				os.Remove(filepath.Join(locks, k))
+				_ = os.Remove(filepath.Join(locks, k))
 			}
 		}
-		os.Remove(locks) // only if empty
+		_ = os.Remove(locks) // only if empty
 	}
 	for _, name := range []string{oldJournal, srJournal} {
-		if b, err := os.ReadFile(filepath.Join(s.dir, name)); err == nil {
+		if b, err := os.ReadFile(filepath.Join(s.dir, name)); err == nil { //nolint:gosec // the SR's directory and a fixed journal name
 			if _, ok := parseJournal(b); ok {
-				os.Remove(filepath.Join(s.dir, name))
+				_ = os.Remove(filepath.Join(s.dir, name))
 			}
 		}
 	}
 	for _, f := range []string{srMetaFile, srLockFile} {
-		os.Remove(filepath.Join(s.dir, f))
+		_ = os.Remove(filepath.Join(s.dir, f))
 	}
 	if len(errs) > 0 {
 		return BackendError(smFileSRDelete, errors.Join(errs...).Error())
@@ -779,10 +779,12 @@ func (s *fileSR) VolumeCreate(ctx context.Context, v VolumeSpec) (Volume, error)
 		return Volume{}, BackendError(smVDICreate, err.Error())
 	}
 	if err := s.putMeta(key, v); err != nil {
-		os.Remove(p)
+		_ = os.Remove(p)
 		return Volume{}, BackendError(smVDICreate, err.Error())
 	}
-	syncDir(s.dir)
+	if err := syncDir(s.dir); err != nil {
+		return Volume{}, BackendError(smVDICreate, err.Error())
+	}
 	return s.statLocked(key)
 }
 
@@ -837,7 +839,7 @@ func (s *fileSR) VolumeDestroy(ctx context.Context, key string) error {
 		if err != nil {
 			return err
 		}
-		defer l.Close()
+		defer func(c func() error) { _ = c() }(l.Close)
 	}
 	_, kids, err := s.graph()
 	if err != nil {
@@ -851,15 +853,19 @@ func (s *fileSR) VolumeDestroy(ctx context.Context, key string) error {
 	}
 	if s.d.shared {
 		if lp, err := safepath.JoinName(filepath.Join(s.dir, srLocksDir), key); err == nil {
-			os.Remove(lp)
+			_ = os.Remove(lp)
 		}
 	}
-	s.withMeta(func(m *srMeta) (bool, error) {
+	if err := s.withMeta(func(m *srMeta) (bool, error) {
 		_, had := m.Volumes[key]
 		delete(m.Volumes, key)
 		return had, nil
-	})
-	syncDir(s.dir)
+	}); err != nil {
+		return BackendError(smVDIRemove, err.Error())
+	}
+	if err := syncDir(s.dir); err != nil {
+		return BackendError(smVDIRemove, err.Error())
+	}
 	s.kickGC()
 	return nil
 }
@@ -937,13 +943,13 @@ func (s *fileSR) branch(ctx context.Context, op, key string, meta VolumeSpec, li
 		if err != nil {
 			return Volume{}, err
 		}
-		defer l.Close()
+		defer func(c func() error) { _ = c() }(l.Close)
 	}
 	switch {
 	case n.format == "raw":
 		// No overlay can make a raw image immutable in place: copy.
 		if _, err := qemuImg(ctx, "convert", "-U", "-f", "raw", "-O", "qcow2", p, newPath); err != nil {
-			os.Remove(newPath)
+			_ = os.Remove(newPath)
 			return fail(err)
 		}
 	case len(kids[n.name]) > 0:
@@ -965,14 +971,19 @@ func (s *fileSR) branch(ctx context.Context, op, key string, meta VolumeSpec, li
 			return fail(err)
 		}
 		undo := func() {
-			os.Remove(newPath)
-			os.Remove(p)
-			os.Rename(basePath, p)
-			os.Remove(filepath.Join(s.dir, srJournal))
-			syncDir(s.dir)
+			_ = os.Remove(newPath)
+			_ = os.Remove(p)
+			if err := os.Rename(basePath, p); err != nil {
+				// The journal stays: recovery puts the base back at the
+				// next attach.
+				s.d.log.Error("rolling back a branch: left to the journal", "sr", s.uuid, "err", err)
+				return
+			}
+			_ = os.Remove(filepath.Join(s.dir, srJournal))
+			_ = syncDir(s.dir) // the rollback is complete either way
 		}
 		if err := os.Rename(p, basePath); err != nil {
-			os.Remove(filepath.Join(s.dir, srJournal))
+			_ = os.Remove(filepath.Join(s.dir, srJournal))
 			return fail(err)
 		}
 		if err := createQcow2(p, int64(n.header.Size), base, "qcow2"); err != nil {
@@ -992,7 +1003,7 @@ func (s *fileSR) branch(ctx context.Context, op, key string, meta VolumeSpec, li
 		if err := createQcow2(newPath, int64(n.header.Size), base, "qcow2"); err != nil {
 			// The VDI now runs on its new overlay: keep that, lose the new
 			// volume only.
-			os.Remove(filepath.Join(s.dir, srJournal))
+			_ = os.Remove(filepath.Join(s.dir, srJournal))
 			return fail(err)
 		}
 		// A reset-on-boot VDI keeps its reset point.
@@ -1004,12 +1015,14 @@ func (s *fileSR) branch(ctx context.Context, op, key string, meta VolumeSpec, li
 		meta.SnapshotOf = key
 	}
 	if err := s.putMeta(newKey, meta); err != nil {
-		os.Remove(newPath)
-		os.Remove(filepath.Join(s.dir, srJournal))
+		_ = os.Remove(newPath)
+		_ = os.Remove(filepath.Join(s.dir, srJournal))
 		return fail(err)
 	}
-	os.Remove(filepath.Join(s.dir, srJournal))
-	syncDir(s.dir)
+	_ = os.Remove(filepath.Join(s.dir, srJournal))
+	if err := syncDir(s.dir); err != nil {
+		return fail(err)
+	}
 	return s.statLocked(newKey)
 }
 
@@ -1020,12 +1033,12 @@ func isEmptyImage(p string) bool {
 
 // tryLock takes the attach lock of a key without waiting.
 func (s *fileSR) tryLock(key string, exclusive bool) (*os.File, error) {
-	os.MkdirAll(filepath.Join(s.dir, srLocksDir), 0o700)
+	_ = os.MkdirAll(filepath.Join(s.dir, srLocksDir), 0o700) // the OpenFile below reports a failure
 	lp, err := safepath.JoinName(filepath.Join(s.dir, srLocksDir), key)
 	if err != nil {
 		return nil, BackendError(smVDIUnavailable, err.Error())
 	}
-	f, err := os.OpenFile(lp, fileSRFlags, 0o600)
+	f, err := os.OpenFile(lp, fileSRFlags, 0o600) //nolint:gosec // lp is safepath.JoinName'd above
 	if err != nil {
 		return nil, BackendError(smVDIUnavailable, err.Error())
 	}
@@ -1034,9 +1047,9 @@ func (s *fileSR) tryLock(key string, exclusive bool) (*os.File, error) {
 		how = syscall.LOCK_EX
 	}
 	if err := syscall.Flock(int(f.Fd()), how|syscall.LOCK_NB); err != nil {
-		f.Close()
+		_ = f.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, xerr.New(errVDIInUse, key, "attached on another host")
+			return nil, xerr.New(xerr.VDIInUse, key, "attached on another host")
 		}
 		return nil, BackendError(smVDIUnavailable, err.Error())
 	}
@@ -1061,7 +1074,7 @@ func (s *fileSR) VolumeAttach(ctx context.Context, key string, readonly bool) (D
 	}
 	if !readonly {
 		if _, kids, err := s.graph(); err == nil && len(kids[filepath.Base(p)]) > 0 {
-			return Datapath{}, xerr.New(errVDIReadOnly, key)
+			return Datapath{}, xerr.New(xerr.VDIReadonly, key)
 		}
 	}
 	a := &fileAttach{readonly: readonly}
@@ -1071,7 +1084,7 @@ func (s *fileSR) VolumeAttach(ctx context.Context, key string, readonly bool) (D
 		// back if the exclusive one cannot be had.
 		old := s.attached[key]
 		if old != nil && old.lock != nil {
-			old.lock.Close()
+			_ = old.lock.Close()
 			old.lock = nil
 		}
 		if a.lock, err = s.tryLock(key, !readonly); err != nil {
@@ -1081,7 +1094,7 @@ func (s *fileSR) VolumeAttach(ctx context.Context, key string, readonly bool) (D
 			return Datapath{}, err
 		}
 	} else if old := s.attached[key]; old != nil && old.lock != nil {
-		old.lock.Close()
+		_ = old.lock.Close()
 	}
 	s.attached[key] = a
 	return Datapath{Kind: "file", Path: p, Format: format, ReadOnly: readonly}, nil
@@ -1114,12 +1127,12 @@ func (s *fileSR) VolumeActivate(ctx context.Context, key string, readonly bool) 
 		return BackendError(smVDIUnavailable, fmt.Sprintf("volume %s: reset point %q is not a base of this SR", key, clip(vm.ResetBase, 200)))
 	}
 	tmp := filepath.Join(s.dir, tmpPrefix+filepath.Base(p))
-	os.Remove(tmp)
+	_ = os.Remove(tmp)
 	if err := createQcow2(tmp, int64(h.Size), vm.ResetBase, "qcow2"); err != nil {
 		return BackendError(smVDIUnavailable, err.Error())
 	}
 	if err := os.Rename(tmp, p); err != nil {
-		os.Remove(tmp)
+		_ = os.Remove(tmp)
 		return BackendError(smVDIUnavailable, err.Error())
 	}
 	return syncDir(s.dir)
@@ -1131,7 +1144,7 @@ func (s *fileSR) VolumeDetach(ctx context.Context, key string) error {
 	s.mu.Lock()
 	if a := s.attached[key]; a != nil {
 		if a.lock != nil {
-			a.lock.Close()
+			_ = a.lock.Close()
 		}
 		delete(s.attached, key)
 	}
@@ -1146,7 +1159,7 @@ func (s *fileSR) SetResetOnBoot(ctx context.Context, key string, reset bool) err
 		return err
 	}
 	if format != "qcow2" {
-		return xerr.New(errVDIIncompatibleType, key, format)
+		return xerr.New(xerr.VDIIncompatibleType, key, format)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -1169,7 +1182,9 @@ func (s *fileSR) SetResetOnBoot(ctx context.Context, key string, reset bool) err
 		return BackendError(smVDIUnavailable, err.Error())
 	}
 	if err := createQcow2(p, int64(h.Size), base, "qcow2"); err != nil {
-		os.Rename(basePath, p)
+		if rerr := os.Rename(basePath, p); rerr != nil {
+			err = fmt.Errorf("%w; and the volume is left at %s: %v", err, basePath, rerr)
+		}
 		return BackendError(smVDIUnavailable, err.Error())
 	}
 	return s.withMeta(func(m *srMeta) (bool, error) {

@@ -85,7 +85,9 @@ func (s *fileSR) collectOnce(ctx context.Context) (bool, error) {
 		switch k := kids[name]; len(k) {
 		case 0:
 			err := os.Remove(filepath.Join(s.dir, name))
-			syncDir(s.dir)
+			if err == nil {
+				err = syncDir(s.dir)
+			}
 			s.mu.Unlock()
 			if err != nil && !errors.Is(err, fs.ErrNotExist) {
 				return false, err
@@ -102,7 +104,7 @@ func (s *fileSR) collectOnce(ctx context.Context) (bool, error) {
 				if err != nil {
 					continue
 				}
-				l.Close()
+				_ = l.Close()
 			}
 			victim, child = name, c
 		}

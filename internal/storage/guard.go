@@ -181,7 +181,7 @@ func (g *spaceGuard) check(need int64) error {
 			continue // gone or unreadable: the write itself will tell
 		}
 		if need > room {
-			return xerr.New(errSRFull, strconv.FormatInt(need, 10), strconv.FormatInt(max(room, 0), 10))
+			return xerr.New(xerr.SRFull, strconv.FormatInt(need, 10), strconv.FormatInt(max(room, 0), 10))
 		}
 	}
 	return nil
@@ -223,7 +223,7 @@ func (gr *guardedReader) Read(p []byte) (int, error) {
 // isSpaceErr reports a failure for want of space: SR_FULL from a guard or
 // ENOSPC/EDQUOT from the file system.
 func isSpaceErr(err error) bool {
-	return xerr.HasCode(err, errSRFull) || errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
+	return xerr.HasCode(err, xerr.SRFull) || errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
 }
 
 // spoolPattern is how spool files are named (os.CreateTemp patterns).
@@ -327,8 +327,8 @@ func (p *locationPolicy) checkDatapathFile(file string) error {
 // guard noticing (the file system said ENOSPC).
 func errSpace(err error) error {
 	var xe *xerr.Error
-	if errors.As(err, &xe) && xe.Code == errSRFull {
+	if errors.As(err, &xe) && xe.Code == xerr.SRFull {
 		return xe
 	}
-	return xerr.New(errSRFull, "0", "0")
+	return xerr.New(xerr.SRFull, "0", "0")
 }

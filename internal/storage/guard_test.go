@@ -96,7 +96,7 @@ func TestGuardedReader(t *testing.T) {
 	}
 	defer f.Close()
 	n, err := io.Copy(f, g.reader(io.LimitReader(randReader{}, 100*xferChunk)))
-	if !xerr.HasCode(err, errSRFull) {
+	if !xerr.HasCode(err, xerr.SRFull) {
 		t.Fatalf("read %d bytes, err %v; want SR_FULL", n, err)
 	}
 	// (Other processes may write to the same disk meanwhile: loose bounds.)

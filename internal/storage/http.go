@@ -75,7 +75,7 @@ func parseXferQuery(q url.Values, export bool) (xferQuery, error) {
 	switch x.Format {
 	case "raw", "qcow2", "vhd":
 	default:
-		return x, xerr.New(errValueNotSupported, "format", clip(x.Format, 100), "format must be raw, vhd or qcow2")
+		return x, xerr.New(xerr.ValueNotSupported, "format", clip(x.Format, 100), "format must be raw, vhd or qcow2")
 	}
 	if x.Task != "" && !strings.HasPrefix(x.Task, "OpaqueRef:") {
 		return x, xerr.New(xerr.HandleInvalid, "task", clip(x.Task, 100))
@@ -85,10 +85,10 @@ func parseXferQuery(q url.Values, export bool) (xferQuery, error) {
 			return x, xerr.New(xerr.UUIDInvalid, "VDI", clip(x.Base, 100))
 		}
 		if x.Base != "" && x.Format == "raw" {
-			return x, xerr.New(errValueNotSupported, "format", "raw", "a delta export (base=) needs format=vhd or qcow2: raw cannot tell unchanged blocks from zeroes")
+			return x, xerr.New(xerr.ValueNotSupported, "format", "raw", "a delta export (base=) needs format=vhd or qcow2: raw cannot tell unchanged blocks from zeroes")
 		}
 	} else if q.Get("chunked") == "true" {
-		return x, xerr.New("IMPORT_ERROR_CANNOT_HANDLE_CHUNKED")
+		return x, xerr.New(xerr.ImportErrorCannotHandleChunked)
 	}
 	return x, nil
 }
@@ -119,17 +119,17 @@ func httpStatus(err error) int {
 	switch xerr.From(err).Code {
 	case xerr.HandleInvalid, xerr.UUIDInvalid:
 		return http.StatusNotFound
-	case xerr.InvalidValue, errValueNotSupported, "IMPORT_ERROR_CANNOT_HANDLE_CHUNKED", errImportError:
+	case xerr.InvalidValue, xerr.ValueNotSupported, xerr.ImportErrorCannotHandleChunked, xerr.ImportError:
 		return http.StatusBadRequest
-	case errVDIInUse, errOtherOperation:
+	case xerr.VDIInUse, xerr.OtherOperationInProgress:
 		return http.StatusConflict
-	case errVDIReadOnly, xerr.RBACPermissionDenied:
+	case xerr.VDIReadonly, xerr.RBACPermissionDenied:
 		return http.StatusForbidden
-	case errSRFull:
+	case xerr.SRFull:
 		return http.StatusInsufficientStorage
-	case errVDITooSmall:
+	case xerr.VDITooSmall:
 		return http.StatusRequestEntityTooLarge
-	case errSRNotAttached, errSRHasNoPBDs:
+	case xerr.SRNotAttached, xerr.SRHasNoPBDs:
 		return http.StatusServiceUnavailable
 	}
 	return http.StatusInternalServerError
@@ -139,7 +139,7 @@ func writeError(w http.ResponseWriter, err error) {
 	xe := xerr.From(err)
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.WriteHeader(httpStatus(err))
-	fmt.Fprintln(w, strings.Join(append([]string{xe.Code}, xe.Params...), " "))
+	_, _ = fmt.Fprintln(w, strings.Join(append([]string{xe.Code}, xe.Params...), " ")) //nolint:gosec // text/plain, not HTML: nothing to script; a client that is gone needs no error
 }
 
 // xferTask is the task of one transfer.
@@ -172,7 +172,7 @@ func (s *Service) xferTask(sess *api.Session, given, label string, cancel contex
 			return nil, err
 		}
 		if row.String(dm.Task.Status) != string(dm.TaskStatusTypePending) {
-			return nil, xerr.New(errOperationNotAllowed, "task "+given+" is not pending")
+			return nil, xerr.New(xerr.OperationNotAllowed, "task "+given+" is not pending")
 		}
 		t.ref = given
 		return t, nil
@@ -194,7 +194,8 @@ func (t *xferTask) progress(p float64) {
 		return
 	}
 	t.last, t.lastP = now, p
-	t.s.db.Update(func(tx *db.Tx) error {
+	// Progress is advisory and the transfer goes on: log a failure.
+	if _, err := t.s.db.Update(func(tx *db.Tx) error {
 		row, ok := tx.Get(dm.Task.Class, t.ref)
 		if !ok {
 			return nil
@@ -204,11 +205,13 @@ func (t *xferTask) progress(p float64) {
 			t.cancel()
 		}
 		return tx.Set(dm.Task.Progress, t.ref, min(p, 0.99))
-	})
+	}); err != nil {
+		t.s.log.Warn("cannot record transfer progress", "task", t.ref, "err", err)
+	}
 }
 
 func (t *xferTask) finish(err error) {
-	cancelled := err != nil && (t.wasCancelled() || xerr.HasCode(err, errTaskCancelled))
+	cancelled := err != nil && (t.wasCancelled() || xerr.HasCode(err, xerr.TaskCancelled))
 	if row, ok := t.s.db.Snapshot().Get(dm.Task.Class, t.ref); ok && row.String(dm.Task.Status) == string(dm.TaskStatusTypeCancelling) {
 		cancelled = err != nil
 	}
@@ -239,7 +242,7 @@ func (s *Service) transferAttach(ctx context.Context, dp, vdiRef string, write b
 	if write {
 		if ws := s.writers(vdiRef); len(ws) > 1 {
 			detach()
-			return Datapath{}, nil, xerr.New(errVDIInUse, vdiRef, "attached read-write by "+strings.Join(ws, ", "))
+			return Datapath{}, nil, xerr.New(xerr.VDIInUse, vdiRef, "attached read-write by "+strings.Join(ws, ", "))
 		}
 	}
 	return d, detach, nil
@@ -298,12 +301,12 @@ func (s *Service) serveImport(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if boolField(vdi, dm.VDI.ReadOnly) {
-		writeError(w, xerr.New(errVDIReadOnly, vdi.Ref))
+		writeError(w, xerr.New(xerr.VDIReadonly, vdi.Ref))
 		return
 	}
 	size := vdiSize(vdi)
 	if q.Format == "raw" && r.ContentLength > size {
-		writeError(w, xerr.New(errVDITooSmall, vdi.Ref, strconv.FormatInt(r.ContentLength, 10)))
+		writeError(w, xerr.New(xerr.VDITooSmall, vdi.Ref, strconv.FormatInt(r.ContentLength, 10)))
 		return
 	}
 	if r.ContentLength > 0 {
@@ -334,8 +337,8 @@ func (s *Service) serveImport(w http.ResponseWriter, r *http.Request) {
 		// xapi's protocol: answer at once, then read to the end.
 		hj, ok := w.(http.Hijacker)
 		if !ok {
-			task.finish(xerr.New(errImportError, "this connection cannot carry an upload without a length"))
-			writeError(w, xerr.New(errImportError, "send a Content-Length or use chunked encoding"))
+			task.finish(xerr.New(xerr.ImportError, "this connection cannot carry an upload without a length"))
+			writeError(w, xerr.New(xerr.ImportError, "send a Content-Length or use chunked encoding"))
 			return
 		}
 		c, brw, err := hj.Hijack()
@@ -345,10 +348,13 @@ func (s *Service) serveImport(w http.ResponseWriter, r *http.Request) {
 		}
 		// A transfer that moves no byte for the stall timeout is dropped.
 		conn = netguard.Transfer(c, brw.Reader)
-		defer conn.Close()
+		defer func(c func() error) { _ = c() }(conn.Close)
 		conn.SetDeadline(time.Time{})
-		brw.WriteString("HTTP/1.1 200 OK\r\nConnection: close\r\nTask-Id: " + task.ref + "\r\n\r\n")
-		brw.Flush()
+		_, _ = brw.WriteString("HTTP/1.1 200 OK\r\nConnection: close\r\nTask-Id: " + task.ref + "\r\n\r\n") // sticky: the Flush reports it
+		if err := brw.Flush(); err != nil {
+			task.finish(err)
+			return
+		}
 		body = conn
 		stop := context.AfterFunc(ctx, func() { conn.SetReadDeadline(time.Now()) })
 		defer stop()
@@ -442,7 +448,7 @@ func (s *Service) importInto(ctx context.Context, task *xferTask, b *boundSR, vd
 	case "vhd":
 		n, err = applyVHD(ctx, body, dev, progress)
 		if err != nil && !errors.As(err, new(errTooBig)) && !isStreamErr(err) && ctx.Err() == nil {
-			err = xerr.New(errImportError, "VHD: "+err.Error())
+			err = xerr.New(xerr.ImportError, "VHD: "+err.Error())
 		}
 	}
 	if ferr := flushDevice(dev); err == nil {
@@ -469,14 +475,14 @@ func (s *Service) importError(task *xferTask, err error, vdiRef string) error {
 	var big errTooBig
 	switch {
 	case errors.As(err, &big):
-		return xerr.New(errVDITooSmall, vdiRef, strconv.FormatInt(big.size+1, 10))
+		return xerr.New(xerr.VDITooSmall, vdiRef, strconv.FormatInt(big.size+1, 10))
 	case isSpaceErr(err):
 		return errSpace(err)
 	case task.wasCancelled():
-		return xerr.New(errTaskCancelled, task.ref)
+		return xerr.New(xerr.TaskCancelled, task.ref)
 	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed), errors.Is(err, syscall.ECONNRESET),
 		errors.Is(err, context.Canceled), isTimeout(err), strings.Contains(err.Error(), "connection reset"):
-		return xerr.New(errImportPrematureEOF)
+		return xerr.New(xerr.ImportErrorPrematureEOF)
 	}
 	var xe *xerr.Error
 	if errors.As(err, &xe) {
@@ -515,8 +521,8 @@ func (s *Service) importQcow2Into(ctx context.Context, body io.Reader, dev *devi
 	if err != nil {
 		return err
 	}
-	defer os.Remove(f.Name())
-	defer f.Close()
+	defer func(name string) { _ = os.Remove(name) }(f.Name())
+	defer func(c func() error) { _ = c() }(f.Close)
 	limit := dev.size + dev.size/64 + 64<<20 // data plus metadata
 	n, err := io.Copy(f, io.LimitReader(body, limit+1))
 	if err != nil {
@@ -531,26 +537,26 @@ func (s *Service) importQcow2Into(ctx context.Context, body io.Reader, dev *devi
 	task.progress(0.5)
 	h, err := readQcow2HeaderFrom(f)
 	if err != nil {
-		return xerr.New(errImportError, "the upload is not a qcow2 image: "+err.Error())
+		return xerr.New(xerr.ImportError, "the upload is not a qcow2 image: "+err.Error())
 	}
 	switch {
 	case h.BackingFile != "":
-		return xerr.New(errImportError, "the qcow2 image names a backing file; upload a self-contained image")
+		return xerr.New(xerr.ImportError, "the qcow2 image names a backing file; upload a self-contained image")
 	case h.ExternalDataFile:
-		return xerr.New(errImportError, "the qcow2 image has an external data file")
+		return xerr.New(xerr.ImportError, "the qcow2 image has an external data file")
 	case h.CryptMethod != 0:
-		return xerr.New(errImportError, "the qcow2 image is encrypted")
+		return xerr.New(xerr.ImportError, "the qcow2 image is encrypted")
 	case int64(h.Size) > dev.size:
-		return xerr.New(errVDITooSmall, vdi.Ref, strconv.FormatInt(int64(h.Size), 10))
+		return xerr.New(xerr.VDITooSmall, vdi.Ref, strconv.FormatInt(int64(h.Size), 10))
 	}
 	src, err := openQcow2Read(ctx, f.Name(), s.run)
 	if err != nil {
-		return xerr.New(errImportError, "reading the qcow2 image: "+err.Error())
+		return xerr.New(xerr.ImportError, "reading the qcow2 image: "+err.Error())
 	}
-	defer src.Close()
+	defer func(c func() error) { _ = c() }(src.Close)
 	m, err := imageMap(ctx, f.Name(), "qcow2", src.size)
 	if err != nil {
-		return xerr.New(errImportError, err.Error())
+		return xerr.New(xerr.ImportError, err.Error())
 	}
 	var data []Extent
 	var total int64
@@ -635,7 +641,7 @@ func (s *Service) serveExport(w http.ResponseWriter, r *http.Request) {
 	}
 	err = s.exportFrom(ctx, w, r, task, b, vdi, base, q.Format)
 	if err != nil && ctx.Err() != nil {
-		err = xerr.New(errTaskCancelled, "")
+		err = xerr.New(xerr.TaskCancelled, "")
 	}
 	if err != nil {
 		s.log.Warn("VDI export failed", "vdi", vdi.UUID(), "task", task.ref, "err", err)

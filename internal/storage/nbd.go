@@ -133,7 +133,7 @@ func dialNBD(ctx context.Context, a nbdAddr) (*nbdClient, error) {
 	}
 	size, tflags, err := nbdHandshake(conn, a.Export)
 	if err != nil {
-		conn.Close()
+		_ = conn.Close()
 		return nil, err
 	}
 	conn.SetDeadline(time.Time{})
@@ -396,8 +396,8 @@ func (c *nbdClient) Close() error {
 		be.PutUint32(hdr[0:], nbdRequestMagic)
 		be.PutUint16(hdr[6:], nbdCmdDisc)
 		c.wmu.Lock()
-		c.bw.Write(hdr[:])
-		c.bw.Flush()
+		_, _ = c.bw.Write(hdr[:]) // a courtesy before closing: the close is what counts
+		_ = c.bw.Flush()
 		c.wmu.Unlock()
 	}
 	err := c.conn.Close()

@@ -73,7 +73,7 @@ func (s *Service) mark(ctx context.Context, key string, objs ...marked) (func(),
 				cur, _ := row.Get(o.cls.Field("current_operations")).(map[string]string)
 				for task, running := range cur {
 					if !compatible(o.cls, running, o.key) {
-						conflict = xerr.New(errOtherOperation, o.cls.Name, o.ref, running, task)
+						conflict = xerr.New(xerr.OtherOperationInProgress, o.cls.Name, o.ref, running, task)
 						return conflict
 					}
 				}
@@ -82,7 +82,9 @@ func (s *Service) mark(ctx context.Context, key string, objs ...marked) (func(),
 				if err := tx.AddToMap(o.cls.Field("current_operations"), o.ref, key, o.key); err != nil {
 					return err
 				}
-				s.refresh(tx, o.cls, o.ref)
+				if err := s.refresh(tx, o.cls, o.ref); err != nil {
+					return err
+				}
 			}
 			return nil
 		})
@@ -102,31 +104,38 @@ func (s *Service) mark(ctx context.Context, key string, objs ...marked) (func(),
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			return nil, xerr.New(errTaskCancelled, "")
+			return nil, xerr.New(xerr.TaskCancelled, "")
 		}
 		t.Stop()
 	}
 }
 
+// unmark runs when an operation ends, which reports its own outcome: a
+// failure to unmark is logged (start-up clears stale marks).
 func (s *Service) unmark(key string, objs []marked) {
-	s.db.Update(func(tx *db.Tx) error {
+	if _, err := s.db.Update(func(tx *db.Tx) error {
 		for _, o := range objs {
 			if _, ok := tx.Get(o.cls, o.ref); !ok {
 				continue
 			}
-			tx.RemoveFromMap(o.cls.Field("current_operations"), o.ref, key)
-			s.refresh(tx, o.cls, o.ref)
+			if err := tx.RemoveFromMap(o.cls.Field("current_operations"), o.ref, key); err != nil {
+				return err
+			}
+			if err := s.refresh(tx, o.cls, o.ref); err != nil {
+				return err
+			}
 		}
 		return nil
-	})
+	}); err != nil {
+		s.log.Error("cannot unmark a storage operation", "task", key, "objects", len(objs), "err", err)
+	}
 }
 
-func (s *Service) refresh(tx *db.Tx, cls *schema.Class, ref string) {
+func (s *Service) refresh(tx *db.Tx, cls *schema.Class, ref string) error {
 	if cls == dm.SR.Class {
-		s.refreshSR(tx, ref)
-	} else {
-		s.refreshVDI(tx, ref)
+		return s.refreshSR(tx, ref)
 	}
+	return s.refreshVDI(tx, ref)
 }
 
 func boolField(r *db.Row, f *schema.Field) bool { b, _ := r.Get(f).(bool); return b }
@@ -199,10 +208,10 @@ func (s *Service) driverInfo(srType string) (DriverInfo, bool) {
 }
 
 // refreshSR recomputes an SR's allowed_operations.
-func (s *Service) refreshSR(tx *db.Tx, ref string) {
+func (s *Service) refreshSR(tx *db.Tx, ref string) error {
 	row, ok := tx.Get(dm.SR.Class, ref)
 	if !ok {
-		return
+		return nil
 	}
 	info, _ := s.driverInfo(row.String(dm.SR.Type))
 	var ops []string
@@ -227,14 +236,14 @@ func (s *Service) refreshSR(tx *db.Tx, ref string) {
 		return false
 	})
 	slices.Sort(ops)
-	setIfChanged(tx, dm.SR.AllowedOperations, ref, ops)
+	return setIfChanged(tx, dm.SR.AllowedOperations, ref, ops)
 }
 
 // refreshVDI recomputes a VDI's allowed_operations.
-func (s *Service) refreshVDI(tx *db.Tx, ref string) {
+func (s *Service) refreshVDI(tx *db.Tx, ref string) error {
 	row, ok := tx.Get(dm.VDI.Class, ref)
 	if !ok {
-		return
+		return nil
 	}
 	srRef := row.String(dm.VDI.SR)
 	sr, _ := tx.Get(dm.SR.Class, srRef)
@@ -271,26 +280,31 @@ func (s *Service) refreshVDI(tx *db.Tx, ref string) {
 		return false
 	})
 	slices.Sort(ops)
-	setIfChanged(tx, dm.VDI.AllowedOperations, ref, ops)
+	return setIfChanged(tx, dm.VDI.AllowedOperations, ref, ops)
 }
 
-func setIfChanged(tx *db.Tx, f *schema.Field, ref string, ops []string) {
+func setIfChanged(tx *db.Tx, f *schema.Field, ref string, ops []string) error {
 	if ops == nil {
 		ops = []string{}
 	}
 	row, _ := tx.Get(f.Class, ref)
 	if old, _ := row.Get(f).([]string); slices.Equal(old, ops) {
-		return
+		return nil
 	}
-	tx.Set(f, ref, ops)
+	return tx.Set(f, ref, ops)
 }
 
 // refreshSRAll recomputes an SR and all of its VDIs.
-func (s *Service) refreshSRAll(tx *db.Tx, srRef string) {
-	s.refreshSR(tx, srRef)
-	for _, v := range vdisOf(tx, srRef) {
-		s.refreshVDI(tx, v.Ref)
+func (s *Service) refreshSRAll(tx *db.Tx, srRef string) error {
+	if err := s.refreshSR(tx, srRef); err != nil {
+		return err
 	}
+	for _, v := range vdisOf(tx, srRef) {
+		if err := s.refreshVDI(tx, v.Ref); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // overprovision reports whether an SR may promise more than its free

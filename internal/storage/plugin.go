@@ -138,12 +138,12 @@ func parsePluginError(status string, stdout, stderr []byte) *xerr.Error {
 		for _, p := range f.Error.Params {
 			params = append(params, clip(p, 4096))
 		}
-		if strings.HasPrefix(f.Error.Code, errSRBackendFailure+"_") || knownCode(f.Error.Code) {
+		if strings.HasPrefix(f.Error.Code, xerr.SRBackendFailure+"_") || knownCode(f.Error.Code) {
 			return xerr.New(f.Error.Code, params...)
 		}
-		return xerr.New(errSRBackendFailure, status, clip(f.Error.Code+": "+strings.Join(params, "; "), 4096), clip(string(stderr), 4096))
+		return xerr.New(xerr.SRBackendFailure, status, clip(f.Error.Code+": "+strings.Join(params, "; "), 4096), clip(string(stderr), 4096))
 	}
-	return xerr.New(errSRBackendFailure, status, clip(string(stdout), 4096), clip(string(stderr), 4096))
+	return xerr.New(xerr.SRBackendFailure, status, clip(string(stdout), 4096), clip(string(stderr), 4096))
 }
 
 func clip(s string, n int) string {
@@ -157,9 +157,9 @@ func clip(s string, n int) string {
 // knownCode lists the XenAPI errors a plugin may raise directly.
 func knownCode(code string) bool {
 	switch code {
-	case errSRFull, errVDIInUse, errVDITooSmall, errVDITooLarge, errVDIReadOnly, errVDIMissing, errVDILocationMissing,
-		errSRNotEmpty, errSROperationNotSupported, errUnimplementedInSM, errSRNotAttached, errVDIIncompatibleType,
-		errOperationNotAllowed, "SR_UNHEALTHY", "VDI_NOT_AVAILABLE", "SR_SOURCE_SPACE_INSUFFICIENT":
+	case xerr.SRFull, xerr.VDIInUse, xerr.VDITooSmall, xerr.VDITooLarge, xerr.VDIReadonly, xerr.VDIMissing, xerr.VDILocationMissing,
+		xerr.SRNotEmpty, xerr.SROperationNotSupported, xerr.UnimplementedInSMBackend, xerr.SRNotAttached, xerr.VDIIncompatibleType,
+		xerr.OperationNotAllowed, xerr.SRUnhealthy, xerr.VDINotAvailable, xerr.SRSourceSpaceInsufficient:
 		return true
 	}
 	return false
@@ -184,9 +184,9 @@ func parsePluginResult(stdout []byte, out any) error {
 // call runs one plugin operation.
 func (p *pluginDriver) call(ctx context.Context, dir, method string, params, out any) error {
 	exe := filepath.Join(dir, method)
-	st, err := os.Stat(exe)
+	st, err := os.Stat(exe) //nolint:gosec // the operator's plugin dir and a method name from this code
 	if err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
-		return xerr.New(errUnimplementedInSM, method)
+		return xerr.New(xerr.UnimplementedInSMBackend, method)
 	}
 	req, err := json.Marshal(map[string]any{"method": method, "params": params})
 	if err != nil {
@@ -194,7 +194,7 @@ func (p *pluginDriver) call(ctx context.Context, dir, method string, params, out
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, exe)
+	cmd := exec.CommandContext(ctx, exe) //nolint:gosec // the operator's plugin dir and a method name from this code; no shell
 	cmd.Dir = dir
 	cmd.Stdin = bytes.NewReader(req)
 	cmd.Env = append(os.Environ(), "TOOLSTACKD_PLUGIN_METHOD="+method)
@@ -208,25 +208,22 @@ func (p *pluginDriver) call(ctx context.Context, dir, method string, params, out
 	p.log.Debug("storage plugin call", "type", p.typ, "method", method, "took", time.Since(start), "err", err)
 	if ctx.Err() != nil {
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return xerr.New(errSMPluginComm, p.typ+": "+method+" timed out")
+			return xerr.New(xerr.SMPluginCommunicationFailure, p.typ+": "+method+" timed out")
 		}
-		return xerr.New(errTaskCancelled, "")
+		return xerr.New(xerr.TaskCancelled, "")
 	}
 	if err != nil {
-		status := err.Error()
 		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			status = strconv.Itoa(ee.ExitCode())
-		} else {
-			return xerr.New(errSMPluginComm, p.typ+": "+method+": "+err.Error())
+		if !errors.As(err, &ee) {
+			return xerr.New(xerr.SMPluginCommunicationFailure, p.typ+": "+method+": "+err.Error())
 		}
-		return parsePluginError(status, stdout.Bytes(), stderr.Bytes())
+		return parsePluginError(strconv.Itoa(ee.ExitCode()), stdout.Bytes(), stderr.Bytes())
 	}
 	if stdout.over {
-		return xerr.New(errSMPluginComm, p.typ+": "+method+": output too large")
+		return xerr.New(xerr.SMPluginCommunicationFailure, p.typ+": "+method+": output too large")
 	}
 	if err := parsePluginResult(stdout.Bytes(), out); err != nil {
-		return xerr.New(errSMPluginComm, p.typ+": "+method+": "+err.Error())
+		return xerr.New(xerr.SMPluginCommunicationFailure, p.typ+": "+method+": "+err.Error())
 	}
 	return nil
 }
@@ -278,7 +275,7 @@ func (p *pluginDriver) Attach(ctx context.Context, sr SRSpec) (SR, error) {
 		return nil, err
 	}
 	if handle == "" {
-		return nil, xerr.New(errSMPluginComm, p.typ+": SR.attach returned no SR")
+		return nil, xerr.New(xerr.SMPluginCommunicationFailure, p.typ+": SR.attach returned no SR")
 	}
 	return &pluginSR{p: p, sr: handle, uris: map[string]string{}}, nil
 }
@@ -341,7 +338,7 @@ func (s *pluginSR) volCall(ctx context.Context, method string, params map[string
 	}
 	out, err := v.volume()
 	if err != nil {
-		return Volume{}, xerr.New(errSMPluginComm, s.p.typ+": "+method+": "+err.Error())
+		return Volume{}, xerr.New(xerr.SMPluginCommunicationFailure, s.p.typ+": "+method+": "+err.Error())
 	}
 	return out, nil
 }
@@ -365,7 +362,7 @@ func (s *pluginSR) Stat(ctx context.Context) (SRStat, error) {
 		return SRStat{}, err
 	}
 	if out.TotalSpace < 0 || out.FreeSpace < 0 {
-		return SRStat{}, xerr.New(errSMPluginComm, s.p.typ+": SR.stat: negative space")
+		return SRStat{}, xerr.New(xerr.SMPluginCommunicationFailure, s.p.typ+": SR.stat: negative space")
 	}
 	return SRStat{PhysicalSize: out.TotalSpace, FreeSpace: out.FreeSpace, PhysicalUtilisation: max(out.TotalSpace-out.FreeSpace, 0),
 		Name: out.Name, Description: out.Description}, nil
@@ -380,7 +377,7 @@ func (s *pluginSR) Scan(ctx context.Context) ([]Volume, error) {
 	for _, v := range vs {
 		vol, err := v.volume()
 		if err != nil {
-			return nil, xerr.New(errSMPluginComm, s.p.typ+": SR.ls: "+err.Error())
+			return nil, xerr.New(xerr.SMPluginCommunicationFailure, s.p.typ+": SR.ls: "+err.Error())
 		}
 		out = append(out, vol)
 	}
@@ -393,7 +390,7 @@ func (s *pluginSR) SetName(ctx context.Context, name, description string) error 
 	if err == nil {
 		err = s.p.call(ctx, s.p.dir, "SR.set_description", map[string]any{"sr": s.sr, "new_description": description}, nil)
 	}
-	if xerr.HasCode(err, errUnimplementedInSM) {
+	if xerr.HasCode(err, xerr.UnimplementedInSMBackend) {
 		return nil
 	}
 	return err
@@ -448,7 +445,7 @@ func (s *pluginSR) VolumeSetName(ctx context.Context, key, name, description str
 	if err == nil {
 		err = s.p.call(ctx, s.p.dir, "Volume.set_description", map[string]any{"sr": s.sr, "key": key, "new_description": description}, nil)
 	}
-	if xerr.HasCode(err, errUnimplementedInSM) {
+	if xerr.HasCode(err, xerr.UnimplementedInSMBackend) {
 		return nil
 	}
 	return err
@@ -462,7 +459,7 @@ func (s *pluginSR) datapathFor(ctx context.Context, key string) (string, string,
 		return "", "", err
 	}
 	if _, err := v.volume(); err != nil {
-		return "", "", xerr.New(errSMPluginComm, s.p.typ+": Volume.stat: "+err.Error())
+		return "", "", xerr.New(xerr.SMPluginCommunicationFailure, s.p.typ+": Volume.stat: "+err.Error())
 	}
 	for _, uri := range v.URI {
 		u, err := url.Parse(uri)
@@ -473,7 +470,7 @@ func (s *pluginSR) datapathFor(ctx context.Context, key string) (string, string,
 			return uri, dir, nil
 		}
 	}
-	return "", "", xerr.New(errSMPluginComm, fmt.Sprintf("%s: no datapath plugin serves volume %s (URIs %v)", s.p.typ, key, v.URI))
+	return "", "", xerr.New(xerr.SMPluginCommunicationFailure, fmt.Sprintf("%s: no datapath plugin serves volume %s (URIs %v)", s.p.typ, key, v.URI))
 }
 
 func (s *pluginSR) dp(key string) (string, string, error) {
@@ -481,7 +478,7 @@ func (s *pluginSR) dp(key string) (string, string, error) {
 	uri := s.uris[key]
 	s.mu.Unlock()
 	if uri == "" {
-		return "", "", xerr.New(errOperationNotAllowed, "volume "+key+" is not attached")
+		return "", "", xerr.New(xerr.OperationNotAllowed, "volume "+key+" is not attached")
 	}
 	u, err := url.Parse(uri)
 	if err != nil {
@@ -502,18 +499,18 @@ func (s *pluginSR) VolumeAttach(ctx context.Context, key string, readonly bool) 
 	switch d.Kind {
 	case "nbd":
 		if _, err := parseNBDURI(d.URI); err != nil {
-			return Datapath{}, xerr.New(errSMPluginComm, s.p.typ+": Datapath.attach: "+err.Error())
+			return Datapath{}, xerr.New(xerr.SMPluginCommunicationFailure, s.p.typ+": Datapath.attach: "+err.Error())
 		}
 		d.Format = "raw"
 	case "file":
 		if !filepath.IsAbs(d.Path) || (d.Format != "raw" && d.Format != "qcow2") {
-			return Datapath{}, xerr.New(errSMPluginComm, s.p.typ+": Datapath.attach: a file datapath needs an absolute path and a format (raw or qcow2)")
+			return Datapath{}, xerr.New(xerr.SMPluginCommunicationFailure, s.p.typ+": Datapath.attach: a file datapath needs an absolute path and a format (raw or qcow2)")
 		}
 		if err := s.p.policy.checkDatapathFile(d.Path); err != nil {
-			return Datapath{}, xerr.New(errSMPluginComm, fmt.Sprintf("%s: Datapath.attach: refusing file datapath %q: %v", s.p.typ, clip(d.Path, 200), err))
+			return Datapath{}, xerr.New(xerr.SMPluginCommunicationFailure, fmt.Sprintf("%s: Datapath.attach: refusing file datapath %q: %v", s.p.typ, clip(d.Path, 200), err))
 		}
 	default:
-		return Datapath{}, xerr.New(errSMPluginComm, s.p.typ+": Datapath.attach: kind must be nbd or file")
+		return Datapath{}, xerr.New(xerr.SMPluginCommunicationFailure, s.p.typ+": Datapath.attach: kind must be nbd or file")
 	}
 	d.ReadOnly = readonly
 	s.mu.Lock()
@@ -532,7 +529,7 @@ func (s *pluginSR) dpCall(ctx context.Context, key, method string) error {
 
 func (s *pluginSR) VolumeActivate(ctx context.Context, key string, readonly bool) error {
 	err := s.dpCall(ctx, key, "Datapath.activate")
-	if xerr.HasCode(err, errUnimplementedInSM) {
+	if xerr.HasCode(err, xerr.UnimplementedInSMBackend) {
 		return nil
 	}
 	return err
@@ -540,14 +537,14 @@ func (s *pluginSR) VolumeActivate(ctx context.Context, key string, readonly bool
 
 func (s *pluginSR) VolumeDeactivate(ctx context.Context, key string) error {
 	err := s.dpCall(ctx, key, "Datapath.deactivate")
-	if xerr.HasCode(err, errUnimplementedInSM) {
+	if xerr.HasCode(err, xerr.UnimplementedInSMBackend) {
 		return nil
 	}
 	return err
 }
 
 func (s *pluginSR) VolumeDetach(ctx context.Context, key string) error {
-	if err := s.dpCall(ctx, key, "Datapath.detach"); err != nil && !xerr.HasCode(err, errUnimplementedInSM) {
+	if err := s.dpCall(ctx, key, "Datapath.detach"); err != nil && !xerr.HasCode(err, xerr.UnimplementedInSMBackend) {
 		return err
 	}
 	s.mu.Lock()

@@ -133,11 +133,11 @@ func parseQcow2Header(b []byte) (*qcowHeader, error) {
 
 // readQcow2Header reads and decodes the header of an image file.
 func readQcow2Header(path string) (*qcowHeader, error) {
-	f, err := os.Open(path)
+	f, err := os.Open(path) //nolint:gosec // volume paths come from the SR driver, inside its directory
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	defer func(c func() error) { _ = c() }(f.Close)
 	return readQcow2HeaderFrom(f)
 }
 
@@ -153,11 +153,11 @@ func readQcow2HeaderFrom(r io.ReaderAt) (*qcowHeader, error) {
 // qcowIsEmpty reports whether an image has no cluster of its own (its L1
 // table is all zero), so that it reads exactly as its backing file does.
 func qcowIsEmpty(path string) (bool, error) {
-	f, err := os.Open(path)
+	f, err := os.Open(path) //nolint:gosec // volume paths come from the SR driver, inside its directory
 	if err != nil {
 		return false, err
 	}
-	defer f.Close()
+	defer func(c func() error) { _ = c() }(f.Close)
 	h, err := readQcow2HeaderFrom(f)
 	if err != nil {
 		return false, err
@@ -195,7 +195,7 @@ func createQcow2(path string, size int64, backing, backingFmt string) (err error
 	}
 	size = roundUp(size, 512)
 	img := qcow2Image(size, backing, backingFmt)
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600) //nolint:gosec // os.O_CREATE|os.O_EXCL, 0o600)|volume paths come from the SR driver, inside its directory
 	if err != nil {
 		return err
 	}
@@ -204,7 +204,7 @@ func createQcow2(path string, size int64, backing, backingFmt string) (err error
 			err = cerr
 		}
 		if err != nil {
-			os.Remove(path)
+			_ = os.Remove(path)
 		}
 	}()
 	for _, c := range img.chunks {

@@ -64,7 +64,7 @@ func startQemuNBD(ctx context.Context, dir, path, format string, readonly bool) 
 		args = append(args, "--discard=unmap", "--detect-zeroes=unmap")
 	}
 	args = append(args, path)
-	cmd := exec.Command("qemu-nbd", args...)
+	cmd := exec.Command("qemu-nbd", args...) //nolint:gosec // a fixed program with an argv, no shell
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	q := &qemuNBD{cmd: cmd, sock: sock, stderr: &bytes.Buffer{}, exited: make(chan struct{})}
 	cmd.Stderr = q.stderr
@@ -74,23 +74,23 @@ func startQemuNBD(ctx context.Context, dir, path, format string, readonly bool) 
 		}
 		return nil, err
 	}
-	go func() { cmd.Wait(); close(q.exited) }()
+	go func() { _ = cmd.Wait(); close(q.exited) }() // its stderr says why it exited
 	deadline := time.NewTimer(15 * time.Second)
 	defer deadline.Stop()
 	for {
 		if c, err := net.Dial("unix", sock); err == nil {
-			c.Close()
+			_ = c.Close()
 			return q, nil
 		}
 		select {
 		case <-q.exited:
-			os.Remove(sock)
+			_ = os.Remove(sock)
 			return nil, fmt.Errorf("qemu-nbd: %s", strings.TrimSpace(q.stderr.String()))
 		case <-ctx.Done():
-			q.stop()
+			_ = q.stop()
 			return nil, ctx.Err()
 		case <-deadline.C:
-			q.stop()
+			_ = q.stop()
 			return nil, errors.New("qemu-nbd did not start")
 		case <-time.After(3 * time.Millisecond):
 		}
@@ -104,15 +104,15 @@ func (q *qemuNBD) addr() nbdAddr { return nbdAddr{"unix", q.sock, "vdi"} }
 func (q *qemuNBD) stop() error {
 	var err error
 	q.once.Do(func() {
-		q.cmd.Process.Signal(syscall.SIGTERM)
+		_ = q.cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-q.exited:
 		case <-time.After(30 * time.Second):
-			q.cmd.Process.Kill()
+			_ = q.cmd.Process.Kill()
 			<-q.exited
 			err = errors.New("qemu-nbd did not stop; killed")
 		}
-		os.Remove(q.sock)
+		_ = os.Remove(q.sock)
 	})
 	return err
 }

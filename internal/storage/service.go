@@ -180,7 +180,7 @@ func (s *Service) Close() {
 	s.bound = map[string]*boundSR{}
 	s.mu.Unlock()
 	for _, b := range bound {
-		b.sr.Detach(context.Background())
+		_ = b.sr.Detach(context.Background())
 	}
 }
 
@@ -236,16 +236,24 @@ func (s *Service) restart(ctx context.Context) {
 		}
 		if err := s.plugPBD(ctx, pbd.Ref); err != nil {
 			s.log.Error("re-plugging PBD after restart", "pbd", pbd.UUID(), "err", err)
-			s.db.Update(func(tx *db.Tx) error { return tx.Set(dm.PBD.CurrentlyAttached, pbd.Ref, false) })
+			if _, err := s.db.Update(func(tx *db.Tx) error { return tx.Set(dm.PBD.CurrentlyAttached, pbd.Ref, false) }); err != nil {
+				s.log.Error("marking PBD unplugged", "pbd", pbd.UUID(), "err", err)
+			}
 		}
 	}
 	s.restoreDatapaths(ctx)
-	s.db.Update(func(tx *db.Tx) error {
+	// Start-up goes on; allowed_operations are recomputed at the next
+	// change of each SR.
+	if _, err := s.db.Update(func(tx *db.Tx) error {
 		for _, sr := range tx.All(dm.SR.Class) {
-			s.refreshSR(tx, sr.Ref)
+			if err := s.refreshSR(tx, sr.Ref); err != nil {
+				return err
+			}
 		}
 		return nil
-	})
+	}); err != nil {
+		s.log.Error("recomputing SRs' allowed operations", "err", err)
+	}
 }
 
 // bind records an attached SR in the mux.

@@ -144,10 +144,10 @@ func (s *Service) createSR(ctx context.Context, hostRef string, dc map[string]st
 	shared bool, smc, otherConfig map[string]string) (string, error) {
 	drv := s.driver(typ)
 	if drv == nil {
-		return "", xerr.New(errSRUnknownDriver, typ)
+		return "", xerr.New(xerr.SRUnknownDriver, typ)
 	}
 	if hostRef != s.host {
-		return "", xerr.New(errHostOffline, hostRef)
+		return "", xerr.New(xerr.HostOffline, hostRef)
 	}
 	srUUID := newUUID()
 	spec := SRSpec{UUID: srUUID, Name: name, Description: desc, DeviceConfig: dc, SMConfig: smc, PhysicalSize: physSize,
@@ -165,7 +165,7 @@ func (s *Service) createSR(ctx context.Context, hostRef string, dc map[string]st
 	}
 	st, err := h.Stat(ctx)
 	if err != nil {
-		h.Destroy(ctx)
+		_ = h.Destroy(ctx)
 		return "", asBackend(err, smSRUnavailable)
 	}
 	info := drv.Info()
@@ -194,11 +194,10 @@ func (s *Service) createSR(ctx context.Context, hostRef string, dc map[string]st
 				return err
 			}
 		}
-		s.refreshSR(tx, srRef)
-		return nil
+		return s.refreshSR(tx, srRef)
 	})
 	if err != nil {
-		h.Destroy(ctx)
+		_ = h.Destroy(ctx)
 		return "", err
 	}
 	s.bind(srRef, srUUID, typ, drv, h)
@@ -216,7 +215,7 @@ func (s *Service) handleSRIntroduce(c *api.Call) (any, error) {
 	id, name, desc, typ, ctype := c.String(0), c.String(1), c.String(2), c.String(3), c.String(4)
 	info, ok := s.driverInfo(typ)
 	if !ok {
-		return nil, xerr.New(errSRUnknownDriver, typ)
+		return nil, xerr.New(xerr.SRUnknownDriver, typ)
 	}
 	if id == "" {
 		id = newUUID()
@@ -226,7 +225,7 @@ func (s *Service) handleSRIntroduce(c *api.Call) (any, error) {
 	var ref string
 	err := c.Update(func(tx *db.Tx) (err error) {
 		if _, ok := tx.ByUUID(dm.SR.Class, id); ok {
-			return xerr.New(errSRUUIDExists, id)
+			return xerr.New(xerr.SRUUIDExists, id)
 		}
 		rec := &dm.SRRecord{UUID: id, NameLabel: name, NameDescription: desc, Type: typ, ContentType: ctype,
 			Shared: boolArg(c, 5) || info.Shared, SMConfig: mapArg(c, 6), OtherConfig: map[string]string{}, Tags: []string{},
@@ -234,8 +233,7 @@ func (s *Service) handleSRIntroduce(c *api.Call) (any, error) {
 		if ref, err = tx.Insert(dm.SR.Class, "", rec.Row()); err != nil {
 			return err
 		}
-		s.refreshSR(tx, ref)
-		return nil
+		return s.refreshSR(tx, ref)
 	})
 	return ref, err
 }
@@ -243,7 +241,7 @@ func (s *Service) handleSRIntroduce(c *api.Call) (any, error) {
 // assertNoPlugged fails with SR_HAS_PBD when any PBD of the SR is plugged.
 func assertNoPlugged(snap db.Reader, srRef string) error {
 	if srPlugged(snap, srRef) {
-		return xerr.New(errSRHasPBD, srRef)
+		return xerr.New(xerr.SRHasPBD, srRef)
 	}
 	return nil
 }
@@ -265,14 +263,18 @@ func (s *Service) dropSRRecords(srRef string) error {
 		for _, p := range tx.All(dm.Pool.Class) {
 			for _, f := range []*schema.Field{dm.Pool.DefaultSR, dm.Pool.SuspendImageSR, dm.Pool.CrashDumpSR} {
 				if p.String(f) == srRef {
-					tx.Set(f, p.Ref, schema.NullRef)
+					if err := tx.Set(f, p.Ref, schema.NullRef); err != nil {
+						return err
+					}
 				}
 			}
 		}
 		for _, h := range tx.All(dm.Host.Class) {
 			for _, f := range []*schema.Field{dm.Host.SuspendImageSR, dm.Host.CrashDumpSR} {
 				if h.String(f) == srRef {
-					tx.Set(f, h.Ref, schema.NullRef)
+					if err := tx.Set(f, h.Ref, schema.NullRef); err != nil {
+						return err
+					}
 				}
 			}
 		}
@@ -286,7 +288,7 @@ func (s *Service) dropSRRecords(srRef string) error {
 func (s *Service) dropVDIRecord(tx *db.Tx, ref string) error {
 	for _, vbd := range vbdsOf(tx, ref) {
 		if boolField(vbd, dm.VBD.CurrentlyAttached) {
-			return xerr.New(errVDIInUse, ref, "destroy")
+			return xerr.New(xerr.VDIInUse, ref, "destroy")
 		}
 		if err := tx.Delete(dm.VBD.Class, vbd.Ref); err != nil {
 			return err
@@ -326,11 +328,11 @@ func (s *Service) handleSRDestroy(c *api.Call) (any, error) {
 		return nil, err
 	}
 	if sr.Get(dm.SR.IsToolsSR) == true {
-		return nil, xerr.New("SR_INDESTRUCTIBLE", sr.Ref)
+		return nil, xerr.New(xerr.SRIndestructible, sr.Ref)
 	}
 	drv := s.driver(sr.String(dm.SR.Type))
 	if drv == nil {
-		return nil, xerr.New(errSRUnknownDriver, sr.String(dm.SR.Type))
+		return nil, xerr.New(xerr.SRUnknownDriver, sr.String(dm.SR.Type))
 	}
 	var pbd *db.Row
 	for _, p := range pbdsOf(snap, sr.Ref) {
@@ -339,7 +341,7 @@ func (s *Service) handleSRDestroy(c *api.Call) (any, error) {
 		}
 	}
 	if pbd == nil {
-		return nil, xerr.New(errSRHasNoPBDs, sr.Ref)
+		return nil, xerr.New(xerr.SRHasNoPBDs, sr.Ref)
 	}
 	h, err := drv.Attach(c.Ctx, s.specOf(sr, pbd))
 	if err != nil {
@@ -372,9 +374,9 @@ func (s *Service) attached(srRef string) (*boundSR, error) {
 		return nil, xerr.New(xerr.HandleInvalid, "SR", srRef)
 	}
 	if len(pbdsOf(snap, srRef)) == 0 {
-		return nil, xerr.New(errSRHasNoPBDs, srRef)
+		return nil, xerr.New(xerr.SRHasNoPBDs, srRef)
 	}
-	return nil, xerr.New(errSRNotAttached, srRef)
+	return nil, xerr.New(xerr.SRNotAttached, srRef)
 }
 
 func (s *Service) handleSRScan(c *api.Call) (any, error) {
@@ -439,9 +441,13 @@ func (s *Service) scan(ctx context.Context, srRef string) error {
 			}
 			seen[v.Key] = true
 			if row := byLoc[v.Key]; row != nil {
-				s.applyVolume(tx, row.Ref, v)
+				if err := s.applyVolume(tx, row.Ref, v); err != nil {
+					return err
+				}
 				if boolField(row, dm.VDI.Missing) {
-					tx.Set(dm.VDI.Missing, row.Ref, false)
+					if err := tx.Set(dm.VDI.Missing, row.Ref, false); err != nil {
+						return err
+					}
 				}
 				continue
 			}
@@ -457,7 +463,9 @@ func (s *Service) scan(ctx context.Context, srRef string) error {
 		// Snapshot relations the driver remembers.
 		for _, v := range fresh {
 			if v.SnapshotOf != "" && byLoc[v.SnapshotOf] != nil {
-				tx.Set(dm.VDI.SnapshotOf, byLoc[v.Key].Ref, byLoc[v.SnapshotOf].Ref)
+				if err := tx.Set(dm.VDI.SnapshotOf, byLoc[v.Key].Ref, byLoc[v.SnapshotOf].Ref); err != nil {
+					return err
+				}
 			}
 		}
 		for loc, row := range byLoc {
@@ -465,7 +473,9 @@ func (s *Service) scan(ctx context.Context, srRef string) error {
 				continue
 			}
 			if s.vdiBusy(tx, row.Ref) {
-				tx.Set(dm.VDI.Missing, row.Ref, true)
+				if err := tx.Set(dm.VDI.Missing, row.Ref, true); err != nil {
+					return err
+				}
 				continue
 			}
 			if err := s.dropVDIRecord(tx, row.Ref); err != nil {
@@ -473,10 +483,11 @@ func (s *Service) scan(ctx context.Context, srRef string) error {
 			}
 		}
 		if stErr == nil {
-			s.applyStat(tx, srRef, st)
+			if err := s.applyStat(tx, srRef, st); err != nil {
+				return err
+			}
 		}
-		s.refreshSRAll(tx, srRef)
-		return nil
+		return s.refreshSRAll(tx, srRef)
 	})
 	return err
 }
@@ -486,7 +497,7 @@ func mustGet(tx db.Reader, cls *schema.Class, ref string) *db.Row {
 	return r
 }
 
-func (s *Service) applyStat(tx *db.Tx, srRef string, st SRStat) {
+func (s *Service) applyStat(tx *db.Tx, srRef string, st SRStat) error {
 	var alloc int64
 	for _, v := range vdisOf(tx, srRef) {
 		n, _ := v.Get(dm.VDI.VirtualSize).(int64)
@@ -496,9 +507,12 @@ func (s *Service) applyStat(tx *db.Tx, srRef string, st SRStat) {
 		dm.SR.VirtualAllocation: alloc} {
 		row := mustGet(tx, dm.SR.Class, srRef)
 		if row != nil && row.Get(f) != v {
-			tx.Set(f, srRef, v)
+			if err := tx.Set(f, srRef, v); err != nil {
+				return err
+			}
 		}
 	}
+	return nil
 }
 
 // updateSRStats refreshes an SR's sizes after an operation changed them.
@@ -511,7 +525,11 @@ func (s *Service) updateSRStats(ctx context.Context, srRef string) {
 	if err != nil {
 		return
 	}
-	s.db.Update(func(tx *db.Tx) error { s.applyStat(tx, srRef, st); return nil })
+	// Best effort after an operation that succeeded: the sizes are
+	// refreshed again by the next scan.
+	if _, err := s.db.Update(func(tx *db.Tx) error { return s.applyStat(tx, srRef, st) }); err != nil {
+		s.log.Warn("cannot record SR sizes", "sr", srRef, "err", err)
+	}
 }
 
 // probeXML is SR.probe's answer, as xapi's SMAPIv1 drivers give it.
@@ -531,10 +549,10 @@ func (s *Service) handleSRProbe(c *api.Call) (any, error) {
 	}
 	drv := s.driver(c.String(2))
 	if drv == nil {
-		return nil, xerr.New(errSRUnknownDriver, c.String(2))
+		return nil, xerr.New(xerr.SRUnknownDriver, c.String(2))
 	}
 	if !drv.Info().Has("SR_PROBE") {
-		return nil, xerr.New(errSROperationNotSupported, c.String(2))
+		return nil, xerr.New(xerr.SROperationNotSupported, c.String(2))
 	}
 	res, err := drv.Probe(c.Ctx, mapArg(c, 1))
 	if err != nil {
@@ -573,7 +591,7 @@ func (s *Service) handleSRUpdate(c *api.Call) (any, error) {
 	if err != nil {
 		return nil, asBackend(err, smSRUnavailable)
 	}
-	_, err = s.db.Update(func(tx *db.Tx) error { s.applyStat(tx, sr.Ref, st); return nil })
+	_, err = s.db.Update(func(tx *db.Tx) error { return s.applyStat(tx, sr.Ref, st) })
 	return nil, err
 }
 
@@ -623,7 +641,7 @@ func (s *Service) handlePBDCreate(c *api.Call) (any, error) {
 	err = c.Update(func(tx *db.Tx) (err error) {
 		for _, p := range pbdsOf(tx, sr) {
 			if p.String(dm.PBD.Host) == host {
-				return xerr.New(errPBDExists, sr, host, p.Ref)
+				return xerr.New(xerr.PBDExists, sr, host, p.Ref)
 			}
 		}
 		pbd := &dm.PBDRecord{Host: dm.HostRef(host), SR: dm.SRRef(sr), DeviceConfig: orEmpty(dc), OtherConfig: orEmpty(oc)}
@@ -660,14 +678,14 @@ func (s *Service) plugPBD(ctx context.Context, pbdRef string) error {
 		return xerr.New(xerr.HandleInvalid, "SR", srRef)
 	}
 	if pbd.String(dm.PBD.Host) != s.host {
-		return xerr.New(errHostOffline, pbd.String(dm.PBD.Host))
+		return xerr.New(xerr.HostOffline, pbd.String(dm.PBD.Host))
 	}
 	if b := s.boundSR(srRef); b != nil {
 		return s.setPlugged(pbdRef, true)
 	}
 	drv := s.driver(sr.String(dm.SR.Type))
 	if drv == nil {
-		return xerr.New(errSRUnknownDriver, sr.String(dm.SR.Type))
+		return xerr.New(xerr.SRUnknownDriver, sr.String(dm.SR.Type))
 	}
 	h, err := drv.Attach(ctx, s.specOf(sr, pbd))
 	if err != nil {
@@ -676,7 +694,7 @@ func (s *Service) plugPBD(ctx context.Context, pbdRef string) error {
 	s.bind(srRef, sr.UUID(), sr.String(dm.SR.Type), drv, h)
 	if err := s.setPlugged(pbdRef, true); err != nil {
 		s.unbind(srRef)
-		h.Detach(ctx)
+		_ = h.Detach(ctx)
 		return err
 	}
 	s.updateSRStats(ctx, srRef)
@@ -694,8 +712,7 @@ func (s *Service) setPlugged(pbdRef string, on bool) error {
 				return err
 			}
 		}
-		s.refreshSRAll(tx, pbd.String(dm.PBD.SR))
-		return nil
+		return s.refreshSRAll(tx, pbd.String(dm.PBD.SR))
 	})
 	return err
 }
@@ -715,12 +732,12 @@ func (s *Service) handlePBDUnplug(c *api.Call) (any, error) {
 		return nil, nil
 	}
 	if pbd.String(dm.PBD.Host) != s.host {
-		return nil, xerr.New(errHostOffline, pbd.String(dm.PBD.Host))
+		return nil, xerr.New(xerr.HostOffline, pbd.String(dm.PBD.Host))
 	}
 	snap := s.db.Snapshot()
 	for _, v := range vdisOf(snap, srRef) {
 		if s.vdiBusy(snap, v.Ref) {
-			return nil, xerr.New(errVDIInUse, v.Ref, "unplug")
+			return nil, xerr.New(xerr.VDIInUse, v.Ref, "unplug")
 		}
 	}
 	if b := s.unbind(srRef); b != nil {
@@ -738,7 +755,7 @@ func (s *Service) handlePBDDestroy(c *api.Call) (any, error) {
 		return nil, err
 	}
 	if boolField(pbd, dm.PBD.CurrentlyAttached) {
-		return nil, xerr.New(errOperationNotAllowed, "PBD is currently attached; unplug it first")
+		return nil, xerr.New(xerr.OperationNotAllowed, "PBD is currently attached; unplug it first")
 	}
 	srRef := pbd.String(dm.PBD.SR)
 	var done func()
@@ -752,8 +769,7 @@ func (s *Service) handlePBDDestroy(c *api.Call) (any, error) {
 		if err := tx.Delete(dm.PBD.Class, pbd.Ref); err != nil {
 			return err
 		}
-		s.refreshSRAll(tx, srRef)
-		return nil
+		return s.refreshSRAll(tx, srRef)
 	})
 }
 
@@ -834,25 +850,32 @@ func (s *Service) insertVDI(tx *db.Tx, srRef string, v Volume, x vdiExtra) (stri
 	if err != nil {
 		return "", err
 	}
-	s.refreshVDI(tx, ref)
+	if err := s.refreshVDI(tx, ref); err != nil {
+		return "", err
+	}
 	return ref, nil
 }
 
 // applyVolume updates a VDI record from its driver's report.
-func (s *Service) applyVolume(tx *db.Tx, ref string, v Volume) {
+func (s *Service) applyVolume(tx *db.Tx, ref string, v Volume) error {
 	row := mustGet(tx, dm.VDI.Class, ref)
 	if row == nil {
-		return
+		return nil
 	}
 	if row.Get(dm.VDI.VirtualSize) != v.VirtualSize {
-		tx.Set(dm.VDI.VirtualSize, ref, v.VirtualSize)
+		if err := tx.Set(dm.VDI.VirtualSize, ref, v.VirtualSize); err != nil {
+			return err
+		}
 	}
 	if row.Get(dm.VDI.PhysicalUtilisation) != v.PhysicalUtilisation {
-		tx.Set(dm.VDI.PhysicalUtilisation, ref, v.PhysicalUtilisation)
+		if err := tx.Set(dm.VDI.PhysicalUtilisation, ref, v.PhysicalUtilisation); err != nil {
+			return err
+		}
 	}
 	if v.ReadOnly && !boolField(row, dm.VDI.ReadOnly) {
-		tx.Set(dm.VDI.ReadOnly, ref, true)
+		return tx.Set(dm.VDI.ReadOnly, ref, true)
 	}
+	return nil
 }
 
 func newUUID() string { return uuid.NewString() }

@@ -217,7 +217,7 @@ func readOrdered(ctx context.Context, r io.ReaderAt, ranges []Extent, emit func(
 				select {
 				case jobs <- j:
 				case <-ctx.Done():
-					<-j.done
+					<-j.done //nolint:errcheck // cancelled: only the buffer matters now
 					bufPool.Put(j.bp)
 					return
 				}
@@ -334,7 +334,7 @@ func copyFileRange(w io.Writer, f interface {
 // already, so zero extents of src are skipped.
 func copyDevice(ctx context.Context, src, dst *device, fresh bool, progress func(done, total int64)) error {
 	if dst.size < src.size {
-		return xerr.New(errVDITooSmall, "", strconv.FormatInt(src.size, 10))
+		return xerr.New(xerr.VDITooSmall, "", strconv.FormatInt(src.size, 10))
 	}
 	var ranges []Extent
 	var total int64
@@ -499,7 +499,7 @@ func newPrefetcher(ctx context.Context, c *chainReader, size, ahead int64) *pref
 			for _, pc := range c.pieces(off, n) {
 				if pc.file != nil {
 					// readahead(2): into the page cache, no copy.
-					syscall.Syscall(syscall.SYS_READAHEAD, pc.file.Fd(), uintptr(pc.off), uintptr(pc.n))
+					_, _, _ = syscall.Syscall(syscall.SYS_READAHEAD, pc.file.Fd(), uintptr(pc.off), uintptr(pc.n)) // a hint: the read reports errors
 				}
 			}
 			off += n

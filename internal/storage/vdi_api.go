@@ -33,7 +33,7 @@ func (s *Service) vdiContext(c *api.Call, i int) (*db.Row, *db.Row, *boundSR, er
 
 func (s *Service) requireCap(b *boundSR, srRef, cap string) error {
 	if !b.driver.Info().Has(cap) {
-		return xerr.New(errSROperationNotSupported, srRef)
+		return xerr.New(xerr.SROperationNotSupported, srRef)
 	}
 	return nil
 }
@@ -53,7 +53,7 @@ func (s *Service) checkSpace(ctx context.Context, b *boundSR, sr *db.Row, need i
 		limit = st.PhysicalSize
 	}
 	if need > limit {
-		return xerr.New(errSRFull, strconv.FormatInt(need, 10), strconv.FormatInt(limit, 10))
+		return xerr.New(xerr.SRFull, strconv.FormatInt(need, 10), strconv.FormatInt(limit, 10))
 	}
 	return nil
 }
@@ -121,7 +121,7 @@ func (s *Service) handleVDICreate(c *api.Call) (any, error) {
 		return err
 	})
 	if err != nil {
-		b.sr.VolumeDestroy(context.Background(), v.Key)
+		_ = b.sr.VolumeDestroy(context.Background(), v.Key)
 		return nil, err
 	}
 	s.updateSRStats(c.Ctx, srRef)
@@ -144,18 +144,17 @@ func (s *Service) handleVDIDestroy(c *api.Call) (any, error) {
 	unlock := s.lock("vdi:" + vdi.Ref)
 	defer unlock()
 	if s.vdiBusy(s.db.Snapshot(), vdi.Ref) {
-		return nil, xerr.New(errVDIInUse, vdi.Ref, "destroy")
+		return nil, xerr.New(xerr.VDIInUse, vdi.Ref, "destroy")
 	}
 	key := vdi.String(dm.VDI.Location)
-	if err := b.sr.VolumeDestroy(c.Ctx, key); err != nil && !xerr.HasCode(err, errSRBackendFailure+"_"+strconv.Itoa(smVDIMissing)) {
+	if err := b.sr.VolumeDestroy(c.Ctx, key); err != nil && !xerr.HasCode(err, xerr.SRBackendFailure+"_"+strconv.Itoa(smVDIMissing)) {
 		return nil, asBackend(err, smVDIRemove)
 	}
 	_, err = s.db.Update(func(tx *db.Tx) error {
 		if err := s.dropVDIRecord(tx, vdi.Ref); err != nil {
 			return err
 		}
-		s.refreshSR(tx, sr.Ref)
-		return nil
+		return s.refreshSR(tx, sr.Ref)
 	})
 	s.updateSRStats(c.Ctx, sr.Ref)
 	return nil, err
@@ -236,7 +235,7 @@ func (s *Service) branch(c *api.Call, op string) (any, error) {
 		return err
 	})
 	if err != nil {
-		b.sr.VolumeDestroy(context.Background(), v.Key)
+		_ = b.sr.VolumeDestroy(context.Background(), v.Key)
 		return nil, err
 	}
 	s.refreshVolume(c.Ctx, vdi.Ref)
@@ -259,10 +258,10 @@ func (s *Service) handleVDIResize(c *api.Call) (any, error) {
 	size := intArg(c, 1)
 	cur := vdiSize(vdi)
 	if size < cur {
-		return nil, xerr.New(errVDITooSmall, vdi.Ref, strconv.FormatInt(cur, 10))
+		return nil, xerr.New(xerr.VDITooSmall, vdi.Ref, strconv.FormatInt(cur, 10))
 	}
 	if size > MaxVirtualSize {
-		return nil, xerr.New(errVDITooLarge, vdi.Ref, strconv.FormatInt(MaxVirtualSize, 10))
+		return nil, xerr.New(xerr.VDITooLarge, vdi.Ref, strconv.FormatInt(MaxVirtualSize, 10))
 	}
 	done, err := s.mark(c.Ctx, opKey(c), marked{dm.VDI.Class, vdi.Ref, "resize"}, marked{dm.SR.Class, sr.Ref, "vdi_resize"})
 	if err != nil {
@@ -272,7 +271,7 @@ func (s *Service) handleVDIResize(c *api.Call) (any, error) {
 	unlock := s.lock("vdi:" + vdi.Ref)
 	defer unlock()
 	if s.vdiBusy(s.db.Snapshot(), vdi.Ref) {
-		return nil, xerr.New(errVDIInUse, vdi.Ref, "resize")
+		return nil, xerr.New(xerr.VDIInUse, vdi.Ref, "resize")
 	}
 	if size == cur {
 		return nil, nil
@@ -284,7 +283,7 @@ func (s *Service) handleVDIResize(c *api.Call) (any, error) {
 	if err != nil {
 		return nil, asBackend(err, smVDIResize)
 	}
-	_, err = s.db.Update(func(tx *db.Tx) error { s.applyVolume(tx, vdi.Ref, v); return nil })
+	_, err = s.db.Update(func(tx *db.Tx) error { return s.applyVolume(tx, vdi.Ref, v) })
 	s.updateSRStats(c.Ctx, sr.Ref)
 	return nil, err
 }
@@ -305,7 +304,7 @@ func (s *Service) handleVDIIntroduce(c *api.Call) (any, error) {
 	}
 	loc := c.String(8)
 	if loc == "" {
-		return nil, xerr.New(errVDILocationMissing, sr.Ref, loc)
+		return nil, xerr.New(xerr.VDILocationMissing, sr.Ref, loc)
 	}
 	if id != "" && !isUUID(id) {
 		return nil, xerr.New(xerr.UUIDInvalid, "VDI", id)
@@ -313,7 +312,7 @@ func (s *Service) handleVDIIntroduce(c *api.Call) (any, error) {
 	// A location is a volume key, relative to its SR: nothing absolute
 	// or climbing with "..".
 	if checkVolumeKey(loc) != nil {
-		return nil, xerr.New(errVDILocationMissing, sr.Ref, clip(loc, 200))
+		return nil, xerr.New(xerr.VDILocationMissing, sr.Ref, clip(loc, 200))
 	}
 	done, err := s.mark(c.Ctx, opKey(c), marked{dm.SR.Class, sr.Ref, "vdi_introduce"})
 	if err != nil {
@@ -327,10 +326,10 @@ func (s *Service) handleVDIIntroduce(c *api.Call) (any, error) {
 		v, err = b.sr.VolumeStat(c.Ctx, loc)
 	}
 	if err != nil {
-		if xerr.HasCode(err, errTaskCancelled) {
+		if xerr.HasCode(err, xerr.TaskCancelled) {
 			return nil, err
 		}
-		return nil, xerr.New(errVDILocationMissing, sr.Ref, loc)
+		return nil, xerr.New(xerr.VDILocationMissing, sr.Ref, loc)
 	}
 	name, desc := c.String(1), c.String(2)
 	managed := true
@@ -353,7 +352,7 @@ func (s *Service) handleVDIIntroduce(c *api.Call) (any, error) {
 	err = c.Update(func(tx *db.Tx) (err error) {
 		for _, other := range vdisOf(tx, sr.Ref) {
 			if other.String(dm.VDI.Location) == loc {
-				return xerr.New(errLocationNotUnique, sr.Ref, loc)
+				return xerr.New(xerr.LocationNotUnique, sr.Ref, loc)
 			}
 		}
 		if id != "" {
@@ -383,7 +382,7 @@ func (s *Service) handleVDIForget(c *api.Call) (any, error) {
 	}
 	defer done()
 	if s.vdiBusy(s.db.Snapshot(), vdi.Ref) {
-		return nil, xerr.New(errVDIInUse, vdi.Ref, "forget")
+		return nil, xerr.New(xerr.VDIInUse, vdi.Ref, "forget")
 	}
 	return nil, c.Update(func(tx *db.Tx) error { return tx.Delete(dm.VDI.Class, vdi.Ref) })
 }
@@ -402,7 +401,7 @@ func (s *Service) handleVDIUpdate(c *api.Call) (any, error) {
 	if err != nil {
 		return nil, asBackend(err, smVDIUnavailable)
 	}
-	return nil, c.Update(func(tx *db.Tx) error { s.applyVolume(tx, vdi.Ref, v); return nil })
+	return nil, c.Update(func(tx *db.Tx) error { return s.applyVolume(tx, vdi.Ref, v) })
 }
 
 // handleVDISetOnBoot: VDI.set_on_boot(vdi, persist|reset).
@@ -420,7 +419,7 @@ func (s *Service) handleVDISetOnBoot(c *api.Call) (any, error) {
 	}
 	rs, ok := b.sr.(Resetter)
 	if !ok || !b.driver.Info().Has("VDI_RESET_ON_BOOT") {
-		return nil, xerr.New(errSROperationNotSupported, sr.Ref)
+		return nil, xerr.New(xerr.SROperationNotSupported, sr.Ref)
 	}
 	done, err := s.mark(c.Ctx, opKey(c), marked{dm.VDI.Class, vdi.Ref, "set_on_boot"}, marked{dm.SR.Class, sr.Ref, "vdi_set_on_boot"})
 	if err != nil {
@@ -430,7 +429,7 @@ func (s *Service) handleVDISetOnBoot(c *api.Call) (any, error) {
 	unlock := s.lock("vdi:" + vdi.Ref)
 	defer unlock()
 	if s.vdiBusy(s.db.Snapshot(), vdi.Ref) {
-		return nil, xerr.New(errVDIInUse, vdi.Ref, "set_on_boot")
+		return nil, xerr.New(xerr.VDIInUse, vdi.Ref, "set_on_boot")
 	}
 	if err := rs.SetResetOnBoot(c.Ctx, vdi.String(dm.VDI.Location), value == "reset"); err != nil {
 		return nil, asBackend(err, smGeneral)

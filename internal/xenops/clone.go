@@ -117,7 +117,7 @@ func (m *Manager) copyVDI(ctx context.Context, c *api.Call, vdi, kind, sr string
 		return cp.CopyVDI(ctx, vdi, kind, sr)
 	}
 	if c == nil || c.Session == nil || c.Session.Ref == "" {
-		return "", xerr.New("OPERATION_NOT_ALLOWED", "copying disks needs a XenAPI session")
+		return "", xerr.New(xerr.OperationNotAllowed, "copying disks needs a XenAPI session")
 	}
 	var v any
 	var err error
@@ -371,11 +371,11 @@ func (m *Manager) vmCheckpoint(c *api.Call) (any, error) {
 			return m.be.Suspend(ctx, oc.uuid, img.path, func(f float64) { oc.prog.set(0.1 + 0.6*f) })
 		}); err != nil {
 			img.discard(m)
-			if xerr.HasCode(err, "TASK_CANCELLED") {
+			if xerr.HasCode(err, xerr.TaskCancelled) {
 				return err
 			}
 			m.log.Warn("checkpoint: saving memory", "vm", oc.uuid, "err", err)
-			return xerr.New("VM_CHECKPOINT_SUSPEND_FAILED", oc.vm)
+			return xerr.New(xerr.VMCheckpointSuspendFailed, oc.vm)
 		}
 		img.release(m)
 		spec.suspendVDI = img.vdi
@@ -386,7 +386,7 @@ func (m *Manager) vmCheckpoint(c *api.Call) (any, error) {
 				if cerr == nil {
 					out = ref
 				}
-				return xerr.New("VM_CHECKPOINT_RESUME_FAILED", oc.vm)
+				return xerr.New(xerr.VMCheckpointResumeFailed, oc.vm)
 			}
 		}
 		if cerr != nil {
@@ -521,21 +521,21 @@ func (m *Manager) provisionSR(r db.Reader, uuid string) (string, error) {
 		}
 		return row.Ref, nil
 	}
-	for _, p := range r.All(dm.Pool.Class) {
-		sr := p.String(dm.Pool.DefaultSR)
+	if pools := r.All(dm.Pool.Class); len(pools) > 0 { // the one pool
+		sr := pools[0].String(dm.Pool.DefaultSR)
 		if _, ok := r.Get(dm.SR.Class, sr); ok {
 			return sr, nil
 		}
-		return "", xerr.New("DEFAULT_SR_NOT_FOUND", sr)
+		return "", xerr.New(xerr.DefaultSRNotFound, sr)
 	}
-	return "", xerr.New("DEFAULT_SR_NOT_FOUND", schema.NullRef)
+	return "", xerr.New(xerr.DefaultSRNotFound, schema.NullRef)
 }
 
 // createVDI asks storage for a new VDI through the XenAPI, filling the
 // fields VDI.create requires that the caller left out.
 func (m *Manager) createVDI(ctx context.Context, c *api.Call, rec map[string]any) (string, error) {
 	if c == nil || c.Session == nil || c.Session.Ref == "" {
-		return "", xerr.New("OPERATION_NOT_ALLOWED", "creating disks needs a XenAPI session")
+		return "", xerr.New(xerr.OperationNotAllowed, "creating disks needs a XenAPI session")
 	}
 	for _, f := range dm.VDI.Class.Fields {
 		if _, given := rec[f.Name]; given || f.Derived || f.HasDefault || f.Qualifier == schema.DynamicRO || f == dm.VDI.UUID {

@@ -51,28 +51,28 @@ func (m *Manager) serveConsole(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "console unavailable: "+err.Error(), http.StatusServiceUnavailable)
 		return
 	}
-	backend, err := net.DialTimeout("unix", path, 5*time.Second)
+	backend, err := net.DialTimeout("unix", path, 5*time.Second) //nolint:gosec // the backend's own console socket in its state dir
 	if err != nil {
 		http.Error(w, "console unavailable: "+err.Error(), http.StatusServiceUnavailable)
 		return
 	}
 	hj, ok := w.(http.Hijacker)
 	if !ok {
-		backend.Close()
+		_ = backend.Close()
 		http.Error(w, "connection cannot be taken over", http.StatusInternalServerError)
 		return
 	}
 	raw, rw, err := hj.Hijack()
 	if err != nil {
-		backend.Close()
+		_ = backend.Close()
 		return
 	}
 	// Dropped after a long time with no traffic either way.
 	client := netguard.Interactive(raw, rw.Reader)
 	client.SetDeadline(time.Time{})
 	if _, err := client.Write([]byte("HTTP/1.1 200 OK\r\nConnection: keep-alive\r\n\r\n")); err != nil {
-		client.Close()
-		backend.Close()
+		_ = client.Close()
+		_ = backend.Close()
 		return
 	}
 	m.log.Debug("console connected", "vm", vm.UUID(), "protocol", con.String(dm.Console.Protocol), "peer", r.RemoteAddr)
@@ -84,20 +84,20 @@ func proxy(client net.Conn, fromClient io.Reader, backend net.Conn) {
 	var once sync.Once
 	closeBoth := func() {
 		once.Do(func() {
-			client.Close()
-			backend.Close()
+			_ = client.Close()
+			_ = backend.Close()
 		})
 	}
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		io.Copy(backend, fromClient)
+		_, _ = io.Copy(backend, fromClient) // ends when either side closes: both end the session
 		closeBoth()
 	}()
 	go func() {
 		defer wg.Done()
-		io.Copy(client, backend)
+		_, _ = io.Copy(client, backend)
 		closeBoth()
 	}()
 	wg.Wait()

@@ -35,16 +35,16 @@ func (m *Manager) vbdPlug(c *api.Call) (any, error) {
 			}
 			free := freeDevices(maxVBDDevices, used)
 			if len(free) == 0 {
-				return xerr.New("INVALID_DEVICE", "autodetect")
+				return xerr.New(xerr.InvalidDevice, "autodetect")
 			}
 			dev = free[0]
 		} else if n, err := strconv.Atoi(dev); err != nil || n < 0 || n >= maxVBDDevices {
-			return xerr.New("INVALID_DEVICE", dev)
+			return xerr.New(xerr.InvalidDevice, dev)
 		}
 		info, _ := m.be.Info(o.uuid)
 		for _, d := range info.Disks {
 			if d.Device == dev {
-				return xerr.New("DEVICE_ALREADY_EXISTS", dev)
+				return xerr.New(xerr.DeviceAlreadyExists, dev)
 			}
 		}
 		d, skip, err := m.diskOf(snap, o.vm, vbd, dev)
@@ -52,7 +52,7 @@ func (m *Manager) vbdPlug(c *api.Call) (any, error) {
 			return err
 		}
 		if skip {
-			return xerr.New("VBD_IS_EMPTY", vbd.Ref)
+			return xerr.New(xerr.VBDIsEmpty, vbd.Ref)
 		}
 		if err := o.run("plug", func(ctx context.Context) error {
 			if d.VDI != "" {
@@ -64,7 +64,7 @@ func (m *Manager) vbdPlug(c *api.Call) (any, error) {
 			}
 			if err := m.be.PlugDisk(ctx, o.uuid, d); err != nil {
 				if d.VDI != "" {
-					m.disks.Detach(context.WithoutCancel(ctx), o.uuid, d.VDI)
+					_ = m.disks.Detach(context.WithoutCancel(ctx), o.uuid, d.VDI)
 				}
 				return err
 			}
@@ -76,7 +76,9 @@ func (m *Manager) vbdPlug(c *api.Call) (any, error) {
 			if err := tx.Set(dm.VBD.Userdevice, vbd.Ref, dev); err != nil {
 				return err
 			}
-			tx.Set(dm.VBD.Device, vbd.Ref, guestDeviceName(d, vm))
+			if err := tx.Set(dm.VBD.Device, vbd.Ref, guestDeviceName(d, vm)); err != nil {
+				return err
+			}
 			return tx.Set(dm.VBD.CurrentlyAttached, vbd.Ref, true)
 		})
 		return err
@@ -145,7 +147,7 @@ func (m *Manager) vbdInsert(c *api.Call) (any, error) {
 				}
 				d.VDI, d.Path, d.Format = vdi.Ref, path, format
 				if err := m.be.ChangeMedium(ctx, o.uuid, d); err != nil {
-					m.disks.Detach(context.WithoutCancel(ctx), o.uuid, vdi.Ref)
+					_ = m.disks.Detach(context.WithoutCancel(ctx), o.uuid, vdi.Ref)
 					return err
 				}
 				return nil
@@ -201,12 +203,12 @@ func (m *Manager) vifPlug(c *api.Call) (any, error) {
 	return nil, m.withDevOp(c, dm.VIF.Class, row.Ref, "plug", func(o *opCtx, vif *db.Row) error {
 		dev := vif.String(dm.VIF.Device)
 		if n, err := strconv.Atoi(dev); err != nil || n < 0 || n >= maxVIFDevices {
-			return xerr.New("INVALID_DEVICE", dev)
+			return xerr.New(xerr.InvalidDevice, dev)
 		}
 		info, _ := m.be.Info(o.uuid)
 		for _, n := range info.NICs {
 			if n.Device == dev {
-				return xerr.New("DEVICE_ALREADY_EXISTS", dev)
+				return xerr.New(xerr.DeviceAlreadyExists, dev)
 			}
 		}
 		nic, err := m.nicOf(m.db.Snapshot(), o.vm, vif)
@@ -218,7 +220,9 @@ func (m *Manager) vifPlug(c *api.Call) (any, error) {
 		}
 		_, err = m.db.Update(func(tx *db.Tx) error {
 			if vif.String(dm.VIF.MAC) == "" {
-				tx.Set(dm.VIF.MAC, vif.Ref, nic.MAC)
+				if err := tx.Set(dm.VIF.MAC, vif.Ref, nic.MAC); err != nil {
+					return err
+				}
 			}
 			return tx.Set(dm.VIF.CurrentlyAttached, vif.Ref, true)
 		})

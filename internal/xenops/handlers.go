@@ -106,7 +106,7 @@ func (m *Manager) assertThisHost(c *api.Call, i int) error {
 		return err
 	}
 	if host.Ref != m.host {
-		return xerr.New("VM_INCOMPATIBLE_WITH_THIS_HOST", c.String(0), host.Ref, "VMs start on the host that receives the call; send it to that host")
+		return xerr.New(xerr.VMIncompatibleWithThisHost, c.String(0), host.Ref, "VMs start on the host that receives the call; send it to that host")
 	}
 	return m.assertHostUsable(c.Snapshot(), host.Ref, false)
 }
@@ -118,9 +118,9 @@ func (m *Manager) assertHostUsable(r db.Reader, host string, anyHost bool) error
 	}
 	if h.Get(dm.Host.Enabled) != true {
 		if anyHost {
-			return xerr.New("NO_HOSTS_AVAILABLE")
+			return xerr.New(xerr.NoHostsAvailable)
 		}
-		return xerr.New("HOST_DISABLED", host)
+		return xerr.New(xerr.HostDisabled, host)
 	}
 	return nil
 }
@@ -176,7 +176,7 @@ func (m *Manager) unpause(o *opCtx) error {
 func (m *Manager) recordLive(o *opCtx, power string) error {
 	info, ok := m.be.Info(o.uuid)
 	if !ok {
-		return xerr.New("VM_BAD_POWER_STATE", o.vm, powerName(power), powerName(psHalted))
+		return xerr.New(xerr.VMBadPowerState, o.vm, powerName(power), powerName(psHalted))
 	}
 	_, err := m.db.Update(func(tx *db.Tx) error {
 		if err := o.release(tx); err != nil {
@@ -234,7 +234,9 @@ func (m *Manager) vmSetVCPUsLive(c *api.Call) (any, error) {
 			vm, _ := tx.Get(dm.VM.Class, o.vm)
 			if mr := vm.String(dm.VM.Metrics); mr != "" {
 				if _, ok := tx.Get(dm.VMMetrics.Class, mr); ok {
-					tx.Set(dm.VMMetrics.VCPUsNumber, mr, int64(info.VCPUs))
+					if err := tx.Set(dm.VMMetrics.VCPUsNumber, mr, int64(info.VCPUs)); err != nil {
+						return err
+					}
 				}
 			}
 			return nil
@@ -275,10 +277,14 @@ func (m *Manager) vmSetDynamicRange(c *api.Call) (any, error) {
 				return err
 			}
 			if live {
-				tx.Set(dm.VM.MemoryTarget, oc.vm, hi)
+				if err := tx.Set(dm.VM.MemoryTarget, oc.vm, hi); err != nil {
+					return err
+				}
 				if mr := vm.String(dm.VM.Metrics); mr != "" {
 					if _, ok := tx.Get(dm.VMMetrics.Class, mr); ok {
-						tx.Set(dm.VMMetrics.MemoryActual, mr, hi)
+						if err := tx.Set(dm.VMMetrics.MemoryActual, mr, hi); err != nil {
+							return err
+						}
 					}
 				}
 			}
@@ -299,7 +305,8 @@ func (m *Manager) vmSetMemory(which string) api.Handler {
 		}
 		get := func(f *schema.Field) int64 { v, _ := row.Get(f).(int64); return v }
 		arg := func(i int) int64 { v, _ := c.Args[i].(int64); return v }
-		sMin, sMax, dMin, dMax := get(dm.VM.MemoryStaticMin), get(dm.VM.MemoryStaticMax), get(dm.VM.MemoryDynamicMin), get(dm.VM.MemoryDynamicMax)
+		var sMax int64 // every form of the call sets the static max
+		sMin, dMin, dMax := get(dm.VM.MemoryStaticMin), get(dm.VM.MemoryDynamicMin), get(dm.VM.MemoryDynamicMax)
 		o := dm.VMOperationsChangingMemoryLimits
 		switch which {
 		case "limits":
@@ -342,7 +349,7 @@ func (m *Manager) vmAssertCanBootHere(c *api.Call) (any, error) {
 		return nil, err
 	}
 	if host.Ref != m.host {
-		return nil, xerr.New("VM_INCOMPATIBLE_WITH_THIS_HOST", row.Ref, host.Ref, "this host only knows its own resources")
+		return nil, xerr.New(xerr.VMIncompatibleWithThisHost, row.Ref, host.Ref, "this host only knows its own resources")
 	}
 	p, err := m.plan(snap, row.Ref)
 	if err != nil {
@@ -352,7 +359,7 @@ func (m *Manager) vmAssertCanBootHere(c *api.Call) (any, error) {
 		return nil, err
 	}
 	if avail := m.availableMemory(); p.spec.Memory > avail {
-		return nil, xerr.New("HOST_NOT_ENOUGH_FREE_MEMORY", strconv.FormatInt(p.spec.Memory, 10), strconv.FormatInt(max(avail, 0), 10))
+		return nil, xerr.New(xerr.HostNotEnoughFreeMemory, strconv.FormatInt(p.spec.Memory, 10), strconv.FormatInt(max(avail, 0), 10))
 	}
 	return nil, nil
 }
@@ -425,10 +432,10 @@ func (m *Manager) vmPowerStateReset(c *api.Call) (any, error) {
 		return nil, err
 	}
 	if row.Get(dm.VM.IsControlDomain) == true {
-		return nil, xerr.New("OPERATION_NOT_ALLOWED", "This operation is not allowed on a control domain")
+		return nil, xerr.New(xerr.OperationNotAllowed, "This operation is not allowed on a control domain")
 	}
 	if info, ok := m.be.Info(row.UUID()); ok && info.State != DomainGone {
-		return nil, xerr.New("OPERATION_NOT_ALLOWED", "the VM has a domain on this host; shut it down instead")
+		return nil, xerr.New(xerr.OperationNotAllowed, "the VM has a domain on this host; shut it down instead")
 	}
 	return nil, c.Update(func(tx *db.Tx) error {
 		if err := tx.Set(dm.VM.CurrentOperations, row.Ref, map[string]string{}); err != nil {

@@ -72,7 +72,7 @@ func (m *Manager) runHook(ctx context.Context, path, name, vmUUID, reason string
 	hctx, cancel := context.WithTimeout(ctx, m.cfg.HookTimeout)
 	defer cancel()
 	var out, stderr bytes.Buffer
-	cmd := exec.CommandContext(hctx, path, "-vmuuid", vmUUID, "-reason", reason)
+	cmd := exec.CommandContext(hctx, path, "-vmuuid", vmUUID, "-reason", reason) //nolint:gosec // running the operator's hook scripts is the point; argv, no shell
 	cmd.Stdout, cmd.Stderr = &out, &stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
@@ -88,14 +88,14 @@ func (m *Manager) runHook(ctx context.Context, path, name, vmUUID, reason string
 	}
 	if hctx.Err() != nil {
 		m.log.Warn("hook timed out", "hook", name, "vm", vmUUID, "timeout", m.cfg.HookTimeout)
-		return xerr.New("XAPI_HOOK_FAILED", name, reason, truncate(out.String(), 2000), "timeout after "+m.cfg.HookTimeout.String())
+		return xerr.New(xerr.XapiHookFailed, name, reason, truncate(out.String(), 2000), "timeout after "+m.cfg.HookTimeout.String())
 	}
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
 		code := ee.ExitCode()
 		if code == 1 {
 			m.log.Warn("hook failed", "hook", name, "vm", vmUUID, "stderr", truncate(stderr.String(), 500))
-			return xerr.New("XAPI_HOOK_FAILED", name, reason, truncate(out.String(), 2000), strconv.Itoa(code))
+			return xerr.New(xerr.XapiHookFailed, name, reason, truncate(out.String(), 2000), strconv.Itoa(code))
 		}
 		m.log.Info("hook exited non-zero; ignored", "hook", name, "vm", vmUUID, "code", code)
 		return nil

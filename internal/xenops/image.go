@@ -248,11 +248,11 @@ func fileSize(f *os.File) (int64, error) {
 // ReadImageMeta reads and checks a suspend image: its framing must be
 // complete and its metadata well-formed.
 func ReadImageMeta(path string) (*ImageMeta, error) {
-	f, err := os.Open(path)
+	f, err := os.Open(path) //nolint:gosec // suspend images live in the suspend dir (entryPath/safepath)
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	defer func(c func() error) { _ = c() }(f.Close)
 	size, err := fileSize(f)
 	if err != nil {
 		return nil, err
@@ -267,7 +267,7 @@ func ReadImageMeta(path string) (*ImageMeta, error) {
 // openImageStream opens a complete image of the given stream type,
 // positioned at its stream.
 func openImageStream(path string, stream uint64) (*os.File, *ImageMeta, error) {
-	f, err := os.Open(path)
+	f, err := os.Open(path) //nolint:gosec // suspend images live in the suspend dir (entryPath/safepath)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -282,6 +282,6 @@ func openImageStream(path string, stream uint64) (*os.File, *ImageMeta, error) {
 			}
 		}
 	}
-	f.Close()
+	_ = f.Close()
 	return nil, nil, err
 }

@@ -159,21 +159,21 @@ func otherOperationInProgress(class, ref string, tasks []string, ops []string) *
 		}
 		return "{" + strings.Join(xs, ",") + "}"
 	}
-	return xerr.New("OTHER_OPERATION_IN_PROGRESS", class, ref, join(ops), join(tasks))
+	return xerr.New(xerr.OtherOperationInProgress, class, ref, join(ops), join(tasks))
 }
 
 // checkOp returns the error that stops operation o, or nil. strict is
 // for allowed_operations, which asks more of the guest than a call does.
 func (v *vmCheck) checkOp(o op, strict bool) *xerr.Error {
 	if why, ok := v.blocked[string(o)]; ok {
-		return xerr.New("OPERATION_BLOCKED", v.ref, why)
+		return xerr.New(xerr.OperationBlocked, v.ref, why)
 	}
 	if allowed := allowedPowerStates(o, v.snapshot); !slices.Contains(allowed, v.power) {
 		names := make([]string, len(allowed))
 		for i, p := range allowed {
 			names[i] = powerName(p)
 		}
-		return xerr.New("VM_BAD_POWER_STATE", v.ref, strings.Join(names, ", "), powerName(v.power))
+		return xerr.New(xerr.VMBadPowerState, v.ref, strings.Join(names, ", "), powerName(v.power))
 	}
 	if len(v.current) > 0 {
 		tasks, ops := v.currentOps()
@@ -192,10 +192,10 @@ func (v *vmCheck) checkOp(o op, strict bool) *xerr.Error {
 			dm.VMOperationsExport, dm.VMOperationsMetadataExport, dm.VMOperationsProvision:
 		case dm.VMOperationsDestroy, dm.VMOperationsMigrateSend:
 			if v.defaultTpl {
-				return xerr.New("VM_IS_TEMPLATE", v.ref, string(o))
+				return xerr.New(xerr.VMIsTemplate, v.ref, string(o))
 			}
 		default:
-			return xerr.New("VM_IS_TEMPLATE", v.ref, string(o))
+			return xerr.New(xerr.VMIsTemplate, v.ref, string(o))
 		}
 	}
 	if v.snapshot {
@@ -203,14 +203,14 @@ func (v *vmCheck) checkOp(o op, strict bool) *xerr.Error {
 		case dm.VMOperationsRevert, dm.VMOperationsClone, dm.VMOperationsCopy, dm.VMOperationsExport,
 			dm.VMOperationsDestroy, dm.VMOperationsHardShutdown, dm.VMOperationsMetadataExport:
 		default:
-			return xerr.New("VM_IS_SNAPSHOT", v.ref, string(o))
+			return xerr.New(xerr.VMIsSnapshot, v.ref, string(o))
 		}
 	}
 	if o == dm.VMOperationsProvision && !v.template {
-		return xerr.New("PROVISION_ONLY_ALLOWED_ON_TEMPLATE")
+		return xerr.New(xerr.ProvisionOnlyAllowedOnTemplate)
 	}
 	if (o == dm.VMOperationsChangingVCPUs || o == dm.VMOperationsDestroy) && v.dom0 {
-		return xerr.New("OPERATION_NOT_ALLOWED", "This operation is not allowed on dom0")
+		return xerr.New(xerr.OperationNotAllowed, "This operation is not allowed on dom0")
 	}
 	if v.control {
 		switch o {
@@ -219,15 +219,15 @@ func (v *vmCheck) checkOp(o op, strict bool) *xerr.Error {
 			dm.VMOperationsChangingStaticRange, dm.VMOperationsStart, dm.VMOperationsStartOn,
 			dm.VMOperationsChangingVCPUs, dm.VMOperationsDestroy:
 		default:
-			return xerr.New("OPERATION_NOT_ALLOWED", "This operation is not allowed on a control domain")
+			return xerr.New(xerr.OperationNotAllowed, "This operation is not allowed on a control domain")
 		}
 	}
 	// A guest that cannot be asked (no ACPI) cannot be shut down cleanly.
 	if strict && v.power == psRunning && !v.acpi && (o == dm.VMOperationsCleanShutdown || o == dm.VMOperationsCleanReboot) {
-		return xerr.New("VM_LACKS_FEATURE", v.ref)
+		return xerr.New(xerr.VMLacksFeature, v.ref)
 	}
 	if o == dm.VMOperationsSnapshotWithQuiesce && v.power == psRunning {
-		return xerr.New("VM_SNAPSHOT_WITH_QUIESCE_NOT_SUPPORTED", v.ref, "quiesced snapshots need a guest agent")
+		return xerr.New(xerr.VMSnapshotWithQuiesceNotSupported, v.ref, "quiesced snapshots need a guest agent")
 	}
 	return nil
 }
@@ -288,33 +288,33 @@ func (d *devCheck) checkOp(o string) *xerr.Error {
 	switch o {
 	case "plug", "unplug", "unplug_force":
 		if d.vmPower != psRunning {
-			return xerr.New("VM_BAD_POWER_STATE", d.vm, powerName(psRunning), powerName(d.vmPower))
+			return xerr.New(xerr.VMBadPowerState, d.vm, powerName(psRunning), powerName(d.vmPower))
 		}
 	}
 	switch o {
 	case "plug":
 		if d.attached {
-			return xerr.New("DEVICE_ALREADY_ATTACHED", d.ref)
+			return xerr.New(xerr.DeviceAlreadyAttached, d.ref)
 		}
 	case "unplug", "unplug_force":
 		if !d.attached {
-			return xerr.New("DEVICE_ALREADY_DETACHED", d.ref)
+			return xerr.New(xerr.DeviceAlreadyDetached, d.ref)
 		}
 		if o == "unplug" && d.class == "VBD" && !d.unpluggable {
-			return xerr.New("VBD_NOT_UNPLUGGABLE", d.ref)
+			return xerr.New(xerr.VBDNotUnpluggable, d.ref)
 		}
 	case "insert", "eject":
 		if !d.cd {
-			return xerr.New("VBD_NOT_REMOVABLE_MEDIA", d.ref)
+			return xerr.New(xerr.VBDNotRemovableMedia, d.ref)
 		}
 		if d.vmPower == psPaused || d.vmPower == psSuspended {
-			return xerr.New("VM_BAD_POWER_STATE", d.vm, powerName(psRunning)+", "+powerName(psHalted), powerName(d.vmPower))
+			return xerr.New(xerr.VMBadPowerState, d.vm, powerName(psRunning)+", "+powerName(psHalted), powerName(d.vmPower))
 		}
 		if o == "insert" && !d.empty {
-			return xerr.New("VBD_NOT_EMPTY", d.ref)
+			return xerr.New(xerr.VBDNotEmpty, d.ref)
 		}
 		if o == "eject" && d.empty {
-			return xerr.New("VBD_IS_EMPTY", d.ref)
+			return xerr.New(xerr.VBDIsEmpty, d.ref)
 		}
 	}
 	return nil

@@ -175,7 +175,9 @@ func (m *Manager) withVMOpQ(c *api.Call, ref string, o op, queued bool, body fun
 	defer m.untrackOp(ref, key)
 	defer func() {
 		t1 := time.Now()
-		m.db.Update(func(tx *db.Tx) error {
+		// The caller hears the operation's own outcome; a failed unmark
+		// can only be logged (start-up clears stale marks).
+		if _, err := m.db.Update(func(tx *db.Tx) error {
 			if _, ok := tx.Get(dm.VM.Class, ref); !ok {
 				return nil
 			}
@@ -183,7 +185,9 @@ func (m *Manager) withVMOpQ(c *api.Call, ref string, o op, queued bool, body fun
 				return err
 			}
 			return refreshVM(tx, ref)
-		})
+		}); err != nil {
+			m.log.Error("cannot unmark a VM operation", "vm", vmUUID, "op", o, "task", key, "err", err)
+		}
 		m.log.Debug("operation", "vm", vmUUID, "op", o, "mark", tMark, "run", tRun, "unmark", time.Since(t1), "total", time.Since(t0))
 	}()
 	oc := &opCtx{m: m, ctx: ctx, task: c.Task, key: key, vm: ref, uuid: vmUUID, op: string(o), prog: &progress{c: c}, hi: 1, total: 1}
@@ -194,9 +198,8 @@ func (m *Manager) withVMOpQ(c *api.Call, ref string, o op, queued bool, body fun
 		j := &job{ctx: ctx, name: "VM." + string(o), run: func(ctx context.Context) error { return body(oc) }}
 		m.q.submit(ref, j)
 		err = j.wait()
-	} else if err = m.q.w.acquire(ctx); err == nil {
-		err = body(oc)
-		m.q.w.release()
+	} else {
+		err = m.q.w.do(ctx, func() error { return body(oc) })
 	}
 	oc.prog.flush()
 	if err != nil && isCancel(err) {
@@ -281,7 +284,9 @@ func (m *Manager) withDevOp(c *api.Call, cls *schema.Class, ref, o string, body 
 	ctx, cancel := context.WithCancel(base)
 	defer cancel()
 	defer func() {
-		m.db.Update(func(tx *db.Tx) error {
+		// As in withVMOpQ: the outcome is the operation's, a failed
+		// unmark is logged.
+		if _, err := m.db.Update(func(tx *db.Tx) error {
 			if _, ok := tx.Get(cls, ref); !ok {
 				return nil
 			}
@@ -289,7 +294,9 @@ func (m *Manager) withDevOp(c *api.Call, cls *schema.Class, ref, o string, body 
 				return err
 			}
 			return refreshVM(tx, vmRef)
-		})
+		}); err != nil {
+			m.log.Error("cannot unmark a device operation", "class", cls.Name, "ref", ref, "op", o, "task", key, "err", err)
+		}
 	}()
 	oc := &opCtx{m: m, ctx: ctx, task: c.Task, vm: vmRef, uuid: vmUUID, op: cls.Name + "." + o, prog: &progress{c: c}, hi: 1, total: 1}
 	j := &job{ctx: ctx, name: cls.Name + "." + o, run: func(ctx context.Context) error {

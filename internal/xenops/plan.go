@@ -36,7 +36,7 @@ const (
 // checkMemory is xapi's memory constraint.
 func checkMemory(sMin, dMin, dMax, sMax int64) error {
 	if !(sMin <= dMin && dMin <= dMax && dMax <= sMax) {
-		return xerr.New("MEMORY_CONSTRAINT_VIOLATION_ORDER")
+		return xerr.New(xerr.MemoryConstraintViolationOrder)
 	}
 	return nil
 }
@@ -52,22 +52,22 @@ func (m *Manager) plan(r db.Reader, ref string) (*bootPlan, error) {
 		return nil, err
 	}
 	if vm.MemoryStaticMax < minMemory {
-		return nil, xerr.New("VM_MEMORY_SIZE_TOO_LOW", ref)
+		return nil, xerr.New(xerr.VMMemorySizeTooLow, ref)
 	}
 	if vm.VCPUsMax < 1 {
 		return nil, xerr.New(xerr.InvalidValue, "VCPUs_max", strconv.FormatInt(vm.VCPUsMax, 10))
 	}
 	if vm.VCPUsAtStartup < 1 {
-		return nil, xerr.New("VM_NO_VCPUS", ref)
+		return nil, xerr.New(xerr.VMNoVCPUs, ref)
 	}
 	if vm.VCPUsAtStartup > vm.VCPUsMax {
 		return nil, xerr.New(xerr.InvalidValue, "VCPUs_at_startup", strconv.FormatInt(vm.VCPUsAtStartup, 10))
 	}
 	if vm.VCPUsMax > maxVCPUs {
-		return nil, xerr.New("VM_TOO_MANY_VCPUS", ref)
+		return nil, xerr.New(xerr.VMTooManyVCPUs, ref)
 	}
 	if pc := hostCPUs(r, m.host); vm.VCPUsMax > int64(pc) {
-		return nil, xerr.New("HOST_NOT_ENOUGH_PCPUS", strconv.FormatInt(vm.VCPUsMax, 10), strconv.Itoa(pc))
+		return nil, xerr.New(xerr.HostNotEnoughPCPUs, strconv.FormatInt(vm.VCPUsMax, 10), strconv.Itoa(pc))
 	}
 	spec := &Spec{
 		UUID: vm.UUID, Name: vm.NameLabel, VMRef: ref,
@@ -114,7 +114,7 @@ func (m *Manager) restorePlan(r db.Reader, ref, image string) (*bootPlan, error)
 	}
 	if err != nil {
 		m.log.Warn("unusable suspend image", "vm", ref, "image", image, "err", err)
-		return nil, xerr.New("SUSPEND_IMAGE_NOT_ACCESSIBLE", image)
+		return nil, xerr.New(xerr.SuspendImageNotAccessible, image)
 	}
 	p, err := m.plan(r, ref)
 	if err != nil {
@@ -129,7 +129,7 @@ func (m *Manager) restorePlan(r db.Reader, ref, image string) (*bootPlan, error)
 	}
 	if err != nil {
 		m.log.Warn("unusable suspend image", "vm", ref, "image", image, "err", err)
-		return nil, xerr.New("SUSPEND_IMAGE_NOT_ACCESSIBLE", image)
+		return nil, xerr.New(xerr.SuspendImageNotAccessible, image)
 	}
 	p.spec.RestoreFrom, p.spec.HotCPUs = image, hot
 	p.disks, p.nics = keepSavedDisks(p.disks, meta.Disks), keepSavedNICs(p.nics, meta.NICs)
@@ -293,12 +293,12 @@ func (m *Manager) planDisks(r db.Reader, vm *db.Row, p *bootPlan) error {
 		}
 		n, err := strconv.Atoi(dev)
 		if err != nil || n < 0 || n >= maxVBDDevices {
-			return xerr.New("INVALID_DEVICE", dev)
+			return xerr.New(xerr.InvalidDevice, dev)
 		}
 		dev = strconv.Itoa(n)
 		if other, dup := used[dev]; dup {
 			_ = other
-			return xerr.New("VM_DUPLICATE_VBD_DEVICE", vm.Ref, ref, dev)
+			return xerr.New(xerr.VMDuplicateVBDDevice, vm.Ref, ref, dev)
 		}
 		used[dev] = ref
 		vbds = append(vbds, vbdInfo{row, dev})
@@ -312,7 +312,7 @@ func (m *Manager) planDisks(r db.Reader, vm *db.Row, p *bootPlan) error {
 			}
 		}
 		if dev == "" {
-			return xerr.New("INVALID_DEVICE", "autodetect")
+			return xerr.New(xerr.InvalidDevice, "autodetect")
 		}
 		used[dev] = row.Ref
 		p.userdevices[row.Ref] = dev
@@ -350,7 +350,7 @@ func (m *Manager) diskOf(r db.Reader, vm string, row *db.Row, device string) (Di
 		ReadOnly: cd || row.String(dm.VBD.Mode) == string(dm.VBDModeRO)}
 	if cd {
 		if _, _, ok := ideSlot(device); !ok {
-			return d, false, xerr.New("INVALID_DEVICE", device)
+			return d, false, xerr.New(xerr.InvalidDevice, device)
 		}
 	}
 	if row.Get(dm.VBD.Empty) == true {
@@ -359,11 +359,11 @@ func (m *Manager) diskOf(r db.Reader, vm string, row *db.Row, device string) (Di
 	vdi := row.String(dm.VBD.VDI)
 	vrow, ok := r.Get(dm.VDI.Class, vdi)
 	if !ok {
-		return d, false, xerr.New("VDI_MISSING", schema.NullRef, vdi)
+		return d, false, xerr.New(xerr.VDIMissing, schema.NullRef, vdi)
 	}
 	sr := vrow.String(dm.VDI.SR)
 	if vrow.Get(dm.VDI.Missing) == true {
-		return d, false, xerr.New("VDI_MISSING", sr, vdi)
+		return d, false, xerr.New(xerr.VDIMissing, sr, vdi)
 	}
 	if err := m.assertSRReachable(r, vm, sr); err != nil {
 		return d, false, err
@@ -394,7 +394,7 @@ func (m *Manager) assertSRReachable(r db.Reader, vm, sr string) error {
 			return nil
 		}
 	}
-	return xerr.New("VM_REQUIRES_SR", vm, sr)
+	return xerr.New(xerr.VMRequiresSR, vm, sr)
 }
 
 // assertVDIFree: a VDI that is not sharable is used read-write by one
@@ -409,7 +409,7 @@ func assertVDIFree(r db.Reader, vm string, vdi *db.Row, readonly bool) error {
 			continue
 		}
 		if !readonly || other.String(dm.VBD.Mode) == string(dm.VBDModeRW) {
-			return xerr.New("VDI_IN_USE", vdi.Ref, "start")
+			return xerr.New(xerr.VDIInUse, vdi.Ref, "start")
 		}
 	}
 	return nil
@@ -426,10 +426,10 @@ func (m *Manager) planNICs(r db.Reader, vm *db.Row, p *bootPlan) error {
 		dev := row.String(dm.VIF.Device)
 		n, err := strconv.Atoi(dev)
 		if err != nil || n < 0 || n >= maxVIFDevices {
-			return xerr.New("INVALID_DEVICE", dev)
+			return xerr.New(xerr.InvalidDevice, dev)
 		}
 		if seen[dev] {
-			return xerr.New("DEVICE_ALREADY_EXISTS", dev)
+			return xerr.New(xerr.DeviceAlreadyExists, dev)
 		}
 		seen[dev] = true
 		rows = append(rows, row)
@@ -458,7 +458,7 @@ func (m *Manager) nicOf(r db.Reader, vm string, row *db.Row) (NIC, error) {
 	net := row.String(dm.VIF.Network)
 	nrow, ok := r.Get(dm.Network.Class, net)
 	if !ok {
-		return NIC{}, xerr.New("VM_REQUIRES_NETWORK", vm, net)
+		return NIC{}, xerr.New(xerr.VMRequiresNetwork, vm, net)
 	}
 	mac := strings.ToLower(row.String(dm.VIF.MAC))
 	if mac == "" {

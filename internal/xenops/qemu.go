@@ -155,7 +155,7 @@ func NewQEMU(cfg QEMUConfig, log *slog.Logger) (*QEMU, error) {
 		if err != nil {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join(dir, "domain.json"))
+		b, err := os.ReadFile(filepath.Join(dir, "domain.json")) //nolint:gosec // dir is entryPath'd (safepath) above
 		if err != nil {
 			continue
 		}
@@ -262,7 +262,7 @@ func (q *QEMU) Close() {
 		d.mu.Lock()
 		d.stopping = true // an EOF now is ours, not a death
 		if d.qmp != nil {
-			d.qmp.Close()
+			_ = d.qmp.Close()
 		}
 		d.mu.Unlock()
 	}
@@ -361,7 +361,7 @@ func (q *QEMU) accel(spec *Spec) (string, error) {
 	case "kvm":
 		if ok, why := kvmAvailable(q.cfg.KVMDevice); !ok {
 			q.log.Warn("qemu: KVM required but unusable", "reason", why)
-			return "", xerr.New("VM_HVM_REQUIRED", spec.VMRef)
+			return "", xerr.New(xerr.VMHVMRequired, spec.VMRef)
 		}
 		return "kvm", nil
 	default:
@@ -372,7 +372,7 @@ func (q *QEMU) accel(spec *Spec) (string, error) {
 // Check implements Backend.
 func (q *QEMU) Check(spec *Spec) error {
 	if _, err := exec.LookPath(q.cfg.Binary); err != nil {
-		return xerr.New("FAILED_TO_START_EMULATOR", spec.VMRef, "qemu", "cannot find the emulator "+q.cfg.Binary+": "+err.Error())
+		return xerr.New(xerr.FailedToStartEmulator, spec.VMRef, "qemu", "cannot find the emulator "+q.cfg.Binary+": "+err.Error())
 	}
 	if _, err := q.accel(spec); err != nil {
 		return err
@@ -380,7 +380,7 @@ func (q *QEMU) Check(spec *Spec) error {
 	if spec.Firmware == "uefi" {
 		for _, f := range []string{q.cfg.OVMFCode, q.cfg.OVMFVars} {
 			if _, err := os.Stat(f); err != nil {
-				return xerr.New("FAILED_TO_START_EMULATOR", spec.VMRef, "qemu", "UEFI firmware missing: "+err.Error())
+				return xerr.New(xerr.FailedToStartEmulator, spec.VMRef, "qemu", "UEFI firmware missing: "+err.Error())
 			}
 		}
 	}
@@ -409,7 +409,7 @@ func (q *QEMU) Create(ctx context.Context, spec *Spec) (int64, error) {
 	q.mu.Lock()
 	if old := q.doms[spec.UUID]; old != nil {
 		q.mu.Unlock()
-		return 0, xerr.New("DOMAIN_EXISTS", spec.VMRef, strconv.FormatInt(old.j.Domid, 10))
+		return 0, xerr.New(xerr.DomainExists, spec.VMRef, strconv.FormatInt(old.j.Domid, 10))
 	}
 	dir, err := entryPath(q.cfg.StateDir, spec.UUID, "")
 	if err != nil {
@@ -429,13 +429,13 @@ func (q *QEMU) Create(ctx context.Context, spec *Spec) (int64, error) {
 		q.mu.Lock()
 		delete(q.doms, spec.UUID)
 		q.mu.Unlock()
-		removeBelow(q.cfg.StateDir, dir)
+		_ = removeBelow(q.cfg.StateDir, dir)
 		if sd != dir {
-			removeBelow(os.TempDir(), sd)
+			_ = removeBelow(os.TempDir(), sd)
 		}
 		return 0, err
 	}
-	removeBelow(q.cfg.StateDir, dir) // leftovers of a domain destroyed half-way
+	_ = removeBelow(q.cfg.StateDir, dir) // leftovers of a domain destroyed half-way
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fail(err)
 	}
@@ -461,12 +461,12 @@ func (q *QEMU) Build(ctx context.Context, uuid string) error {
 			continue
 		}
 		if _, err := os.Stat(f); err != nil {
-			return xerr.New("BOOTLOADER_FAILED", s.VMRef, err.Error())
+			return xerr.New(xerr.BootloaderFailed, s.VMRef, err.Error())
 		}
 	}
 	if s.RestoreFrom != "" {
 		if _, err := os.Stat(s.RestoreFrom); err != nil {
-			return xerr.New("SUSPEND_IMAGE_NOT_ACCESSIBLE", s.RestoreFrom)
+			return xerr.New(xerr.SuspendImageNotAccessible, s.RestoreFrom)
 		}
 	}
 	if s.Firmware == "uefi" {
@@ -476,7 +476,7 @@ func (q *QEMU) Build(ctx context.Context, uuid string) error {
 		}
 		if _, err := os.Stat(vars); err != nil {
 			if err := copyFile(q.cfg.OVMFVars, vars); err != nil {
-				return xerr.New("FAILED_TO_START_EMULATOR", s.VMRef, "qemu", "UEFI variable store: "+err.Error())
+				return xerr.New(xerr.FailedToStartEmulator, s.VMRef, "qemu", "UEFI variable store: "+err.Error())
 			}
 		}
 	}
@@ -484,17 +484,17 @@ func (q *QEMU) Build(ctx context.Context, uuid string) error {
 }
 
 func copyFile(from, to string) error {
-	in, err := os.Open(from)
+	in, err := os.Open(from) //nolint:gosec // the configured OVMF vars or a suspend image in the suspend dir
 	if err != nil {
 		return err
 	}
-	defer in.Close()
-	out, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	defer func(c func() error) { _ = c() }(in.Close)
+	out, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600) //nolint:gosec // os.O_WRONLY|os.O_TRUNC, 0o600)|a path in this backend's state or suspend dir
 	if err != nil {
 		return err
 	}
 	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
+		_ = out.Close()
 		return err
 	}
 	return out.Close()
@@ -542,7 +542,7 @@ func (q *QEMU) StartDeviceModel(ctx context.Context, uuid string) error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(q.cfg.Binary, argv...)
+	cmd := exec.Command(q.cfg.Binary, argv...) //nolint:gosec // the configured QEMU binary, argv built here; no shell
 	cmd.Dir = j.Dir
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Its own session: signals to the daemon's process group never reach
@@ -551,17 +551,17 @@ func (q *QEMU) StartDeviceModel(ctx context.Context, uuid string) error {
 	if j.Spec.RestoreFrom != "" {
 		img, _, err := openImageStream(j.Spec.RestoreFrom, recQEMU)
 		if err != nil {
-			logf.Close()
+			_ = logf.Close()
 			q.log.Warn("qemu: unusable suspend image", "vm", j.UUID, "err", err)
-			return xerr.New("SUSPEND_IMAGE_NOT_ACCESSIBLE", j.Spec.RestoreFrom)
+			return xerr.New(xerr.SuspendImageNotAccessible, j.Spec.RestoreFrom)
 		}
-		defer img.Close()
+		defer func(c func() error) { _ = c() }(img.Close)
 		cmd.ExtraFiles = []*os.File{img}
 	}
 	err = cmd.Start()
-	logf.Close()
+	_ = logf.Close()
 	if err != nil {
-		return xerr.New("FAILED_TO_START_EMULATOR", vm, "qemu", err.Error())
+		return xerr.New(xerr.FailedToStartEmulator, vm, "qemu", err.Error())
 	}
 	pid := cmd.Process.Pid
 	start, _ := procStartTime(pid)
@@ -569,7 +569,7 @@ func (q *QEMU) StartDeviceModel(ctx context.Context, uuid string) error {
 	d.j.Pid, d.j.PidStart, d.child = pid, start, true
 	d.mu.Unlock()
 	go func() {
-		cmd.Wait()
+		_ = cmd.Wait()
 		q.processGone(d)
 	}()
 	if err := q.save(d); err != nil {
@@ -578,7 +578,7 @@ func (q *QEMU) StartDeviceModel(ctx context.Context, uuid string) error {
 	if err := q.connect(ctx, d); err != nil {
 		select {
 		case <-d.exited:
-			return xerr.New("FAILED_TO_START_EMULATOR", vm, "qemu", emulatorError(j.LogPath))
+			return xerr.New(xerr.FailedToStartEmulator, vm, "qemu", emulatorError(j.LogPath))
 		default:
 		}
 		return err
@@ -616,7 +616,7 @@ func (q *QEMU) waitRestored(ctx context.Context, d *qemuDomain, qmp *QMP) error 
 		if err := qmp.Execute(ctx, "query-status", nil, &st); err != nil {
 			select {
 			case <-d.exited:
-				return xerr.New("FAILED_TO_START_EMULATOR", d.j.Spec.VMRef, "qemu", emulatorError(d.j.LogPath))
+				return xerr.New(xerr.FailedToStartEmulator, d.j.Spec.VMRef, "qemu", emulatorError(d.j.LogPath))
 			default:
 			}
 			return err
@@ -629,7 +629,7 @@ func (q *QEMU) waitRestored(ctx context.Context, d *qemuDomain, qmp *QMP) error 
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-d.exited:
-			return xerr.New("FAILED_TO_START_EMULATOR", d.j.Spec.VMRef, "qemu", emulatorError(d.j.LogPath))
+			return xerr.New(xerr.FailedToStartEmulator, d.j.Spec.VMRef, "qemu", emulatorError(d.j.LogPath))
 		}
 	}
 }
@@ -645,7 +645,7 @@ func (q *QEMU) connect(ctx context.Context, d *qemuDomain) error {
 		if err == nil {
 			d.mu.Lock()
 			if old := d.qmp; old != nil {
-				old.Close()
+				_ = old.Close()
 			}
 			d.qmp = qmp
 			d.mu.Unlock()
@@ -693,7 +693,7 @@ func (q *QEMU) onEvent(d *qemuDomain, ev QMPEvent) {
 			Guest  bool
 			Reason string
 		}
-		json.Unmarshal(ev.Data, &data)
+		_ = json.Unmarshal(ev.Data, &data) // malformed data reads as the zero value: the safe default
 		if data.Guest {
 			switch data.Reason {
 			case "guest-reset":
@@ -793,7 +793,7 @@ func (d *qemuDomain) stopped() error {
 	defer d.mu.Unlock()
 	switch d.state {
 	case DomainShutdown, DomainReboot, DomainCrashed, DomainGone:
-		return xerr.New("VM_BAD_POWER_STATE", d.j.Spec.VMRef, powerName(psRunning), powerName(psHalted))
+		return xerr.New(xerr.VMBadPowerState, d.j.Spec.VMRef, powerName(psRunning), powerName(psHalted))
 	}
 	return nil
 }
@@ -858,11 +858,11 @@ func (q *QEMU) Suspend(ctx context.Context, uuid, path string, progress func(flo
 	d.mu.Lock()
 	wasRunning := d.state == DomainRunning
 	d.mu.Unlock()
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|os.O_TRUNC, 0o600)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|os.O_TRUNC, 0o600) //nolint:gosec // os.O_RDWR|os.O_TRUNC, 0o600)|a suspend image path in the suspend dir
 	if err != nil {
 		return err
 	}
-	defer f.Close()
+	defer func(c func() error) { _ = c() }(f.Close)
 	d.mu.Lock()
 	meta := &ImageMeta{Spec: d.j.Spec, Disks: append([]Disk(nil), d.j.Disks...), NICs: append([]NIC(nil), d.j.NICs...),
 		HotCPUs: append([]CPUDevice(nil), d.j.HotCPUs...), Backend: "qemu"}
@@ -884,7 +884,7 @@ func (q *QEMU) Suspend(ctx context.Context, uuid, path string, progress func(flo
 	undo := func(cause error) error {
 		bg, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		qmp.Execute(bg, "migrate_cancel", nil, nil)
+		_ = qmp.Execute(bg, "migrate_cancel", nil, nil)
 		for i := 0; i < 200; i++ {
 			var st struct{ Status string }
 			if qmp.Execute(bg, "query-migrate", nil, &st) != nil || st.Status != "active" && st.Status != "cancelling" {
@@ -892,16 +892,16 @@ func (q *QEMU) Suspend(ctx context.Context, uuid, path string, progress func(flo
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
-		qmp.Execute(bg, "closefd", map[string]any{"fdname": "suspend"}, nil)
+		_ = qmp.Execute(bg, "closefd", map[string]any{"fdname": "suspend"}, nil)
 		if wasRunning {
-			q.Unpause(bg, uuid)
+			_ = q.Unpause(bg, uuid)
 		}
 		// The image is the manager's to discard: path may be a
 		// storage-owned VDI, which is never removed from here.
 		return cause
 	}
 	// Saving would crawl at QEMU's default migration speed (32 MiB/s).
-	qmp.Execute(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(8) << 30}, nil)
+	_ = qmp.Execute(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(8) << 30}, nil)
 	if err := qmp.Execute(ctx, "migrate", map[string]any{"uri": "fd:suspend"}, nil); err != nil {
 		return undo(err)
 	}
@@ -951,7 +951,7 @@ func (q *QEMU) Destroy(ctx context.Context, uuid string) error {
 		if err != nil {
 			return err
 		}
-		removeBelow(q.cfg.StateDir, dir)
+		_ = removeBelow(q.cfg.StateDir, dir)
 		return nil
 	}
 	d.mu.Lock()
@@ -968,7 +968,7 @@ func (q *QEMU) Destroy(ctx context.Context, uuid string) error {
 	}
 	if alive() && qmp != nil {
 		qctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		qmp.Execute(qctx, "quit", nil, nil)
+		_ = qmp.Execute(qctx, "quit", nil, nil)
 		cancel()
 		if child {
 			select {
@@ -994,7 +994,7 @@ func (q *QEMU) Destroy(ctx context.Context, uuid string) error {
 	}
 	d.exitOnce.Do(func() { close(d.exited) })
 	if qmp != nil {
-		qmp.Close()
+		_ = qmp.Close()
 	}
 	for _, n := range j.NICs {
 		if n.Tap != "" {
@@ -1046,7 +1046,7 @@ func deviceDeleted(id string) func(QMPEvent) bool {
 			return false
 		}
 		var data struct{ Device string }
-		json.Unmarshal(ev.Data, &data)
+		_ = json.Unmarshal(ev.Data, &data) // malformed data reads as the zero value: the safe default
 		return data.Device == id
 	}
 }
@@ -1089,14 +1089,14 @@ func (q *QEMU) PlugDisk(ctx context.Context, uuid string, disk Disk) error {
 	bus := d.j.Spec.Platform["disk-bus"]
 	d.mu.Unlock()
 	if disk.CD {
-		return xerr.New("OPERATION_NOT_ALLOWED", "CD drives cannot be hot-plugged; insert media into an existing one")
+		return xerr.New(xerr.OperationNotAllowed, "CD drives cannot be hot-plugged; insert media into an existing one")
 	}
 	dev, err := diskDevice(disk, bus, 0)
 	if err != nil {
 		return err
 	}
 	if dev["driver"] != "virtio-blk-pci" {
-		return xerr.New("OPERATION_NOT_ALLOWED", "IDE disks cannot be hot-plugged")
+		return xerr.New(xerr.OperationNotAllowed, "IDE disks cannot be hot-plugged")
 	}
 	if disk.Path != "" {
 		if err := qmp.Execute(ctx, "blockdev-add", blockdevArg(disk), nil); err != nil {
@@ -1105,7 +1105,7 @@ func (q *QEMU) PlugDisk(ctx context.Context, uuid string, disk Disk) error {
 	}
 	if err := qmp.Execute(ctx, "device_add", dev, nil); err != nil {
 		if disk.Path != "" {
-			qmp.Execute(context.Background(), "blockdev-del", map[string]any{"node-name": nodeName(disk.Device)}, nil)
+			_ = qmp.Execute(context.Background(), "blockdev-del", map[string]any{"node-name": nodeName(disk.Device)}, nil)
 		}
 		return err
 	}
@@ -1146,13 +1146,13 @@ func (q *QEMU) UnplugDisk(ctx context.Context, uuid, device string, force bool) 
 		return err
 	}
 	if !ok && !force {
-		return xerr.New("DEVICE_DETACH_REJECTED", "VBD", disk.VBD, "the guest did not release the device")
+		return xerr.New(xerr.DeviceDetachRejected, "VBD", disk.VBD, "the guest did not release the device")
 	}
 	if ok && disk.Path != "" {
 		for i := len(disk.Overlays) - 1; i >= 0; i-- {
-			qmp.Execute(ctx, "blockdev-del", map[string]any{"node-name": disk.Overlays[i]}, nil)
+			_ = qmp.Execute(ctx, "blockdev-del", map[string]any{"node-name": disk.Overlays[i]}, nil)
 		}
-		qmp.Execute(ctx, "blockdev-del", map[string]any{"node-name": nodeName(device)}, nil)
+		_ = qmp.Execute(ctx, "blockdev-del", map[string]any{"node-name": nodeName(device)}, nil)
 	}
 	if !ok {
 		q.log.Warn("qemu: forced unplug; the guest still holds the device until it reboots", "vm", uuid, "device", device)
@@ -1240,7 +1240,7 @@ func (q *QEMU) LiveSnapshot(ctx context.Context, uuid, device, path, format stri
 		return err
 	}
 	if err := qmp.Execute(ctx, "blockdev-snapshot", map[string]any{"node": top, "overlay": node}, nil); err != nil {
-		qmp.Execute(context.WithoutCancel(ctx), "blockdev-del", map[string]any{"node-name": node}, nil)
+		_ = qmp.Execute(context.WithoutCancel(ctx), "blockdev-del", map[string]any{"node-name": node}, nil)
 		return err
 	}
 	d.mu.Lock()
@@ -1268,7 +1268,7 @@ func (q *QEMU) PlugNIC(ctx context.Context, uuid string, n NIC) error {
 		return nil
 	}
 	undo := func(err error) error {
-		qmp.Execute(context.Background(), "netdev_del", map[string]any{"id": netID(n.Device)}, nil)
+		_ = qmp.Execute(context.Background(), "netdev_del", map[string]any{"id": netID(n.Device)}, nil)
 		q.forgetNIC(d, n.Device)
 		return err
 	}
@@ -1312,9 +1312,9 @@ func (q *QEMU) UnplugNIC(ctx context.Context, uuid, device string) error {
 			return err
 		}
 		if !ok {
-			return xerr.New("DEVICE_DETACH_REJECTED", "VIF", nic.VIF, "the guest did not release the device")
+			return xerr.New(xerr.DeviceDetachRejected, "VIF", nic.VIF, "the guest did not release the device")
 		}
-		qmp.Execute(ctx, "netdev_del", map[string]any{"id": netID(device)}, nil)
+		_ = qmp.Execute(ctx, "netdev_del", map[string]any{"id": netID(device)}, nil)
 	}
 	q.forgetNIC(d, device)
 	return nil
@@ -1336,7 +1336,11 @@ func (q *QEMU) forgetNIC(d *qemuDomain, device string) {
 			q.log.Warn("qemu: removing tap", "tap", tap, "err", err)
 		}
 	}
-	q.save(d)
+	// The NIC is gone from the domain whatever the file says; a stale
+	// entry is dropped again when the domain is next saved.
+	if err := q.save(d); err != nil {
+		q.log.Warn("qemu: saving domain state", "vm", d.j.UUID, "err", err)
+	}
 }
 
 // SetVCPUs implements Backend: VCPUs are hot-added from the free slots
@@ -1392,7 +1396,7 @@ func (q *QEMU) SetVCPUs(ctx context.Context, uuid string, n int) error {
 		d.mu.Lock()
 		if len(d.j.HotCPUs) == 0 {
 			d.mu.Unlock()
-			return xerr.New("OPERATION_NOT_ALLOWED", "only VCPUs added while the VM runs can be removed while it runs")
+			return xerr.New(xerr.OperationNotAllowed, "only VCPUs added while the VM runs can be removed while it runs")
 		}
 		id := d.j.HotCPUs[len(d.j.HotCPUs)-1].ID
 		d.mu.Unlock()

@@ -86,13 +86,13 @@ func diskDevice(d Disk, diskBus string, bootindex int) (map[string]any, error) {
 	case d.CD:
 		bus, unit, ok := ideSlot(d.Device)
 		if !ok {
-			return nil, xerr.New("INVALID_DEVICE", d.Device)
+			return nil, xerr.New(xerr.InvalidDevice, d.Device)
 		}
 		dev["driver"], dev["bus"], dev["unit"] = "ide-cd", bus, unit
 	case diskBus == "ide":
 		bus, unit, ok := ideSlot(d.Device)
 		if !ok {
-			return nil, xerr.New("INVALID_DEVICE", d.Device)
+			return nil, xerr.New(xerr.InvalidDevice, d.Device)
 		}
 		dev["driver"], dev["bus"], dev["unit"] = "ide-hd", bus, unit
 	default:

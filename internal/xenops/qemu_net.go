@@ -24,7 +24,7 @@ func bridgeExists(name string) bool {
 }
 
 func runIP(args ...string) error {
-	out, err := exec.Command("ip", args...).CombinedOutput()
+	out, err := exec.Command("ip", args...).CombinedOutput() //nolint:gosec // a fixed program with an argv, no shell
 	if err != nil {
 		return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
 	}
@@ -87,7 +87,7 @@ func (q *QEMU) setupNIC(d *qemuDomain, n *NIC) error {
 		if mtu <= 0 {
 			mtu = 1500
 		}
-		deleteTap(n.Tap) // a leftover of an earlier life of this domid
+		_ = deleteTap(n.Tap) // a leftover of an earlier life of this domid
 		err := runIP("tuntap", "add", "dev", n.Tap, "mode", "tap")
 		if err == nil {
 			err = runIP("link", "set", "dev", n.Tap, "master", n.Bridge)
@@ -96,7 +96,7 @@ func (q *QEMU) setupNIC(d *qemuDomain, n *NIC) error {
 			err = runIP("link", "set", "dev", n.Tap, "mtu", strconv.FormatInt(mtu, 10), "up")
 		}
 		if err != nil {
-			deleteTap(n.Tap)
+			_ = deleteTap(n.Tap)
 			q.forgetNIC(d, n.Device)
 			return fmt.Errorf("making tap %s on %s: %w", n.Tap, n.Bridge, err)
 		}

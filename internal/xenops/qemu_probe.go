@@ -85,7 +85,7 @@ func (q *QEMU) Accelerator() (accel, reason string) { return q.auto, q.autoReaso
 // that aborts while setting up the VCPU (nested KVM's "failed to set
 // MSR") never answers, and its stderr is the error.
 func probeAccel(ctx context.Context, binary, accel, cpu, machine string) error {
-	cmd := exec.CommandContext(ctx, binary,
+	cmd := exec.CommandContext(ctx, binary, //nolint:gosec // the configured QEMU binary; no shell
 		"-machine", machine+",accel="+accel, "-cpu", cpu, "-m", "32", "-smp", "1",
 		"-nodefaults", "-no-user-config", "-display", "none", "-S", "-qmp", "stdio")
 	var stderr bytes.Buffer
@@ -106,15 +106,15 @@ func probeAccel(ctx context.Context, binary, accel, cpu, machine string) error {
 	}
 	waited := false
 	defer func() {
-		in.Close()
+		_ = in.Close()
 		if !waited {
-			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			cmd.Wait()
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			_ = cmd.Wait()
 		}
 	}()
 	fail := func(err error) error {
-		in.Close()
-		cmd.Wait()
+		_ = in.Close()
+		_ = cmd.Wait()
 		waited = true
 		if msg := lastLines(stderr.String(), 3); msg != "" {
 			return errors.New(msg)
@@ -173,13 +173,13 @@ func probeAccel(ctx context.Context, binary, accel, cpu, machine string) error {
 		return fail(err)
 	}
 	var st struct{ Status string }
-	json.Unmarshal(r, &st)
+	_ = json.Unmarshal(r, &st) // an unreadable status is not "running": the check below fails
 	if st.Status != "running" {
 		return fail(fmt.Errorf("the VCPU stopped: status %q", st.Status))
 	}
-	exec1("quit")
-	in.Close()
-	cmd.Wait()
+	_, _ = exec1("quit")
+	_ = in.Close()
+	_ = cmd.Wait()
 	waited = true
 	return nil
 }

@@ -82,18 +82,18 @@ func DialQMP(ctx context.Context, path string, onEvent func(QMPEvent)) (*QMP, er
 	}
 	line, err := r.ReadBytes('\n')
 	if err != nil {
-		c.Close()
+		_ = c.Close()
 		return nil, fmt.Errorf("qmp greeting: %w", err)
 	}
 	var greet qmpReply
 	if json.Unmarshal(line, &greet) != nil || greet.QMP == nil {
-		c.Close()
+		_ = c.Close()
 		return nil, fmt.Errorf("qmp greeting: unexpected %q", truncate(string(line), 200))
 	}
 	q.conn.SetReadDeadline(time.Time{})
 	go q.readLoop(r)
 	if err := q.Execute(ctx, "qmp_capabilities", nil, nil); err != nil {
-		q.Close()
+		_ = q.Close()
 		return nil, err
 	}
 	return q, nil
@@ -140,7 +140,7 @@ func (q *QMP) readLoop(r *bufio.Reader) {
 	q.pending = nil
 	close(q.closed)
 	q.mu.Unlock()
-	q.conn.Close()
+	_ = q.conn.Close()
 }
 
 // Execute runs a command and decodes its return value into out (when out

@@ -56,6 +56,16 @@ func (w *workers) acquire(ctx context.Context) error {
 	}
 }
 
+// do runs fn holding a slot. The slot is released by a defer, so that a
+// panic in fn, recovered further up, still gives it back.
+func (w *workers) do(ctx context.Context, fn func() error) error {
+	if err := w.acquire(ctx); err != nil {
+		return err
+	}
+	defer w.release()
+	return fn()
+}
+
 func (w *workers) release() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -165,11 +175,7 @@ func (qs *queues) drain(vm string, vq *vmQueue) {
 		}
 		err := j.ctx.Err()
 		if err == nil {
-			err = qs.w.acquire(j.ctx)
-			if err == nil {
-				err = runJob(j)
-				qs.w.release()
-			}
+			err = qs.w.do(j.ctx, func() error { return runJob(j) })
 		}
 		j.done <- err
 	}

@@ -156,3 +156,22 @@ func TestQueueRecoversPanics(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestWorkersDoReleasesOnPanic: a panic inside do gives its slot back.
+func TestWorkersDoReleasesOnPanic(t *testing.T) {
+	w := newWorkers(2)
+	for range 5 {
+		func() {
+			defer func() { _ = recover() }()
+			_ = w.do(context.Background(), func() error { panic("boom") })
+		}()
+	}
+	if _, busy, _ := w.stats(); busy != 0 {
+		t.Fatalf("%d slots still busy after panics", busy)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := w.do(ctx, func() error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -169,7 +169,9 @@ func (s *Simulator) save(uuid string, b []byte) {
 	}
 	tmp := p + "." + strconv.FormatInt(time.Now().UnixNano(), 36)
 	if os.WriteFile(tmp, b, 0o600) == nil {
-		os.Rename(tmp, p)
+		if err := os.Rename(tmp, p); err != nil {
+			_ = os.Remove(tmp) // the simulator keeps its state in memory too
+		}
 	}
 }
 
@@ -199,7 +201,7 @@ func (s *Simulator) Create(ctx context.Context, spec *Spec) (int64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if d := s.doms[spec.UUID]; d != nil {
-		return 0, xerr.New("DOMAIN_EXISTS", spec.VMRef, fmt.Sprint(d.Info.Domid))
+		return 0, xerr.New(xerr.DomainExists, spec.VMRef, fmt.Sprint(d.Info.Domid))
 	}
 	domid := s.nextDomid
 	s.nextDomid++
@@ -255,7 +257,7 @@ func (s *Simulator) StartDeviceModel(ctx context.Context, uuid string) error {
 	return s.modify(ctx, "device-model", uuid, func(d *simDomain) error {
 		if p := d.Spec.RestoreFrom; p != "" {
 			if _, err := ReadImageMeta(p); err != nil {
-				return xerr.New("SUSPEND_IMAGE_NOT_ACCESSIBLE", p)
+				return xerr.New(xerr.SuspendImageNotAccessible, p)
 			}
 		}
 		d.Info.State = DomainPaused
@@ -282,7 +284,7 @@ func (s *Simulator) MarkComplete(uuid string) error {
 func simStopped(d *simDomain) error {
 	switch d.Info.State {
 	case DomainShutdown, DomainReboot, DomainCrashed, DomainGone:
-		return xerr.New("VM_BAD_POWER_STATE", d.Spec.VMRef, powerName(psRunning), powerName(psHalted))
+		return xerr.New(xerr.VMBadPowerState, d.Spec.VMRef, powerName(psRunning), powerName(psHalted))
 	}
 	return nil
 }
@@ -359,11 +361,11 @@ func (s *Simulator) Suspend(ctx context.Context, uuid, path string, progress fun
 	}
 	s.mu.Unlock()
 	meta.Spec.RestoreFrom = ""
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|os.O_TRUNC, 0o600)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|os.O_TRUNC, 0o600) //nolint:gosec // os.O_RDWR|os.O_TRUNC, 0o600)|a suspend image path in the suspend dir
 	if err != nil {
 		return err
 	}
-	defer f.Close()
+	defer func(c func() error) { _ = c() }(f.Close)
 	at, err := writeImageHeader(f, meta, recSim)
 	if err != nil {
 		return err
@@ -388,7 +390,7 @@ func (s *Simulator) Destroy(ctx context.Context, uuid string) error {
 	delete(s.doms, uuid)
 	if s.cfg.StateDir != "" {
 		if p, err := entryPath(s.cfg.StateDir, uuid, ".json"); err == nil {
-			os.Remove(p)
+			_ = os.Remove(p)
 		}
 	}
 	return nil
@@ -399,7 +401,7 @@ func (s *Simulator) PlugDisk(ctx context.Context, uuid string, disk Disk) error 
 	return s.modify(ctx, "plug", uuid, func(d *simDomain) error {
 		for _, x := range d.Info.Disks {
 			if x.Device == disk.Device {
-				return xerr.New("DEVICE_ALREADY_ATTACHED", disk.VBD)
+				return xerr.New(xerr.DeviceAlreadyAttached, disk.VBD)
 			}
 		}
 		d.Info.Disks = append(d.Info.Disks, disk)

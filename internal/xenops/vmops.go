@@ -127,12 +127,16 @@ func (m *Manager) boot(o *opCtx, lo, hi float64, paused bool, restore string) (e
 		_, err := m.db.Update(func(tx *db.Tx) error {
 			for vbd, dev := range p.userdevices {
 				if _, ok := tx.Get(dm.VBD.Class, vbd); ok {
-					tx.Set(dm.VBD.Userdevice, vbd, dev)
+					if err := tx.Set(dm.VBD.Userdevice, vbd, dev); err != nil {
+						return err
+					}
 				}
 			}
 			for vif, mac := range p.macs {
 				if _, ok := tx.Get(dm.VIF.Class, vif); ok {
-					tx.Set(dm.VIF.MAC, vif, mac)
+					if err := tx.Set(dm.VIF.MAC, vif, mac); err != nil {
+						return err
+					}
 				}
 			}
 			if restore != "" {
@@ -159,7 +163,7 @@ func (m *Manager) stop(o *opCtx, lo, hi float64, reason string, hard bool) error
 	if err := o.run("hook:"+hookPreShutdown, func(ctx context.Context) error {
 		return m.runHooks(ctx, hookPreShutdown, o.uuid, reason)
 	}); err != nil {
-		if !hard || xerr.HasCode(err, "TASK_CANCELLED") {
+		if !hard || xerr.HasCode(err, xerr.TaskCancelled) {
 			return err
 		}
 		m.log.Warn("pre-shutdown hook failed; going on with a hard operation", "vm", o.uuid, "err", err)
@@ -269,7 +273,7 @@ func (m *Manager) requestStop(o *opCtx, alwaysFallback bool) (bool, error) {
 	}
 	if waitErr == errTimeout {
 		if !fallback {
-			return false, xerr.New("VM_SHUTDOWN_TIMEOUT", o.vm, strconv.FormatFloat(timeout.Seconds(), 'f', -1, 64))
+			return false, xerr.New(xerr.VMShutdownTimeout, o.vm, strconv.FormatFloat(timeout.Seconds(), 'f', -1, 64))
 		}
 		m.log.Info("guest did not shut down in time; shutting it down hard", "vm", o.uuid, "timeout", timeout)
 		return false, nil
@@ -318,7 +322,7 @@ func (m *Manager) reboot(o *opCtx, lo float64, reason string, hard bool) error {
 	if err := o.run("hook:"+hookPreReboot, func(ctx context.Context) error {
 		return m.runHooks(ctx, hookPreReboot, o.uuid, reason)
 	}); err != nil {
-		if !hard || xerr.HasCode(err, "TASK_CANCELLED") {
+		if !hard || xerr.HasCode(err, xerr.TaskCancelled) {
 			return err
 		}
 		m.log.Warn("pre-reboot hook failed; going on with a hard reboot", "vm", o.uuid, "err", err)
@@ -410,7 +414,7 @@ func (m *Manager) newSuspendImage(o *opCtx, vm *db.Row, forUUID string) (*suspen
 		store, ok := m.disks.(SuspendStore)
 		if !ok {
 			if m.cfg.DataDir == "" {
-				return xerr.New("VM_NO_SUSPEND_SR", vm.Ref)
+				return xerr.New(xerr.VMNoSuspendSR, vm.Ref)
 			}
 			var err error
 			img.path, err = m.suspendPath(forUUID)
@@ -424,7 +428,7 @@ func (m *Manager) newSuspendImage(o *opCtx, vm *db.Row, forUUID string) (*suspen
 		img.vdi = vdi
 		path, _, err := m.disks.Attach(ctx, img.vm, vdi, false)
 		if err != nil {
-			store.DestroySuspendVDI(context.WithoutCancel(ctx), vdi)
+			_ = store.DestroySuspendVDI(context.WithoutCancel(ctx), vdi)
 			return err
 		}
 		img.path, img.attached = path, true
@@ -438,7 +442,7 @@ func (m *Manager) openSuspendImage(ctx context.Context, vm *db.Row) (*suspendIma
 	if vdi != "" && vdi != schema.NullRef {
 		path, _, err := m.disks.Attach(ctx, vm.UUID(), vdi, true)
 		if err != nil {
-			return nil, xerr.New("SUSPEND_IMAGE_NOT_ACCESSIBLE", vdi)
+			return nil, xerr.New(xerr.SuspendImageNotAccessible, vdi)
 		}
 		return &suspendImage{vm: vm.UUID(), vdi: vdi, path: path, attached: true}, nil
 	}
@@ -447,7 +451,7 @@ func (m *Manager) openSuspendImage(ctx context.Context, vm *db.Row) (*suspendIma
 		return nil, err
 	}
 	if _, err := os.Stat(path); err != nil {
-		return nil, xerr.New("VM_HAS_NO_SUSPEND_VDI", vm.Ref)
+		return nil, xerr.New(xerr.VMHasNoSuspendVDI, vm.Ref)
 	}
 	return &suspendImage{vdi: schema.NullRef, path: path}, nil
 }

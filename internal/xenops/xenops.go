@@ -363,12 +363,12 @@ func (m *Manager) availableMemory() int64 {
 func (m *Manager) reserve(need int64) error {
 	avail := m.availableMemory()
 	if need > avail {
-		return xerr.New("HOST_NOT_ENOUGH_FREE_MEMORY", strconv.FormatInt(need, 10), strconv.FormatInt(max(avail, 0), 10))
+		return xerr.New(xerr.HostNotEnoughFreeMemory, strconv.FormatInt(need, 10), strconv.FormatInt(max(avail, 0), 10))
 	}
 	m.reserved.Add(need)
 	if m.availableMemory() < 0 { // a concurrent start took it first
 		m.reserved.Add(-need)
-		return xerr.New("HOST_NOT_ENOUGH_FREE_MEMORY", strconv.FormatInt(need, 10), strconv.FormatInt(max(avail-need, 0), 10))
+		return xerr.New(xerr.HostNotEnoughFreeMemory, strconv.FormatInt(need, 10), strconv.FormatInt(max(avail-need, 0), 10))
 	}
 	return nil
 }
@@ -378,7 +378,7 @@ func memAvailable() int64 {
 	if err != nil {
 		return 0
 	}
-	defer f.Close()
+	defer func(c func() error) { _ = c() }(f.Close)
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
@@ -493,8 +493,12 @@ func (m *Manager) setHalted(tx *db.Tx, ref string) error {
 	}
 	if mr := row.String(dm.VM.Metrics); mr != "" {
 		if _, ok := tx.Get(dm.VMMetrics.Class, mr); ok {
-			tx.Set(dm.VMMetrics.State, mr, []string{})
-			tx.Set(dm.VMMetrics.LastUpdated, mr, time.Now().UTC())
+			if err := tx.Set(dm.VMMetrics.State, mr, []string{}); err != nil {
+				return err
+			}
+			if err := tx.Set(dm.VMMetrics.LastUpdated, mr, time.Now().UTC()); err != nil {
+				return err
+			}
 		}
 	}
 	return refreshVM(tx, ref)
@@ -563,7 +567,9 @@ func (m *Manager) setLive(tx *db.Tx, ref string, info DomainInfo, power string) 
 		}
 	}
 	if info.Memory > 0 {
-		tx.Set(dm.VM.MemoryTarget, ref, info.Memory)
+		if err := tx.Set(dm.VM.MemoryTarget, ref, info.Memory); err != nil {
+			return err
+		}
 	}
 	disks := map[string]Disk{}
 	for _, d := range info.Disks {
@@ -578,7 +584,9 @@ func (m *Manager) setLive(tx *db.Tx, ref string, info DomainInfo, power string) 
 			return err
 		}
 		if attached {
-			tx.Set(dm.VBD.Device, vbd, guestDeviceName(d, row))
+			if err := tx.Set(dm.VBD.Device, vbd, guestDeviceName(d, row)); err != nil {
+				return err
+			}
 		}
 	}
 	nics := map[string]bool{}
@@ -710,14 +718,18 @@ func (m *Manager) reconcile() {
 		}
 	}
 	if len(halt) > 0 {
-		m.db.Update(func(tx *db.Tx) error {
+		// reconcile goes on with the domains that run; the VMs keep their
+		// recorded state until the next start-up tries again.
+		if _, err := m.db.Update(func(tx *db.Tx) error {
 			for _, ref := range halt {
 				if err := m.setHalted(tx, ref); err != nil {
 					return err
 				}
 			}
 			return nil
-		})
+		}); err != nil {
+			m.log.Error("cannot mark VMs whose domain vanished Halted", "vms", len(halt), "err", err)
+		}
 	}
 	for uuid, info := range doms {
 		row, ok := snap.ByUUID(dm.VM.Class, uuid)
@@ -850,7 +862,7 @@ func (m *Manager) watchDB() {
 
 // --- helpers --------------------------------------------------------
 
-func cancelledErr(task string) error { return xerr.New(api.TaskCancelled, task) }
+func cancelledErr(task string) error { return xerr.New(xerr.TaskCancelled, task) }
 
 // isCancel reports whether err is a context cancellation.
 func isCancel(err error) bool {

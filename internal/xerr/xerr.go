@@ -56,42 +56,42 @@ func HasCode(err error, code string) bool {
 	return errors.As(err, &e) && e.Code == code
 }
 
-// Codes used by toolstackd, with the parameters errors.json gives them.
-// datamodel's tests check each against the published list.
+// The constants for the published error codes, the table of their
+// documented parameters (published) and Codes are generated from
+// internal/api/datamodel/errors.json into zz_codes.go.
+//go:generate go run ./gen -in ../api/datamodel/errors.json -out zz_codes.go
+
+// Codes toolstackd raises that are not in errors.json, each with why; the
+// table unpublished gives their parameters. (xapi's SR_BACKEND_FAILURE_<n>
+// family is built at run time from SR_BACKEND_FAILURE and takes its
+// parameters.)
 const (
-	DBUniquenessConstraintViolation = "DB_UNIQUENESS_CONSTRAINT_VIOLATION" // table, field, value
-	EventFromTokenParseFailure      = "EVENT_FROM_TOKEN_PARSE_FAILURE"     // token
-	EventsLost                      = "EVENTS_LOST"                        //
-	EventSubscriptionParseFailure   = "EVENT_SUBSCRIPTION_PARSE_FAILURE"   // subscription
-	FieldTypeError                  = "FIELD_TYPE_ERROR"                   // field
-	HandleInvalid                   = "HANDLE_INVALID"                     // class, handle
-	InternalError                   = "INTERNAL_ERROR"                     // message
-	InvalidValue                    = "INVALID_VALUE"                      // field, value
-	MapDuplicateKey                 = "MAP_DUPLICATE_KEY"                  // type, param_name, uuid, key
-	MessageMethodUnknown            = "MESSAGE_METHOD_UNKNOWN"             // method
-	MessageParameterCountMismatch   = "MESSAGE_PARAMETER_COUNT_MISMATCH"   // method, expected, received
-	NotImplemented                  = "NOT_IMPLEMENTED"                    // function
-	PermissionDenied                = "PERMISSION_DENIED"                  // message
-	RBACPermissionDenied            = "RBAC_PERMISSION_DENIED"             // permission, message
-	SessionAuthenticationFailed     = "SESSION_AUTHENTICATION_FAILED"      //
-	SessionInvalid                  = "SESSION_INVALID"                    // handle
-	SessionNotRegistered            = "SESSION_NOT_REGISTERED"             // handle
-	TooManyPendingTasks             = "TOO_MANY_PENDING_TASKS"             //
-	UUIDInvalid                     = "UUID_INVALID"                       // type, uuid
+	// MissingParameter is what xapi's CLI server answers for a param-name
+	// the class does not have: its own error, outside the API's list.
+	MissingParameter = "Missing parameter" // name
 )
 
-// Codes of account and role management.
-const (
-	ChangePasswordRejected  = "CHANGE_PASSWORD_REJECTED"    // msg
-	RoleAlreadyExists       = "ROLE_ALREADY_EXISTS"         //
-	RoleNotFound            = "ROLE_NOT_FOUND"              //
-	SubjectAlreadyExists    = "SUBJECT_ALREADY_EXISTS"      //
-	UserIsNotLocalSuperuser = "USER_IS_NOT_LOCAL_SUPERUSER" // msg
-)
+var unpublished = map[string][]string{
+	MissingParameter: {"name"},
+}
 
-// Codes lists the constants above, for the test that checks them.
-var Codes = []string{DBUniquenessConstraintViolation, EventFromTokenParseFailure, EventsLost,
-	EventSubscriptionParseFailure, FieldTypeError, HandleInvalid, InternalError, InvalidValue, MapDuplicateKey,
-	MessageMethodUnknown, MessageParameterCountMismatch, NotImplemented, PermissionDenied, RBACPermissionDenied,
-	SessionAuthenticationFailed, SessionInvalid, SessionNotRegistered, TooManyPendingTasks, UUIDInvalid,
-	ChangePasswordRejected, RoleAlreadyExists, RoleNotFound, SubjectAlreadyExists, UserIsNotLocalSuperuser}
+// Published reports whether code is in the published list (or is one of
+// the unpublished codes above).
+func Published(code string) bool {
+	if _, ok := published[code]; ok {
+		return true
+	}
+	_, ok := unpublished[code]
+	return ok
+}
+
+// ParamNames returns the names of code's parameters, in order, and
+// whether they are known: false for a code that is not published and for
+// one whose parameters errors.json leaves undocumented.
+func ParamNames(code string) (names []string, ok bool) {
+	if p, ok := published[code]; ok {
+		return p, p != nil
+	}
+	p, ok := unpublished[code]
+	return p, ok
+}

@@ -313,18 +313,6 @@ func isZero(b []byte) bool {
 	return true
 }
 
-// vdiFile is where a file-SR VDI lives.
-func (h *harness) vdiFile(sr, vdi string) string {
-	var pbds []string
-	json.Unmarshal(h.ok("SR.get_PBDs", sr), &pbds)
-	dc := h.record("PBD", pbds[0])["device_config"].(map[string]any)
-	loc := dc["location"].(string)
-	if loc == "" {
-		loc = dc["path"].(string)
-	}
-	return filepath.Join(loc, h.field("VDI", vdi, "location").(string)+".qcow2")
-}
-
 func listDir(t *testing.T, dir string) []string {
 	t.Helper()
 	ents, err := os.ReadDir(dir)

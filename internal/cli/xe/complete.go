@@ -167,8 +167,6 @@ func (cl *Client) Complete(words []string, toComplete string) ([]string, bool) {
 			}
 		}
 	}
-	for _, f := range []string{"--minimal", "--force", "--multiple"} {
-		names = append(names, f)
-	}
+	names = append(names, "--minimal", "--force", "--multiple")
 	return prefixed(names, toComplete), true
 }

@@ -99,7 +99,7 @@ func (o *Options) processArgs(args []string) ([]string, error) {
 			continue
 		}
 		if k, ok := flagSwitches[a]; ok {
-			o.setKeyword(k, "true")
+			_, _ = o.setKeyword(k, "true") // a switch sets a boolean keyword: "true" cannot be refused
 			continue
 		}
 		if k, v, ok := strings.Cut(a, "="); ok {
@@ -144,14 +144,14 @@ func splitExtraArgs(s string) []string {
 // readRC reads ~/.xe: one key=value per line; blank lines and lines
 // starting with # are skipped.
 func readRC(path string) ([][2]string, error) {
-	f, err := os.Open(path)
+	f, err := os.Open(path) //nolint:gosec // the xe user's own ~/.xe
 	if err != nil {
 		if os.IsNotExist(err) {
 			return nil, nil
 		}
 		return nil, err
 	}
-	defer f.Close()
+	defer func(c func() error) { _ = c() }(f.Close)
 	var out [][2]string
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {

@@ -36,7 +36,7 @@ func (stdinTerminal) Raw() (func(), error) {
 	if err := unix.IoctlSetTermios(fd, unix.TCSETS, &raw); err != nil {
 		return nil, err
 	}
-	return func() { unix.IoctlSetTermios(fd, unix.TCSETS, old) }, nil
+	return func() { _ = unix.IoctlSetTermios(fd, unix.TCSETS, old) }, nil // restoring on the way out: nothing better to do
 }
 
 // isTerminal reports whether a file is a terminal.

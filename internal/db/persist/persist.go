@@ -167,9 +167,9 @@ func Open(path string, m *schema.Model, opts Options) (s *Store, err error) {
 	if err != nil {
 		msg := "cannot open"
 		switch {
-		case errors.Is(err, bolt.ErrTimeout):
+		case errors.Is(err, berrors.ErrTimeout):
 			msg = "another toolstackd holds it"
-		case errors.Is(err, bolt.ErrInvalid), errors.Is(err, bolt.ErrChecksum), errors.Is(err, bolt.ErrVersionMismatch):
+		case errors.Is(err, berrors.ErrInvalid), errors.Is(err, berrors.ErrChecksum), errors.Is(err, berrors.ErrVersionMismatch):
 			msg = "the file is corrupt or truncated (move it aside and restore from a dump or the redo log)"
 		case errors.Is(err, os.ErrPermission):
 			msg = "no permission to write it (check the data dir's owner and mode)"
@@ -185,7 +185,7 @@ func Open(path string, m *schema.Model, opts Options) (s *Store, err error) {
 		done: make(chan struct{})}
 	s.cond = sync.NewCond(&s.mu)
 	if err := s.checkSchema(path, opts.Upgrades); err != nil {
-		b.Close()
+		_ = b.Close() // the schema error is the one to report
 		return nil, err
 	}
 	return s, nil
@@ -200,9 +200,11 @@ func (s *Store) checkSchema(path string, upgrades []Upgrade) error {
 			return &Error{path, "cannot write", err}
 		}
 		if meta.Get(keyFormat) == nil { // a new file
-			meta.Put(keyFormat, itoa(FormatVersion))
-			meta.Put(keyMajor, itoa(s.model.SchemaMajor))
-			meta.Put(keyMinor, itoa(s.model.SchemaMinor))
+			for k, v := range map[string]int{string(keyFormat): FormatVersion, string(keyMajor): s.model.SchemaMajor, string(keyMinor): s.model.SchemaMinor} {
+				if err := meta.Put([]byte(k), itoa(v)); err != nil {
+					return &Error{path, "cannot write", err}
+				}
+			}
 			return nil
 		}
 		format, _ := strconv.Atoi(string(meta.Get(keyFormat)))
@@ -223,8 +225,12 @@ func (s *Store) checkSchema(path string, upgrades []Upgrade) error {
 				}
 			}
 		}
-		meta.Put(keyMajor, itoa(s.model.SchemaMajor))
-		meta.Put(keyMinor, itoa(s.model.SchemaMinor))
+		if err := meta.Put(keyMajor, itoa(s.model.SchemaMajor)); err != nil {
+			return &Error{path, "cannot write", err}
+		}
+		if err := meta.Put(keyMinor, itoa(s.model.SchemaMinor)); err != nil {
+			return &Error{path, "cannot write", err}
+		}
 		return nil
 	})
 }
@@ -236,14 +242,18 @@ func newer(aMajor, aMinor, bMajor, bMinor int) bool {
 // Empty reports whether the file holds no rows yet (a first boot).
 func (s *Store) Empty() bool {
 	empty := true
-	s.bolt.View(func(tx *bolt.Tx) error {
+	if err := s.bolt.View(func(tx *bolt.Tx) error {
 		return tx.ForEach(func(name []byte, b *bolt.Bucket) error {
 			if string(name) != string(metaBucket) && b.Stats().KeyN > 0 {
 				empty = false
 			}
 			return nil
 		})
-	})
+	}); err != nil {
+		// Not a first boot over a file that cannot be read: Load reports
+		// the error.
+		return false
+	}
 	return empty
 }
 
@@ -567,7 +577,7 @@ func (s *Store) reopen() error {
 		return nil
 	}
 	if s.bolt != nil {
-		s.bolt.Close()
+		_ = s.bolt.Close() // already suspect: reopening is the check that counts
 		s.bolt = nil
 	}
 	b, err := s.openBolt()
@@ -576,7 +586,9 @@ func (s *Store) reopen() error {
 	}
 	s.bolt = b
 	var gen uint64
-	b.View(func(tx *bolt.Tx) error { gen = fileGeneration(tx); return nil })
+	if err := b.View(func(tx *bolt.Tx) error { gen = fileGeneration(tx); return nil }); err != nil {
+		return s.describe(err)
+	}
 	if gen != s.fileGen {
 		if s.d == nil {
 			return &Error{s.path, "the file changed under a failed write", fmt.Errorf("generation %d, want %d", gen, s.fileGen)}

@@ -188,7 +188,7 @@ func OpenDevice(path string, opts DeviceOptions) (*FileDevice, error) {
 	}
 	d, err := newDevice(st, half, opts.ReadOnly)
 	if err != nil {
-		st.Close()
+		_ = st.Close()
 		return nil, fmt.Errorf("redolog: %s: %w", path, err)
 	}
 	return d, nil
@@ -199,13 +199,13 @@ func openFileStorage(path string, half int64, readOnly bool) (*fileStorage, erro
 	if !readOnly {
 		flag = os.O_RDWR | os.O_CREATE | syscall.O_DSYNC
 	}
-	f, err := os.OpenFile(path, flag, 0o600)
+	f, err := os.OpenFile(path, flag, 0o600) //nolint:gosec // the redo log the operator configured
 	if err != nil {
 		return nil, err
 	}
 	fi, err := f.Stat()
 	if err != nil {
-		f.Close()
+		_ = f.Close()
 		return nil, err
 	}
 	st := &fileStorage{f: f, fixedSize: -1}
@@ -214,16 +214,16 @@ func openFileStorage(path string, half int64, readOnly bool) (*fileStorage, erro
 	case m&os.ModeDevice != 0 && m&os.ModeCharDevice == 0:
 		size, err := f.Seek(0, io.SeekEnd)
 		if err != nil {
-			f.Close()
+			_ = f.Close()
 			return nil, err
 		}
 		if size < HeaderSize+2*half {
-			f.Close()
+			_ = f.Close()
 			return nil, fmt.Errorf("redolog: block device %s has %d bytes, needs %d", path, size, HeaderSize+2*half)
 		}
 		st.fixedSize = size
 	default:
-		f.Close()
+		_ = f.Close()
 		return nil, fmt.Errorf("redolog: %s is neither a regular file nor a block device", path)
 	}
 	return st, nil

@@ -471,12 +471,11 @@ func TestDeviceNoSpace(t *testing.T) {
 			if want := (half - dbOverhead - 200) / (deltaOverhead + 120); n != want {
 				t.Fatalf("%d deltas fit, want %d", n, want)
 			}
-			before := readState(t, d)
 			// A smaller delta may still fit: NoSpace changed nothing.
 			if err := d.WriteDelta(gen, m, []byte("s")); err != nil {
 				t.Fatalf("small delta after NoSpace: %v", err)
 			}
-			before = readState(t, d)
+			before := readState(t, d)
 			// A database bigger than a half does not fit either; the old
 			// state stays.
 			gen++

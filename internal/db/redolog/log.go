@@ -537,10 +537,10 @@ func (l *Log) call(timeout time.Duration, op func() (Device, error)) (Device, er
 	go func() {
 		r := <-ch
 		if r.dev != nil {
-			r.dev.Close()
+			_ = r.dev.Close()
 		}
 		if old != nil {
-			old.Close()
+			_ = old.Close()
 		}
 		close(stuck)
 	}()
@@ -556,7 +556,7 @@ func (l *Log) fail(err error) {
 	if l.dev != nil {
 		// Reconnect on the next attempt. Closing might block like any
 		// other call on a sick device, so it is not waited for.
-		go l.dev.Close()
+		go func(c func() error) { _ = c() }(l.dev.Close)
 		l.dev = nil
 	}
 	was := l.degraded

@@ -99,7 +99,7 @@ func Recover(path string, opts RecoverOptions) (*Recovered, error) {
 			ch <- result{nil, err}
 			return
 		}
-		defer dev.Close()
+		defer func(c func() error) { _ = c() }(dev.Close)
 		r, err := ReadState(dev)
 		ch <- result{r, err}
 	}()

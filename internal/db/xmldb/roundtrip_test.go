@@ -25,11 +25,10 @@ var awkward = []string{
 }
 
 type fixtureRefs struct {
-	pool, sr           string
-	hosts, vms, vdis   []string
-	vbds, metrics      []string
-	session            string
-	templateWithQuotes string
+	pool, sr         string
+	hosts, vms, vdis []string
+	vbds, metrics    []string
+	session          string
 }
 
 // buildDB makes a small pool: two hosts, an SR with VDIs, VMs resident on
