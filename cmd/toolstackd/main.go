@@ -20,17 +20,10 @@ import (
 
 	"github.com/coreos/go-systemd/v22/activation"
 	"github.com/coreos/go-systemd/v22/daemon"
-	"github.com/gorilla/mux"
 	"github.com/spf13/cobra"
 
 	"toolstackd/internal/api"
-	dm "toolstackd/internal/api/datamodel"
-	"toolstackd/internal/cli"
-	"toolstackd/internal/db"
-	"toolstackd/internal/db/persist"
 	"toolstackd/internal/netguard"
-	"toolstackd/internal/storage" // issue 6
-	"toolstackd/internal/xenops"  // issue 7
 )
 
 type options struct {
@@ -116,8 +109,33 @@ func run(ctx context.Context, o options) error {
 	if err := os.MkdirAll(o.dataDir, 0o700); err != nil {
 		return fmt.Errorf("data dir: %w", err)
 	}
-	// Connections are bounded by the file limit: raise it to the hard
-	// limit, and keep a reserve of it for files and QEMU's sockets.
+	guard := connectionGuard(o, log)
+	h, err := openHost(o, log)
+	if err != nil {
+		return err
+	}
+	ls, err := listen(o, guard, h.router, log)
+	if err != nil {
+		_ = h.close() // the listen error is the one to report
+		return err
+	}
+	_, _ = daemon.SdNotify(false, daemon.SdNotifyReady) // no systemd, or it went: nothing to tell
+
+	sig, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	<-sig.Done()
+	log.Info("stopping")
+	_, _ = daemon.SdNotify(false, daemon.SdNotifyStopping)
+	h.stopCalls() // ends long polls, so that shutdown does not wait for them
+	ls.shutdown(10 * time.Second)
+	_ = os.Remove(o.socket)
+	return h.close()
+}
+
+// connectionGuard bounds connections by the file limit: it raises the
+// limit to the hard limit and keeps a reserve of it for files and QEMU's
+// sockets.
+func connectionGuard(o options, log *slog.Logger) *netguard.Guard {
 	nofile, err := netguard.RaiseFileLimit()
 	if err != nil {
 		log.Warn("cannot raise the open file limit", "limit", nofile, "err", err)
@@ -129,177 +147,106 @@ func run(ctx context.Context, o options) error {
 		o.conns.MaxConns = auto
 	}
 	o.conns.Log = log
-	guard := netguard.New(o.conns)
-	cfg := api.DefaultConfig()
-	store, err := persist.Open(filepath.Join(o.dataDir, "toolstackd.db"), dm.Model, persist.Options{Log: log})
-	if err != nil {
-		return err
-	}
-	first := store.Empty()
-	d := db.New(dm.Model, db.Options{Persister: store})
-	if err := store.Load(d); err != nil {
-		return err
-	}
-	facts := api.ProbeHost()
-	var hostRef string
-	if first {
-		pw, err := rootPassword(o.dataDir, log)
-		if err != nil {
-			return err
-		}
-		hash, err := api.HashPassword(pw, cfg.PasswordIterations)
-		if err != nil {
-			return err
-		}
-		if hostRef, err = api.FirstBoot(d, facts, api.BootOptions{RootPasswordHash: hash}); err != nil {
-			return fmt.Errorf("first boot: %w", err)
-		}
-		host, _ := d.Snapshot().Get(dm.Host.Class, hostRef)
-		if err := writeInventory(o.dataDir, host.UUID()); err != nil {
-			return err
-		}
-		log.Info("initialised a new pool", "host", host.UUID())
-	} else {
-		id, err := readInventory(o.dataDir)
-		if err != nil {
-			return err
-		}
-		host, ok := d.Snapshot().ByUUID(dm.Host.Class, id)
-		if !ok {
-			return fmt.Errorf("this host (%s in %s) is not in the database", id, filepath.Join(o.dataDir, "inventory"))
-		}
-		hostRef = host.Ref
-		if err := api.StartupReset(d, hostRef, facts); err != nil {
-			return err
-		}
-		log.Info("loaded database", "generation", d.Generation(), "host", id)
-	}
-	cfg.HostRef = hostRef
-	if o.redoLog != "" {
-		rl, err := persist.AttachRedoLog(store, d, o.redoLog, log)
-		if err != nil {
-			return fmt.Errorf("redo log: %w", err)
-		}
-		defer func(c func() error) { _ = c() }(rl.Close)
-		log.Info("mirroring the database into a redo log", "path", o.redoLog)
-	}
-	srv := api.New(d, cfg, log)
-	srv.OnRestore = func(host *db.Row) {
-		if err := writeInventory(o.dataDir, host.UUID()); err != nil {
-			log.Error("inventory after restore", "err", err)
-		}
-		log.Info("database restored; this host is now", "host", host.UUID())
-	}
-	srv.Start()
+	return netguard.New(o.conns)
+}
 
-	router := mux.NewRouter()
-	srv.Routes(router)
-	// Storage (issue 6): SR drivers, the SR/PBD/VDI/SM calls, /import_raw_vdi and /export_raw_vdi.
-	var protected []string
-	if o.redoLog != "" {
-		// A file SR must not be made where the redo log lives.
-		protected = append(protected, filepath.Dir(o.redoLog))
+// listeners are the HTTP servers a daemon runs, one per listening socket.
+type listeners struct {
+	log     *slog.Logger
+	guard   *netguard.Guard
+	servers []*http.Server
+	wg      sync.WaitGroup
+}
+
+// serve runs an HTTP server for h on l, through the connection guard;
+// with TLS files it serves HTTPS.
+func (ls *listeners) serve(l net.Listener, h http.Handler, tlsFiles ...string) {
+	hs := ls.guard.Server(h)
+	hs.ErrorLog = slog.NewLogLogger(ls.log.Handler(), slog.LevelDebug)
+	l = ls.guard.Listener(l, l.Addr().Network() == "unix")
+	ls.servers = append(ls.servers, hs)
+	ls.wg.Add(1)
+	go func() {
+		defer ls.wg.Done()
+		var err error
+		if len(tlsFiles) == 2 {
+			err = hs.ServeTLS(l, tlsFiles[0], tlsFiles[1])
+		} else {
+			err = hs.Serve(l)
+		}
+		if err != nil && !errors.Is(err, http.ErrServerClosed) {
+			ls.log.Error("serving", "addr", l.Addr(), "err", err)
+		}
+	}()
+}
+
+// shutdown stops every server, waiting up to grace for calls in progress.
+func (ls *listeners) shutdown(grace time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	for _, hs := range ls.servers {
+		_ = hs.Shutdown(ctx) // past the deadline, the process exits anyway
 	}
-	stor, err := storage.Register(srv, router, storage.Config{DataDir: o.dataDir, HostRef: hostRef, FirstBoot: first, Log: log,
-		ProtectedDirs: protected})
-	if err != nil {
-		return err
-	}
-	// xenops (issue 7): VM lifecycle, hotplug and /console, with disks from
-	// the storage layer's datapaths.
-	disks := &storageDisks{s: stor}
-	xm, err := xenops.Register(srv, router, xenops.Config{Backend: o.backend, DataDir: o.dataDir, HostRef: hostRef, Log: log,
-		ListenAddr: o.listen, Disks: disks})
-	if err != nil {
-		return fmt.Errorf("xenops: %w", err)
-	}
-	disks.vm.Store(xm)
-	// xe CLI (issue 5): POST /cli, the thin-CLI protocol.
-	cli.New(srv, cli.Options{Log: log}).Routes(router)
-	var servers []*http.Server
-	var wg sync.WaitGroup
-	serve := func(l net.Listener, h http.Handler, tlsFiles ...string) {
-		hs := guard.Server(h)
-		hs.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelDebug)
-		l = guard.Listener(l, l.Addr().Network() == "unix")
-		servers = append(servers, hs)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var err error
-			if len(tlsFiles) == 2 {
-				err = hs.ServeTLS(l, tlsFiles[0], tlsFiles[1])
-			} else {
-				err = hs.Serve(l)
-			}
-			if err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("serving", "addr", l.Addr(), "err", err)
-			}
-		}()
-	}
+	ls.wg.Wait()
+}
+
+// listen opens every socket the options ask for (or takes those systemd
+// hands over), the HTTPS one and the local superuser socket, and serves
+// the router on them.
+func listen(o options, guard *netguard.Guard, router http.Handler, log *slog.Logger) (ls *listeners, err error) {
+	ls = &listeners{log: log, guard: guard}
+	defer func() {
+		if err != nil {
+			ls.shutdown(time.Second)
+		}
+	}()
 	// Sockets handed over by systemd come first; otherwise listen.
-	if ls, err := activation.Listeners(); err == nil && len(ls) > 0 {
-		for _, l := range ls {
-			serve(l, router)
+	if sockets, err := activation.Listeners(); err == nil && len(sockets) > 0 {
+		for _, l := range sockets {
+			ls.serve(l, router)
 			log.Info("serving on socket from systemd", "addr", l.Addr())
 		}
 	} else {
 		l, err := net.Listen("tcp", o.listen)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		serve(l, router)
+		ls.serve(l, router)
 		log.Info("serving XenAPI", "url", "http://"+l.Addr().String())
 	}
 	if o.listenHTTPS != "" {
 		cert, key, err := ensureCertificate(o.dataDir)
 		if err != nil {
-			return fmt.Errorf("certificate: %w", err)
+			return nil, fmt.Errorf("certificate: %w", err)
 		}
 		l, err := net.Listen("tcp", o.listenHTTPS)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		serve(l, router, cert, key)
+		ls.serve(l, router, cert, key)
 		log.Info("serving XenAPI", "url", "https://"+l.Addr().String())
 	}
 	_ = os.Remove(o.socket)
 	ul, err := net.Listen("unix", o.socket)
 	if err != nil {
-		return fmt.Errorf("local socket: %w", err)
+		return nil, fmt.Errorf("local socket: %w", err)
 	}
 	// The socket grants superuser rights: never serve it open to all.
 	if err := os.Chmod(o.socket, 0o600); err != nil {
 		_ = ul.Close()
-		return fmt.Errorf("local socket: %w", err)
+		return nil, fmt.Errorf("local socket: %w", err)
 	}
-	serve(ul, api.LocalHandler(router))
+	ls.serve(ul, api.LocalHandler(router))
 	log.Info("serving local superuser socket", "path", o.socket)
 	if o.debugListen != "" {
 		l, err := net.Listen("tcp", o.debugListen)
 		if err != nil {
-			return fmt.Errorf("--debug-listen: %w", err)
+			return nil, fmt.Errorf("--debug-listen: %w", err)
 		}
-		serve(l, profiler())
+		ls.serve(l, profiler())
 		log.Info("serving the profiler", "url", "http://"+l.Addr().String()+"/debug/pprof/")
 	}
-	_, _ = daemon.SdNotify(false, daemon.SdNotifyReady) // no systemd, or it went: nothing to tell
-
-	sig, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	<-sig.Done()
-	log.Info("stopping")
-	_, _ = daemon.SdNotify(false, daemon.SdNotifyStopping)
-	srv.Close() // ends long polls, so that shutdown does not wait for them
-	xm.Close()  // xenops (issue 7): stops watching; VMs keep running
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for _, hs := range servers {
-		_ = hs.Shutdown(sctx) // past the deadline, the process exits anyway
-	}
-	wg.Wait()
-	_ = os.Remove(o.socket)
-	return store.Close()
+	return ls, nil
 }
 
 // The inventory file names this host, as xapi's INSTALLATION_UUID does.

@@ -1,0 +1,200 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"sync"
+
+	"github.com/gorilla/mux"
+
+	"toolstackd/internal/api"
+	dm "toolstackd/internal/api/datamodel"
+	"toolstackd/internal/cli"
+	"toolstackd/internal/db"
+	"toolstackd/internal/db/persist"
+	"toolstackd/internal/storage"
+	"toolstackd/internal/xenops"
+)
+
+// host is this toolstackd as a XenAPI host, without its listeners: the
+// database and its file, the API server, the modules registered on it and
+// the router that serves them all. Building one does not listen; serving
+// it is listen's job, so that the host can be replaced in place (a pool
+// join) while the same listeners keep serving.
+type host struct {
+	log    *slog.Logger
+	store  *persist.Store
+	db     *db.DB
+	srv    *api.Server
+	xm     *xenops.Manager
+	router *mux.Router
+	// closers run when the host closes, last added first.
+	closers  []func() error
+	stopOnce sync.Once
+}
+
+// openHost opens (or, on first boot, initialises) the database in the data
+// dir and brings the API server and every module up on a new router.
+func openHost(o options, log *slog.Logger) (h *host, err error) {
+	h = &host{log: log}
+	defer func() {
+		if err != nil {
+			_ = h.close() // the error that stopped the start is the one to report
+		}
+	}()
+	cfg := api.DefaultConfig()
+	first, err := h.openDatabase(o, &cfg)
+	if err != nil {
+		return nil, err
+	}
+	h.srv = api.New(h.db, cfg, log)
+	h.srv.OnRestore = func(host *db.Row) {
+		if err := writeInventory(o.dataDir, host.UUID()); err != nil {
+			log.Error("inventory after restore", "err", err)
+		}
+		log.Info("database restored; this host is now", "host", host.UUID())
+	}
+	h.srv.Start()
+	if err := h.registerModules(o, cfg.HostRef, first); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// openDatabase loads the database file, or makes a new single-host pool
+// on first boot, attaches the redo log if one is asked for, and sets
+// cfg.HostRef. It reports whether this was the first boot.
+func (h *host) openDatabase(o options, cfg *api.Config) (first bool, err error) {
+	log := h.log
+	h.store, err = persist.Open(filepath.Join(o.dataDir, "toolstackd.db"), dm.Model, persist.Options{Log: log})
+	if err != nil {
+		return false, err
+	}
+	h.closers = append(h.closers, h.store.Close)
+	first = h.store.Empty()
+	h.db = db.New(dm.Model, db.Options{Persister: h.store})
+	if err := h.store.Load(h.db); err != nil {
+		return false, err
+	}
+	if first {
+		cfg.HostRef, err = firstBoot(h.db, o.dataDir, cfg.PasswordIterations, log)
+	} else {
+		cfg.HostRef, err = loadHost(h.db, o.dataDir, log)
+	}
+	if err != nil {
+		return false, err
+	}
+	if o.redoLog != "" {
+		rl, err := persist.AttachRedoLog(h.store, h.db, o.redoLog, log)
+		if err != nil {
+			return false, fmt.Errorf("redo log: %w", err)
+		}
+		h.closers = append(h.closers, rl.Close)
+		log.Info("mirroring the database into a redo log", "path", o.redoLog)
+	}
+	return first, nil
+}
+
+// firstBoot makes a new single-host pool with the root account and
+// writes the inventory that names this host.
+func firstBoot(d *db.DB, dataDir string, iterations int, log *slog.Logger) (string, error) {
+	pw, err := rootPassword(dataDir, log)
+	if err != nil {
+		return "", err
+	}
+	hash, err := api.HashPassword(pw, iterations)
+	if err != nil {
+		return "", err
+	}
+	ref, err := api.FirstBoot(d, api.ProbeHost(), api.BootOptions{RootPasswordHash: hash})
+	if err != nil {
+		return "", fmt.Errorf("first boot: %w", err)
+	}
+	host, _ := d.Snapshot().Get(dm.Host.Class, ref)
+	if err := writeInventory(dataDir, host.UUID()); err != nil {
+		return "", err
+	}
+	log.Info("initialised a new pool", "host", host.UUID())
+	return ref, nil
+}
+
+// loadHost finds this host's row (named by the inventory) in a loaded
+// database and resets what a restart makes stale.
+func loadHost(d *db.DB, dataDir string, log *slog.Logger) (string, error) {
+	id, err := readInventory(dataDir)
+	if err != nil {
+		return "", err
+	}
+	host, ok := d.Snapshot().ByUUID(dm.Host.Class, id)
+	if !ok {
+		return "", fmt.Errorf("this host (%s in %s) is not in the database", id, filepath.Join(dataDir, "inventory"))
+	}
+	if err := api.StartupReset(d, host.Ref, api.ProbeHost()); err != nil {
+		return "", err
+	}
+	log.Info("loaded database", "generation", d.Generation(), "host", id)
+	return host.Ref, nil
+}
+
+// registerModules puts the RPC endpoints, storage, xenops and the xe CLI
+// server on a new router.
+func (h *host) registerModules(o options, hostRef string, first bool) error {
+	h.router = mux.NewRouter()
+	h.srv.Routes(h.router)
+	// Storage: SR drivers, the SR/PBD/VDI/SM calls, /import_raw_vdi and
+	// /export_raw_vdi.
+	var protected []string
+	if o.redoLog != "" {
+		// A file SR must not be made where the redo log lives.
+		protected = append(protected, filepath.Dir(o.redoLog))
+	}
+	stor, err := storage.Register(h.srv, h.router, storage.Config{DataDir: o.dataDir, HostRef: hostRef, FirstBoot: first, Log: h.log,
+		ProtectedDirs: protected})
+	if err != nil {
+		return err
+	}
+	// The storage service is not closed at exit: detaching its SRs would
+	// pull the disks from under running VMs.
+	// xenops: VM lifecycle, hotplug and /console, with disks from the
+	// storage layer's datapaths.
+	disks := &storageDisks{s: stor}
+	h.xm, err = xenops.Register(h.srv, h.router, xenops.Config{Backend: o.backend, DataDir: o.dataDir, HostRef: hostRef, Log: h.log,
+		ListenAddr: o.listen, Disks: disks})
+	if err != nil {
+		return fmt.Errorf("xenops: %w", err)
+	}
+	disks.vm.Store(h.xm)
+	// The xe CLI: POST /cli, the thin-CLI protocol.
+	cli.New(h.srv, cli.Options{Log: h.log}).Routes(h.router)
+	return nil
+}
+
+// stopCalls ends long polls (event.from, event.next) and stops xenops'
+// watching (the VMs keep running), so that the listeners can shut down
+// without waiting for them. It may be called more than once.
+func (h *host) stopCalls() {
+	h.stopOnce.Do(func() {
+		if h.srv != nil {
+			h.srv.Close()
+		}
+		if h.xm != nil {
+			h.xm.Close()
+		}
+	})
+}
+
+// close stops the calls and releases everything the host opened, last
+// opened first, and returns the first error (the database file's,
+// normally).
+func (h *host) close() error {
+	h.stopCalls()
+	var first error
+	for i := len(h.closers) - 1; i >= 0; i-- {
+		if err := h.closers[i](); err != nil && first == nil {
+			first = err
+		}
+	}
+	h.closers = nil
+	return first
+}
