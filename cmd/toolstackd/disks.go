@@ -22,15 +22,15 @@ type storageDisks struct {
 // datapath names one VM's use of one VDI.
 func datapath(vm, vdi string) string { return "vbd/" + vm + "/" + vdi }
 
-func (d *storageDisks) Attach(ctx context.Context, vm, vdi string, readonly bool) (string, string, error) {
+func (d *storageDisks) Attach(ctx context.Context, vm, vdi string, readonly bool) (xenops.DiskSource, error) {
 	dp := datapath(vm, vdi)
 	p, err := d.s.Attach(ctx, dp, vdi, readonly)
 	if err != nil {
-		return "", "", err
+		return xenops.DiskSource{}, err
 	}
 	if err := d.s.Activate(ctx, dp, vdi); err != nil {
 		_ = d.s.Detach(ctx, dp, vdi)
-		return "", "", err
+		return xenops.DiskSource{}, err
 	}
 	if m := d.vm.Load(); !readonly && m != nil {
 		d.s.SetLiveSnapshotHook(dp, func(ctx context.Context, next storage.Datapath) error {
@@ -38,9 +38,9 @@ func (d *storageDisks) Attach(ctx context.Context, vm, vdi string, readonly bool
 		})
 	}
 	if p.Kind == "nbd" {
-		return p.URI, "raw", nil
+		return xenops.DiskSource{Kind: xenops.DiskNBD, NBDURI: p.URI, Format: "raw"}, nil
 	}
-	return p.Path, p.Format, nil
+	return xenops.DiskSource{Kind: xenops.DiskFile, Path: p.Path, Format: p.Format}, nil
 }
 
 func (d *storageDisks) Detach(ctx context.Context, vm, vdi string) error {

@@ -3,6 +3,7 @@ package xenops
 import (
 	"context"
 	"encoding/xml"
+	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -614,4 +615,22 @@ func (m *Manager) vmDestroy(c *api.Call) (any, error) {
 		}
 		return err
 	}))
+}
+
+// copyFile copies a file (a suspend image into a clone) with mode 0600.
+func copyFile(from, to string) error {
+	in, err := os.Open(from) //nolint:gosec // the configured OVMF vars or a suspend image in the suspend dir
+	if err != nil {
+		return err
+	}
+	defer func(c func() error) { _ = c() }(in.Close)
+	out, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600) //nolint:gosec // os.O_WRONLY|os.O_TRUNC, 0o600)|a path in this backend's state or suspend dir
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		_ = out.Close()
+		return err
+	}
+	return out.Close()
 }

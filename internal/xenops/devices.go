@@ -8,6 +8,7 @@ import (
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"
+	"toolstackd/internal/xenops/backend"
 	"toolstackd/internal/xerr"
 )
 
@@ -56,11 +57,11 @@ func (m *Manager) vbdPlug(c *api.Call) (any, error) {
 		}
 		if err := o.run("plug", func(ctx context.Context) error {
 			if d.VDI != "" {
-				path, format, err := m.disks.Attach(ctx, o.uuid, d.VDI, d.ReadOnly)
+				src, err := m.disks.Attach(ctx, o.uuid, d.VDI, d.ReadOnly)
 				if err != nil {
 					return err
 				}
-				d.Path, d.Format = path, format
+				d.Path, d.Format = src.Target(), src.Format
 			}
 			if err := m.be.PlugDisk(ctx, o.uuid, d); err != nil {
 				if d.VDI != "" {
@@ -86,17 +87,17 @@ func (m *Manager) vbdPlug(c *api.Call) (any, error) {
 }
 
 // attachedDisk finds a VBD among a domain's disks.
-func (m *Manager) attachedDisk(uuid, vbd string) (Disk, bool) {
+func (m *Manager) attachedDisk(uuid, vbd string) (backend.Disk, bool) {
 	info, ok := m.be.Info(uuid)
 	if !ok {
-		return Disk{}, false
+		return backend.Disk{}, false
 	}
 	for _, d := range info.Disks {
 		if d.VBD == vbd {
 			return d, true
 		}
 	}
-	return Disk{}, false
+	return backend.Disk{}, false
 }
 
 func (m *Manager) vbdUnplug(force bool) api.Handler {
@@ -141,11 +142,11 @@ func (m *Manager) vbdInsert(c *api.Call) (any, error) {
 	return nil, m.withDevOp(c, dm.VBD.Class, row.Ref, "insert", func(o *opCtx, vbd *db.Row) error {
 		if d, ok := m.attachedDisk(o.uuid, vbd.Ref); ok {
 			if err := o.run("insert", func(ctx context.Context) error {
-				path, format, err := m.disks.Attach(ctx, o.uuid, vdi.Ref, true)
+				src, err := m.disks.Attach(ctx, o.uuid, vdi.Ref, true)
 				if err != nil {
 					return err
 				}
-				d.VDI, d.Path, d.Format = vdi.Ref, path, format
+				d.VDI, d.Path, d.Format = vdi.Ref, src.Target(), src.Format
 				if err := m.be.ChangeMedium(ctx, o.uuid, d); err != nil {
 					_ = m.disks.Detach(context.WithoutCancel(ctx), o.uuid, vdi.Ref)
 					return err

@@ -19,12 +19,9 @@ import (
 // provides it; xenops never looks inside an SR itself.
 type DiskResolver interface {
 	// Attach makes a VDI usable on this host for a VM (by uuid: storage
-	// names the datapath after it) and returns what QEMU opens: a file
-	// or block device path, or an NBD URI (nbd://host:port/export,
-	// nbd+unix:///export?socket=PATH), and the image format there
-	// ("raw", "qcow2", "vpc"). Errors should be XenAPI errors
-	// (VDI_MISSING, SR_BACKEND_FAILURE_*).
-	Attach(ctx context.Context, vm, vdi string, readonly bool) (path, format string, err error)
+	// names the datapath after it) and says where its data is. Errors
+	// should be XenAPI errors (VDI_MISSING, SR_BACKEND_FAILURE_*).
+	Attach(ctx context.Context, vm, vdi string, readonly bool) (DiskSource, error)
 	// Detach undoes Attach. Detaching what is not attached is not an
 	// error.
 	Detach(ctx context.Context, vm, vdi string) error
@@ -36,6 +33,37 @@ const (
 	CopySnapshot = "snapshot" // a read-only snapshot (VDI.snapshot)
 	CopyFull     = "copy"     // a full copy into an SR (VDI.copy)
 )
+
+// DiskKind says how a disk's data is reached.
+type DiskKind string
+
+// Disk kinds.
+const (
+	DiskFile DiskKind = "file" // a file or block device on this host
+	DiskNBD  DiskKind = "nbd"  // an NBD export
+)
+
+// DiskSource is where a VDI's data is for a VM, as storage hands it to
+// xenops.
+type DiskSource struct {
+	Kind DiskKind
+	// Path is the file or block device (DiskFile).
+	Path string
+	// NBDURI is the export (DiskNBD): nbd://host:port/export or
+	// nbd+unix:///export?socket=PATH.
+	NBDURI string
+	// Format is the image format there: "raw", "qcow2", "vpc".
+	Format string
+}
+
+// Target is what the emulator opens: the NBD URI of an export, else the
+// path.
+func (s DiskSource) Target() string {
+	if s.Kind == DiskNBD {
+		return s.NBDURI
+	}
+	return s.Path
+}
 
 // VDICopier is implemented by a DiskResolver that can copy VDIs itself.
 // Without it, xenops asks for VDI.clone, VDI.snapshot and VDI.copy
@@ -64,17 +92,17 @@ type SuspendStore interface {
 type LocationResolver struct{ DB *db.DB }
 
 // Attach implements DiskResolver.
-func (l LocationResolver) Attach(ctx context.Context, vm, vdi string, readonly bool) (string, string, error) {
+func (l LocationResolver) Attach(ctx context.Context, vm, vdi string, readonly bool) (DiskSource, error) {
 	row, ok := l.DB.Snapshot().Get(dm.VDI.Class, vdi)
 	if !ok {
-		return "", "", xerr.New(xerr.VDIMissing, schema.NullRef, vdi)
+		return DiskSource{}, xerr.New(xerr.VDIMissing, schema.NullRef, vdi)
 	}
 	path := row.String(dm.VDI.Location)
 	if !filepath.IsAbs(path) {
-		return "", "", xerr.New(xerr.VDIMissing, row.String(dm.VDI.SR), vdi)
+		return DiskSource{}, xerr.New(xerr.VDIMissing, row.String(dm.VDI.SR), vdi)
 	}
 	if _, err := os.Stat(path); err != nil {
-		return "", "", xerr.New(xerr.VDIMissing, row.String(dm.VDI.SR), vdi)
+		return DiskSource{}, xerr.New(xerr.VDIMissing, row.String(dm.VDI.SR), vdi)
 	}
 	smc, _ := row.Get(dm.VDI.SMConfig).(map[string]string)
 	switch f := smc["type"]; f {
@@ -82,9 +110,9 @@ func (l LocationResolver) Attach(ctx context.Context, vm, vdi string, readonly b
 		if f == "vhd" {
 			f = "vpc"
 		}
-		return path, f, nil
+		return DiskSource{Kind: DiskFile, Path: path, Format: f}, nil
 	}
-	return path, probeFormat(ctx, path), nil
+	return DiskSource{Kind: DiskFile, Path: path, Format: probeFormat(ctx, path)}, nil
 }
 
 // Detach implements DiskResolver.

@@ -8,6 +8,7 @@ import (
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"
+	"toolstackd/internal/xenops/backend"
 	"toolstackd/internal/xerr"
 )
 
@@ -434,7 +435,7 @@ func (m *Manager) vmPowerStateReset(c *api.Call) (any, error) {
 	if row.Get(dm.VM.IsControlDomain) == true {
 		return nil, xerr.New(xerr.OperationNotAllowed, "This operation is not allowed on a control domain")
 	}
-	if info, ok := m.be.Info(row.UUID()); ok && info.State != DomainGone {
+	if info, ok := m.be.Info(row.UUID()); ok && info.State != backend.DomainGone {
 		return nil, xerr.New(xerr.OperationNotAllowed, "the VM has a domain on this host; shut it down instead")
 	}
 	return nil, c.Update(func(tx *db.Tx) error {

@@ -103,3 +103,11 @@ func (m *Manager) runHook(ctx context.Context, path, name, vmUUID, reason string
 	m.log.Warn("hook could not run", "hook", name, "err", err)
 	return nil
 }
+
+// truncate shortens s to n bytes for an error message or a log line.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}

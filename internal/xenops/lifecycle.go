@@ -7,6 +7,7 @@ import (
 
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
+	"toolstackd/internal/xenops/backend"
 	"toolstackd/internal/xerr"
 )
 
@@ -130,7 +131,7 @@ func vmCheckOf(r db.Reader, row *db.Row) vmCheck {
 		control:    row.Get(dm.VM.IsControlDomain) == true,
 		defaultTpl: row.Get(dm.VM.IsDefaultTemplate) == true || oc["default_template"] == "true",
 		blocked:    blocked,
-		acpi:       platformTrue(plat, "acpi", true),
+		acpi:       backend.PlatformTrue(plat, "acpi", true),
 	}
 	if c.control && row.Get(dm.VM.Domid) == int64(0) {
 		c.dom0 = true

@@ -1,12 +1,7 @@
 package xenops
 
 import (
-	"bytes"
-	"errors"
-	"os"
-	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 
 	dm "toolstackd/internal/api/datamodel"
@@ -120,91 +115,5 @@ func TestDevCheck(t *testing.T) {
 	}
 	if got := d.allowed(); !slices.Equal(got, []string{"unplug", "unplug_force", "insert"}) {
 		t.Errorf("allowed %v", got)
-	}
-}
-
-func TestSuspendImageFormat(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "img")
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	meta := &ImageMeta{Spec: Spec{UUID: "u", VCPUs: 2}, Disks: []Disk{{VBD: "OpaqueRef:b", Device: "0"}}, Backend: "qemu"}
-	at, err := writeImageHeader(f, meta, recQEMU)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.Write([]byte("QEVM-stream"))
-	// Incomplete: no length, no end record.
-	if _, err := ReadImageMeta(path); !errors.Is(err, ErrImageNoEnd) {
-		t.Fatalf("incomplete image: %v", err)
-	}
-	if err := finishImage(f, at); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	got, err := ReadImageMeta(path)
-	if err != nil || got.Spec.UUID != "u" || got.Spec.VCPUs != 2 || len(got.Disks) != 1 {
-		t.Fatalf("read back: %+v %v", got, err)
-	}
-	s, m, err := openImageStream(path, recQEMU)
-	if err != nil || m.Spec.UUID != "u" {
-		t.Fatal(err)
-	}
-	rest := make([]byte, 11)
-	s.Read(rest)
-	s.Close()
-	if string(rest) != "QEVM-stream" {
-		t.Fatalf("stream %q", rest)
-	}
-	b, _ := os.ReadFile(path)
-	bad := func(name string, data []byte, want error) {
-		p := filepath.Join(dir, name)
-		os.WriteFile(p, data, 0o600)
-		if _, err := ReadImageMeta(p); !errors.Is(err, want) {
-			t.Errorf("%s: %v, want %v", name, err, want)
-		}
-	}
-	bad("signature", append([]byte("XenSavedDomain\n"), b[15:]...), ErrImageSignature)
-	bad("truncated", b[:len(imageSignature)+10], ErrImageTruncated)
-	unknown := bytes.Clone(b)
-	unknown[len(imageSignature)+7] = 9
-	bad("unknown", unknown, ErrImageRecord)
-	huge := bytes.Clone(b)
-	huge[len(imageSignature)+8] = 0x7f
-	bad("huge", huge, ErrImageTooLarge)
-	bad("noend", b[:len(b)-16], ErrImageNoEnd)
-}
-
-func TestQEMUArgv(t *testing.T) {
-	q := &QEMU{cfg: QEMUConfig{OVMFCode: "/ovmf/code"}}
-	j := &qemuJournal{UUID: "u", Accel: "tcg", Dir: "/d", QMPPath: "/d/q", VNCPath: "/d/v", SerialPath: "/d/s",
-		Spec: Spec{UUID: "u", Name: "a,b", Memory: 256 << 20, VCPUs: 1, MaxCPU: 4, Firmware: "uefi", BootOrder: "dc",
-			Platform: map[string]string{"cores-per-socket": "2"}},
-		Disks: []Disk{{VBD: "b0", Device: "0", Path: "/x.qcow2", Format: "qcow2", Bootable: true}, {VBD: "b3", Device: "3", CD: true}},
-		NICs:  []NIC{{VIF: "v0", Device: "0", MAC: "02:00:00:00:00:01", Mode: "user"}}}
-	a, err := q.qemuArgv(j)
-	if err != nil {
-		t.Fatal(err)
-	}
-	line := strings.Join(a, " ")
-	for _, want := range []string{"guest=a,,b", "-smp 1,maxcpus=4,sockets=2,cores=2,threads=1", "-m 256", "accel=tcg", "-S",
-		`"bootindex":1`, `"driver":"ide-cd"`, `"bus":"ide.1"`, `"addr":"0xb"`, `"addr":"0x4"`, "if=pflash", "file=/ovmf/code",
-		`"driver":"qcow2"`, `"filename":"/x.qcow2"`} {
-		if !strings.Contains(line, want) {
-			t.Errorf("command line lacks %s:\n%s", want, line)
-		}
-	}
-	// The CD boots first (order dc), then the disk.
-	for _, want := range []string{`{"bootindex":1,"bus":"ide.1","driver":"ide-cd","id":"vbd3","unit":1}`,
-		`{"addr":"0xb","bootindex":2,"drive":"vbd0-fmt","driver":"virtio-blk-pci","id":"vbd0"}`} {
-		if !strings.Contains(line, want) {
-			t.Errorf("command line lacks %s:\n%s", want, line)
-		}
-	}
-	j.Disks = append(j.Disks, Disk{Device: "7", CD: true})
-	if _, err := q.qemuArgv(j); err == nil {
-		t.Error("a CD beyond the IDE slots was accepted")
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -12,15 +11,17 @@ import (
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"
+	"toolstackd/internal/xenops/backend"
+	"toolstackd/internal/xenops/qemu"
 	"toolstackd/internal/xerr"
 )
 
 // bootPlan is a VM's domain as its record and devices describe it, with
 // everything checked before anything is made.
 type bootPlan struct {
-	spec  *Spec
-	disks []Disk
-	nics  []NIC
+	spec  *backend.Spec
+	disks []backend.Disk
+	nics  []backend.NIC
 	// Values decided at start that go back into the database.
 	userdevices map[string]string // VBD -> userdevice (for "autodetect")
 	macs        map[string]string // VIF -> MAC (for VIFs created without one)
@@ -28,7 +29,7 @@ type bootPlan struct {
 
 const (
 	minMemory     = 16 << 20
-	maxVCPUs      = 255
+	maxVCPUs      = backend.MaxVCPUs
 	maxVBDDevices = 16
 	maxVIFDevices = 7
 )
@@ -69,7 +70,7 @@ func (m *Manager) plan(r db.Reader, ref string) (*bootPlan, error) {
 	if pc := hostCPUs(r, m.host); vm.VCPUsMax > int64(pc) {
 		return nil, xerr.New(xerr.HostNotEnoughPCPUs, strconv.FormatInt(vm.VCPUsMax, 10), strconv.Itoa(pc))
 	}
-	spec := &Spec{
+	spec := &backend.Spec{
 		UUID: vm.UUID, Name: vm.NameLabel, VMRef: ref,
 		Memory: vm.MemoryStaticMax, Target: vm.MemoryDynamicMax,
 		VCPUs: int(vm.VCPUsAtStartup), MaxCPU: int(vm.VCPUsMax), HVM: true,
@@ -104,13 +105,13 @@ func (m *Manager) plan(r db.Reader, ref string) (*bootPlan, error) {
 // for VM.start (identity, firmware, kernel through kernelAllowed, disks
 // and NICs with every check), restoring the image's memory. The image is
 // untrusted: it contributes only its stream, the VCPUs hot-plugged while
-// the guest ran, each checked by checkHotCPUs, and which of the record's
+// the guest ran, each checked by backend.CheckHotCPUs, and which of the record's
 // device slots were in use (keepSavedDisks). Its uuid, name, kernel,
 // paths, taps and bridges are never used.
 func (m *Manager) restorePlan(r db.Reader, ref, image string) (*bootPlan, error) {
-	meta, err := ReadImageMeta(image)
+	meta, err := backend.ReadImageMeta(image)
 	if err == nil && meta.Backend != m.be.Name() {
-		err = ErrImageBackend
+		err = backend.ErrImageBackend
 	}
 	if err != nil {
 		m.log.Warn("unusable suspend image", "vm", ref, "image", image, "err", err)
@@ -123,7 +124,7 @@ func (m *Manager) restorePlan(r db.Reader, ref, image string) (*bootPlan, error)
 	// VCPUs_at_startup counts the VCPUs the guest had running (a live
 	// change sets it): those it booted with plus those hot-plugged.
 	p.spec.VCPUs -= len(meta.HotCPUs)
-	hot, err := checkHotCPUs(meta.HotCPUs, p.spec)
+	hot, err := backend.CheckHotCPUs(meta.HotCPUs, p.spec)
 	if err == nil && p.spec.VCPUs < 1 {
 		err = fmt.Errorf("%d hot-plugged VCPUs for %d in all", len(meta.HotCPUs), p.spec.VCPUs+len(meta.HotCPUs))
 	}
@@ -141,12 +142,12 @@ func (m *Manager) restorePlan(r db.Reader, ref, image string) (*bootPlan, error)
 // unplugged before the suspend does not reappear. The image can only
 // leave planned disks out: every disk kept is the record's own, checked
 // by planDisks, and nothing else the image says about it is used.
-func keepSavedDisks(planned, saved []Disk) []Disk {
+func keepSavedDisks(planned, saved []backend.Disk) []backend.Disk {
 	had := map[string]bool{}
 	for _, d := range saved {
 		had[d.Device+"/"+strconv.FormatBool(d.CD)] = true
 	}
-	var out []Disk
+	var out []backend.Disk
 	for _, d := range planned {
 		if had[d.Device+"/"+strconv.FormatBool(d.CD)] {
 			out = append(out, d)
@@ -156,99 +157,18 @@ func keepSavedDisks(planned, saved []Disk) []Disk {
 }
 
 // keepSavedNICs is keepSavedDisks for NICs (by device number).
-func keepSavedNICs(planned, saved []NIC) []NIC {
+func keepSavedNICs(planned, saved []backend.NIC) []backend.NIC {
 	had := map[string]bool{}
 	for _, n := range saved {
 		had[n.Device] = true
 	}
-	var out []NIC
+	var out []backend.NIC
 	for _, n := range planned {
 		if had[n.Device] {
 			out = append(out, n)
 		}
 	}
 	return out
-}
-
-var (
-	// hotCPUID is the id SetVCPUs gives a VCPU it plugs.
-	hotCPUID = regexp.MustCompile(`^cpu-hot-[0-9]{1,3}-[0-9]{1,3}-[0-9]{1,3}$`)
-	// cpuDriver is a QEMU x86 CPU type ("max-x86_64-cpu").
-	cpuDriver = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}-x86_64-cpu$`)
-)
-
-// hotCPUProps are the topology properties a hot-plugged VCPU may carry.
-var hotCPUProps = map[string]bool{"socket-id": true, "die-id": true, "cluster-id": true, "module-id": true, "core-id": true, "thread-id": true}
-
-// checkHotCPUs rebuilds the VCPUs a suspend image says were hot-plugged,
-// refusing anything SetVCPUs would not have made: an id of the strict
-// form cpu-hot-S-C-T whose numbers are the device's own topology, a CPU
-// driver, small integer topology properties and nothing else, no more
-// than VCPUs_max allows beyond VCPUs_at_startup, no id twice.
-func checkHotCPUs(hot []CPUDevice, spec *Spec) ([]CPUDevice, error) {
-	if len(hot) == 0 {
-		return nil, nil
-	}
-	if len(hot) > spec.MaxCPU-spec.VCPUs {
-		return nil, fmt.Errorf("%d hot-plugged VCPUs, at most %d allowed", len(hot), max(0, spec.MaxCPU-spec.VCPUs))
-	}
-	seen := map[string]bool{}
-	out := make([]CPUDevice, 0, len(hot))
-	for _, c := range hot {
-		if !hotCPUID.MatchString(c.ID) || seen[c.ID] {
-			return nil, fmt.Errorf("bad hot-plugged VCPU id %q", c.ID)
-		}
-		seen[c.ID] = true
-		args := map[string]any{"id": c.ID}
-		for k, v := range c.Args {
-			switch {
-			case k == "id":
-				if v != c.ID {
-					return nil, fmt.Errorf("VCPU %s: id %v", c.ID, v)
-				}
-			case k == "driver":
-				s, ok := v.(string)
-				if !ok || !cpuDriver.MatchString(s) {
-					return nil, fmt.Errorf("VCPU %s: driver %v", c.ID, v)
-				}
-				args[k] = s
-			case hotCPUProps[k]:
-				n, ok := smallInt(v)
-				if !ok || n >= maxVCPUs {
-					return nil, fmt.Errorf("VCPU %s: %s %v", c.ID, k, v)
-				}
-				args[k] = n
-			default:
-				return nil, fmt.Errorf("VCPU %s: property %q", c.ID, k)
-			}
-		}
-		if _, ok := args["driver"]; !ok {
-			return nil, fmt.Errorf("VCPU %s: no driver", c.ID)
-		}
-		socket, ok1 := args["socket-id"].(int64)
-		core, ok2 := args["core-id"].(int64)
-		thread, ok3 := args["thread-id"].(int64)
-		if !ok1 || !ok2 || !ok3 || fmt.Sprintf("cpu-hot-%d-%d-%d", socket, core, thread) != c.ID {
-			return nil, fmt.Errorf("VCPU %s: topology does not match its id", c.ID)
-		}
-		out = append(out, CPUDevice{ID: c.ID, Args: args})
-	}
-	return out, nil
-}
-
-// smallInt is a non-negative integer as JSON decoding or Go code holds it.
-func smallInt(v any) (int64, bool) {
-	switch n := v.(type) {
-	case float64:
-		if n >= 0 && n <= 1<<20 && n == float64(int64(n)) {
-			return int64(n), true
-		}
-	case int64:
-		return n, n >= 0
-	case int:
-		return int64(n), n >= 0
-	}
-	return 0, false
 }
 
 // kernelAllowed keeps guests from booting arbitrary host files: kernels
@@ -344,12 +264,12 @@ func (m *Manager) planDisks(r db.Reader, vm *db.Row, p *bootPlan) error {
 
 // diskOf describes a VBD for the backend, checking its VDI can be used.
 // skip is true for an empty disk drive, which has nothing to attach.
-func (m *Manager) diskOf(r db.Reader, vm string, row *db.Row, device string) (Disk, bool, error) {
+func (m *Manager) diskOf(r db.Reader, vm string, row *db.Row, device string) (backend.Disk, bool, error) {
 	cd := row.String(dm.VBD.Type) == string(dm.VBDTypeCD)
-	d := Disk{VBD: row.Ref, Device: device, CD: cd, Bootable: row.Get(dm.VBD.Bootable) == true,
+	d := backend.Disk{VBD: row.Ref, Device: device, CD: cd, Bootable: row.Get(dm.VBD.Bootable) == true,
 		ReadOnly: cd || row.String(dm.VBD.Mode) == string(dm.VBDModeRO)}
 	if cd {
-		if _, _, ok := ideSlot(device); !ok {
+		if _, _, ok := qemu.IDESlot(device); !ok {
 			return d, false, xerr.New(xerr.InvalidDevice, device)
 		}
 	}
@@ -454,11 +374,11 @@ func (m *Manager) planNICs(r db.Reader, vm *db.Row, p *bootPlan) error {
 }
 
 // nicOf describes a VIF for the backend.
-func (m *Manager) nicOf(r db.Reader, vm string, row *db.Row) (NIC, error) {
+func (m *Manager) nicOf(r db.Reader, vm string, row *db.Row) (backend.NIC, error) {
 	net := row.String(dm.VIF.Network)
 	nrow, ok := r.Get(dm.Network.Class, net)
 	if !ok {
-		return NIC{}, xerr.New(xerr.VMRequiresNetwork, vm, net)
+		return backend.NIC{}, xerr.New(xerr.VMRequiresNetwork, vm, net)
 	}
 	mac := strings.ToLower(row.String(dm.VIF.MAC))
 	if mac == "" {
@@ -468,7 +388,7 @@ func (m *Manager) nicOf(r db.Reader, vm string, row *db.Row) (NIC, error) {
 	if mtu <= 0 {
 		mtu, _ = nrow.Get(dm.Network.MTU).(int64)
 	}
-	return NIC{VIF: row.Ref, Device: row.String(dm.VIF.Device), MAC: mac, MTU: mtu, Bridge: nrow.String(dm.Network.Bridge)}, nil
+	return backend.NIC{VIF: row.Ref, Device: row.String(dm.VIF.Device), MAC: mac, MTU: mtu, Bridge: nrow.String(dm.Network.Bridge)}, nil
 }
 
 // macFor derives a locally administered unicast MAC from a seed.

@@ -11,6 +11,7 @@ import (
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"
+	"toolstackd/internal/xenops/backend"
 	"toolstackd/internal/xerr"
 )
 
@@ -61,7 +62,7 @@ func (m *Manager) boot(o *opCtx, lo, hi float64, paused bool, restore string) (e
 		return err
 	}
 	created := false
-	var attached []Disk
+	var attached []backend.Disk
 	defer func() {
 		if err == nil {
 			return
@@ -87,12 +88,12 @@ func (m *Manager) boot(o *opCtx, lo, hi float64, paused bool, restore string) (e
 	for _, d := range p.disks {
 		if err = o.run("attach-disk:"+d.Device, func(ctx context.Context) error {
 			if d.VDI != "" {
-				path, format, err := m.disks.Attach(ctx, o.uuid, d.VDI, d.ReadOnly)
+				src, err := m.disks.Attach(ctx, o.uuid, d.VDI, d.ReadOnly)
 				if err != nil {
 					return err
 				}
 				attached = append(attached, d)
-				d.Path, d.Format = path, format
+				d.Path, d.Format = src.Target(), src.Format
 			}
 			return m.be.AddDisk(ctx, o.uuid, d)
 		}); err != nil {
@@ -209,7 +210,7 @@ var errTimeout = errors.New("timed out")
 
 // waitGuestStop waits for the guest to power off (or reboot, or crash, or
 // vanish) after a shutdown request.
-func (m *Manager) waitGuestStop(o *opCtx, timeout time.Duration) (DomainInfo, error) {
+func (m *Manager) waitGuestStop(o *opCtx, timeout time.Duration) (backend.DomainInfo, error) {
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
 	for {
@@ -219,7 +220,7 @@ func (m *Manager) waitGuestStop(o *opCtx, timeout time.Duration) (DomainInfo, er
 			return info, nil
 		}
 		switch info.State {
-		case DomainShutdown, DomainReboot, DomainCrashed, DomainGone:
+		case backend.DomainShutdown, backend.DomainReboot, backend.DomainCrashed, backend.DomainGone:
 			return info, nil
 		}
 		select {
@@ -426,12 +427,12 @@ func (m *Manager) newSuspendImage(o *opCtx, vm *db.Row, forUUID string) (*suspen
 			return err
 		}
 		img.vdi = vdi
-		path, _, err := m.disks.Attach(ctx, img.vm, vdi, false)
+		src, err := m.disks.Attach(ctx, img.vm, vdi, false)
 		if err != nil {
 			_ = store.DestroySuspendVDI(context.WithoutCancel(ctx), vdi)
 			return err
 		}
-		img.path, img.attached = path, true
+		img.path, img.attached = src.Target(), true
 		return nil
 	})
 	return img, err
@@ -440,11 +441,11 @@ func (m *Manager) newSuspendImage(o *opCtx, vm *db.Row, forUUID string) (*suspen
 func (m *Manager) openSuspendImage(ctx context.Context, vm *db.Row) (*suspendImage, error) {
 	vdi := vm.String(dm.VM.SuspendVDI)
 	if vdi != "" && vdi != schema.NullRef {
-		path, _, err := m.disks.Attach(ctx, vm.UUID(), vdi, true)
+		src, err := m.disks.Attach(ctx, vm.UUID(), vdi, true)
 		if err != nil {
 			return nil, xerr.New(xerr.SuspendImageNotAccessible, vdi)
 		}
-		return &suspendImage{vm: vm.UUID(), vdi: vdi, path: path, attached: true}, nil
+		return &suspendImage{vm: vm.UUID(), vdi: vdi, path: src.Target(), attached: true}, nil
 	}
 	path, err := m.suspendPath(vm.UUID())
 	if err != nil {
@@ -534,16 +535,16 @@ func (m *Manager) checkState(ctx context.Context, ref string) error {
 		return nil
 	}
 	switch info.State {
-	case DomainGone:
+	case backend.DomainGone:
 		m.log.Warn("VM's emulator vanished: Halted", "vm", uuid)
 		m.cleanupDomain(ctx, info)
 		_, err := m.db.Update(func(tx *db.Tx) error { return m.setHalted(tx, ref) })
 		return err
-	case DomainShutdown, DomainReboot, DomainCrashed:
+	case backend.DomainShutdown, backend.DomainReboot, backend.DomainCrashed:
 		return m.afterGuestStop(ctx, row, info)
-	case DomainRunning, DomainPaused:
+	case backend.DomainRunning, backend.DomainPaused:
 		want := psRunning
-		if info.State == DomainPaused {
+		if info.State == backend.DomainPaused {
 			want = psPaused
 		}
 		if power != want || !here || row.Get(dm.VM.Domid) != info.Domid {
@@ -556,16 +557,16 @@ func (m *Manager) checkState(ctx context.Context, ref string) error {
 }
 
 // afterGuestStop applies actions_after_shutdown, _reboot or _crash.
-func (m *Manager) afterGuestStop(ctx context.Context, row *db.Row, info DomainInfo) error {
+func (m *Manager) afterGuestStop(ctx context.Context, row *db.Row, info backend.DomainInfo) error {
 	ref, uuid := row.Ref, row.UUID()
 	var action, reason string
 	switch info.State {
-	case DomainShutdown:
+	case backend.DomainShutdown:
 		action, reason = row.String(dm.VM.ActionsAfterShutdown), reasonCleanShutdown
 		if action == "" {
 			action = string(dm.OnNormalExitDestroy)
 		}
-	case DomainReboot:
+	case backend.DomainReboot:
 		action, reason = row.String(dm.VM.ActionsAfterReboot), reasonCleanReboot
 		if action == "" {
 			action = string(dm.OnNormalExitRestart)

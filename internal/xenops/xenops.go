@@ -42,6 +42,9 @@ import (
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"
+	"toolstackd/internal/xenops/backend"
+	"toolstackd/internal/xenops/qemu"
+	"toolstackd/internal/xenops/sim"
 	"toolstackd/internal/xerr"
 )
 
@@ -84,10 +87,10 @@ type Config struct {
 	// HostMemory caps the memory VMs may use (0: the host's available
 	// memory for qemu, unlimited for the simulator).
 	HostMemory int64
-	QEMU       QEMUConfig
-	Sim        SimConfig
+	QEMU       qemu.Config
+	Sim        sim.Config
 	// Impl, when set, is used as the backend instead of making one.
-	Impl Backend
+	Impl backend.Backend
 	// OnStep, when set, is called before every step of every operation
 	// (for tests that cancel at each step).
 	OnStep func(vmUUID, op, step string)
@@ -99,7 +102,7 @@ type Manager struct {
 	db    *db.DB
 	cfg   Config
 	log   *slog.Logger
-	be    Backend
+	be    backend.Backend
 	disks DiskResolver
 	q     *queues
 	host  string
@@ -158,7 +161,7 @@ func Register(srv *api.Server, router *mux.Router, cfg Config) (*Manager, error)
 		return nil, err
 	}
 	m.be = be
-	if a, ok := be.(interface{ Accelerator() (string, string) }); ok {
+	if a, ok := be.(backend.Accelerated); ok {
 		m.recordAccelerator(a.Accelerator())
 	}
 	if m.cfg.ConsoleBase == "" {
@@ -216,7 +219,7 @@ func applyEnv(cfg *Config) {
 	}
 }
 
-func (m *Manager) makeBackend() (Backend, error) {
+func (m *Manager) makeBackend() (backend.Backend, error) {
 	if m.cfg.Impl != nil {
 		return m.cfg.Impl, nil
 	}
@@ -233,13 +236,13 @@ func (m *Manager) makeBackend() (Backend, error) {
 			}
 			qc.StateDir = filepath.Join(state, "qemu")
 		}
-		return NewQEMU(qc, m.log)
+		return qemu.New(qc, m.log)
 	case "simulator", "":
 		sc := m.cfg.Sim
 		if sc.StateDir == "" && state != "" {
 			sc.StateDir = filepath.Join(state, "sim")
 		}
-		return NewSimulator(sc)
+		return sim.New(sc)
 	}
 	return nil, fmt.Errorf("xenops: unknown backend %q", m.cfg.Backend)
 }
@@ -250,9 +253,7 @@ func (m *Manager) makeBackend() (Backend, error) {
 // no-op for VMs that do not use the VDI, and for backends with nothing
 // to switch (the simulator).
 func (m *Manager) LiveSnapshot(ctx context.Context, vmUUID, vdi, path, format string) error {
-	ls, ok := m.be.(interface {
-		LiveSnapshot(ctx context.Context, uuid, device, path, format string) error
-	})
+	ls, ok := m.be.(backend.LiveSnapshotter)
 	info, found := m.be.Info(vmUUID)
 	if !ok || !found {
 		return nil
@@ -266,7 +267,7 @@ func (m *Manager) LiveSnapshot(ctx context.Context, vmUUID, vdi, path, format st
 }
 
 // Backend returns the backend (tests reach the simulator through it).
-func (m *Manager) Backend() Backend { return m.be }
+func (m *Manager) Backend() backend.Backend { return m.be }
 
 // SetWorkers changes how many operations may run at once.
 func (m *Manager) SetWorkers(n int) { m.q.w.setLimit(n) }
@@ -301,7 +302,7 @@ func (m *Manager) suspendDir() string { return filepath.Join(m.cfg.DataDir, "xen
 // hold suspend images.
 // A uuid that is not a plain file name is refused (INVALID_VALUE).
 func (m *Manager) suspendPath(uuid string) (string, error) {
-	return entryPath(m.suspendDir(), uuid, ".img")
+	return backend.EntryPath(m.suspendDir(), uuid, ".img")
 }
 
 // notify is the backend's "this domain needs attention".
@@ -552,7 +553,7 @@ func (m *Manager) detachedDevices(tx *db.Tx, row *db.Row) error {
 
 // setLive records a VM with a domain (Running or Paused): where, which
 // domain, its devices, consoles and metrics.
-func (m *Manager) setLive(tx *db.Tx, ref string, info DomainInfo, power string) error {
+func (m *Manager) setLive(tx *db.Tx, ref string, info backend.DomainInfo, power string) error {
 	row, ok := tx.Get(dm.VM.Class, ref)
 	if !ok {
 		return nil
@@ -571,7 +572,7 @@ func (m *Manager) setLive(tx *db.Tx, ref string, info DomainInfo, power string) 
 			return err
 		}
 	}
-	disks := map[string]Disk{}
+	disks := map[string]backend.Disk{}
 	for _, d := range info.Disks {
 		disks[d.VBD] = d
 	}
@@ -610,7 +611,7 @@ func (m *Manager) setLive(tx *db.Tx, ref string, info DomainInfo, power string) 
 }
 
 // guestDeviceName is the name the guest sees a disk under.
-func guestDeviceName(d Disk, vm *db.Row) string {
+func guestDeviceName(d backend.Disk, vm *db.Row) string {
 	n, err := strconv.Atoi(d.Device)
 	if err != nil || n < 0 || n > 25 {
 		return ""
@@ -644,7 +645,7 @@ func (m *Manager) ensureConsoles(tx *db.Tx, vm *db.Row) error {
 	return nil
 }
 
-func (m *Manager) updateMetrics(tx *db.Tx, vm *db.Row, info DomainInfo, now time.Time) error {
+func (m *Manager) updateMetrics(tx *db.Tx, vm *db.Row, info backend.DomainInfo, now time.Time) error {
 	mr := vm.String(dm.VM.Metrics)
 	if _, ok := tx.Get(dm.VMMetrics.Class, mr); !ok {
 		var err error
@@ -694,7 +695,7 @@ func (m *Manager) newMetrics(tx *db.Tx, now time.Time) (string, error) {
 func (m *Manager) reconcile() {
 	ctx := m.bg
 	snap := m.db.Snapshot()
-	doms := map[string]DomainInfo{}
+	doms := map[string]backend.DomainInfo{}
 	for _, d := range m.be.List() {
 		doms[d.UUID] = d
 	}
@@ -708,7 +709,7 @@ func (m *Manager) reconcile() {
 			continue
 		}
 		info, ok := doms[row.UUID()]
-		if !ok || info.State == DomainGone || !info.Complete {
+		if !ok || info.State == backend.DomainGone || !info.Complete {
 			m.log.Warn("VM's domain vanished while toolstackd was down: marking it Halted", "vm", row.UUID())
 			if ok {
 				m.cleanupDomain(ctx, info)
@@ -734,7 +735,7 @@ func (m *Manager) reconcile() {
 	for uuid, info := range doms {
 		row, ok := snap.ByUUID(dm.VM.Class, uuid)
 		switch {
-		case !ok && info.State == DomainGone:
+		case !ok && info.State == backend.DomainGone:
 			m.cleanupDomain(ctx, info)
 		case !ok:
 			m.log.Warn("domain of a VM the database does not know: left alone", "vm", uuid, "domid", info.Domid, "pid", info.Pid)
@@ -752,14 +753,14 @@ func (m *Manager) reconcile() {
 
 // cleanupDomain removes what is left of a domain: its process (if any),
 // taps and files, and the VDIs it had attached.
-func (m *Manager) cleanupDomain(ctx context.Context, info DomainInfo) {
+func (m *Manager) cleanupDomain(ctx context.Context, info backend.DomainInfo) {
 	if err := m.be.Destroy(context.WithoutCancel(ctx), info.UUID); err != nil {
 		m.log.Warn("removing domain", "vm", info.UUID, "err", err)
 	}
 	m.detachAll(ctx, info.UUID, info.Disks)
 }
 
-func (m *Manager) detachAll(ctx context.Context, vm string, disks []Disk) {
+func (m *Manager) detachAll(ctx context.Context, vm string, disks []backend.Disk) {
 	seen := map[string]bool{}
 	for _, d := range disks {
 		if d.VDI == "" || seen[d.VDI] {

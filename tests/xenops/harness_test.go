@@ -400,15 +400,15 @@ func (r *resolver) add(vdi, path string) {
 	r.files[vdi] = path
 }
 
-func (r *resolver) Attach(ctx context.Context, vm, vdi string, ro bool) (string, string, error) {
+func (r *resolver) Attach(ctx context.Context, vm, vdi string, ro bool) (xenops.DiskSource, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.fail != nil {
-		return "", "", r.fail
+		return xenops.DiskSource{}, r.fail
 	}
 	p, ok := r.files[vdi]
 	if !ok {
-		return "", "", fmt.Errorf("no file for %s", vdi)
+		return xenops.DiskSource{}, fmt.Errorf("no file for %s", vdi)
 	}
 	r.attached[vdi]++
 	r.attaches++
@@ -416,7 +416,7 @@ func (r *resolver) Attach(ctx context.Context, vm, vdi string, ro bool) (string,
 	if strings.HasSuffix(p, ".qcow2") {
 		format = "qcow2"
 	}
-	return p, format, nil
+	return xenops.DiskSource{Kind: xenops.DiskFile, Path: p, Format: format}, nil
 }
 
 func (r *resolver) Detach(ctx context.Context, vm, vdi string) error {

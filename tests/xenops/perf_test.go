@@ -20,6 +20,7 @@ import (
 
 	"toolstackd/internal/testdaemon"
 	"toolstackd/internal/xenops"
+	"toolstackd/internal/xenops/qemu"
 )
 
 // Figures for docs/performance.md ("Issue 7: xenops"). The tests log
@@ -53,10 +54,10 @@ func handLaunch(t *testing.T, argv []string, qmpPath string) time.Duration {
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	var q *xenops.QMP
+	var q *qemu.QMP
 	for {
 		var err error
-		if q, err = xenops.DialQMP(ctx, qmpPath, nil); err == nil {
+		if q, err = qemu.DialQMP(ctx, qmpPath, nil); err == nil {
 			break
 		}
 		if ctx.Err() != nil {
@@ -83,7 +84,7 @@ func handLaunch(t *testing.T, argv []string, qmpPath string) time.Duration {
 func TestQEMUStartOverhead(t *testing.T) {
 	g := testGuest(t)
 	r := newResolver()
-	e := newEnv(t, xenops.Config{Backend: "qemu", Disks: r, KernelDirs: []string{g.dir}, QEMU: xenops.QEMUConfig{Accel: g.accel}},
+	e := newEnv(t, xenops.Config{Backend: "qemu", Disks: r, KernelDirs: []string{g.dir}, QEMU: qemu.Config{Accel: g.accel}},
 		envOptions{persist: true})
 	t.Cleanup(func() { killLeftovers(t, e) })
 	vm := e.guestVM(g, "overhead", nil)

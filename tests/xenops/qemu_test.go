@@ -17,10 +17,12 @@ import (
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/xenops"
+	"toolstackd/internal/xenops/backend"
+	"toolstackd/internal/xenops/qemu"
 )
 
 func qemuEnv(t *testing.T, g *guest, r *resolver, tweak ...func(*xenops.Config)) *env {
-	cfg := xenops.Config{Backend: "qemu", KernelDirs: []string{g.dir}, QEMU: xenops.QEMUConfig{Accel: g.accel}}
+	cfg := xenops.Config{Backend: "qemu", KernelDirs: []string{g.dir}, QEMU: qemu.Config{Accel: g.accel}}
 	if r != nil {
 		cfg.Disks = r
 	}
@@ -57,7 +59,7 @@ func (e *env) pid(vm string) int {
 	return info.Pid
 }
 
-func (e *env) domState(vm string) xenops.DomainState {
+func (e *env) domState(vm string) backend.DomainState {
 	info, _ := e.m.Backend().Info(e.field("VM", vm, "uuid").(string))
 	return info.State
 }
@@ -138,7 +140,7 @@ func TestQEMULifecycle(t *testing.T) {
 	e.call("VM.start", vm, false, false)
 	t.Logf("VM.start took %v", time.Since(t0))
 	pid := e.pid(vm)
-	if !alive(pid) || e.domState(vm) != xenops.DomainRunning || e.power(vm) != "Running" {
+	if !alive(pid) || e.domState(vm) != backend.DomainRunning || e.power(vm) != "Running" {
 		t.Fatalf("after start: pid %d alive %v, domain %s, power %s", pid, alive(pid), e.domState(vm), e.power(vm))
 	}
 	cmd, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
@@ -192,11 +194,11 @@ func TestQEMULifecycle(t *testing.T) {
 
 	// pause, unpause: same process, stopped and running again.
 	e.call("VM.pause", vm)
-	if e.power(vm) != "Paused" || e.domState(vm) != xenops.DomainPaused || e.pid(vm) != pid || !alive(pid) {
+	if e.power(vm) != "Paused" || e.domState(vm) != backend.DomainPaused || e.pid(vm) != pid || !alive(pid) {
 		t.Fatalf("after pause: %s %s pid %d", e.power(vm), e.domState(vm), e.pid(vm))
 	}
 	e.call("VM.unpause", vm)
-	if e.power(vm) != "Running" || e.domState(vm) != xenops.DomainRunning || e.pid(vm) != pid {
+	if e.power(vm) != "Running" || e.domState(vm) != backend.DomainRunning || e.pid(vm) != pid {
 		t.Fatalf("after unpause: %s %s", e.power(vm), e.domState(vm))
 	}
 
@@ -390,12 +392,12 @@ func TestQEMUBadBackend(t *testing.T) {
 	g := testGuest(t)
 	for _, c := range []struct {
 		name string
-		qc   xenops.QEMUConfig
+		qc   qemu.Config
 		code string
 	}{
-		{"missing", xenops.QEMUConfig{Binary: "/nonexistent/qemu-system-x86_64", Accel: "tcg"}, "FAILED_TO_START_EMULATOR"},
-		{"dies", xenops.QEMUConfig{Binary: "/bin/false", Accel: "tcg"}, "FAILED_TO_START_EMULATOR"},
-		{"no-kvm", xenops.QEMUConfig{Accel: "kvm", KVMDevice: "/nonexistent/kvm"}, "VM_HVM_REQUIRED"},
+		{"missing", qemu.Config{Binary: "/nonexistent/qemu-system-x86_64", Accel: "tcg"}, "FAILED_TO_START_EMULATOR"},
+		{"dies", qemu.Config{Binary: "/bin/false", Accel: "tcg"}, "FAILED_TO_START_EMULATOR"},
+		{"no-kvm", qemu.Config{Accel: "kvm", KVMDevice: "/nonexistent/kvm"}, "VM_HVM_REQUIRED"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			e := qemuEnv(t, g, nil, func(cfg *xenops.Config) { cfg.QEMU = c.qc })
@@ -468,7 +470,7 @@ func TestQEMUTaps(t *testing.T) {
 			e.post("task.cancel", e.sess, <-taskCh)
 		}
 	}
-	cfg := xenops.Config{Backend: "qemu", KernelDirs: []string{g.dir}, QEMU: xenops.QEMUConfig{Accel: g.accel}, OnStep: onStep}
+	cfg := xenops.Config{Backend: "qemu", KernelDirs: []string{g.dir}, QEMU: qemu.Config{Accel: g.accel}, OnStep: onStep}
 	e = newEnv(t, cfg, envOptions{dir: dir, persist: true})
 	t.Cleanup(func() { killLeftovers(t, e) })
 	var net string

@@ -18,6 +18,8 @@ import (
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/xenops"
+	"toolstackd/internal/xenops/qemu"
+	"toolstackd/internal/xenops/sim"
 )
 
 // --- XML-RPC, as xe and XenAPI.py speak it ---------------------------
@@ -89,7 +91,7 @@ func (e *env) xmlrpc(method string, params ...any) string {
 // the caller controls) makes a Halted VM with no suspend image, which
 // cannot be resumed. The same for the runtime fields of VBDs and VIFs.
 func TestVMCreateIgnoresRuntimeState(t *testing.T) {
-	e := simEnv(t, xenops.SimConfig{})
+	e := simEnv(t, sim.Config{})
 	vdi := e.addVDI("crafted-image", filepath.Join(e.dir, "crafted.img"), 1<<20)
 	call := vmRecord("forged-suspended")
 	call["power_state"] = "Suspended"
@@ -188,7 +190,7 @@ func hostileMeta(backend string, vbd, vdi string) map[string]any {
 // SUSPEND_IMAGE_NOT_ACCESSIBLE and leave the VM Suspended.
 func TestResumeIgnoresHostileImage(t *testing.T) {
 	r := newResolver()
-	e := simEnv(t, xenops.SimConfig{}, func(c *xenops.Config) { c.Disks = r })
+	e := simEnv(t, sim.Config{}, func(c *xenops.Config) { c.Disks = r })
 	disk := filepath.Join(e.dir, "disk0.raw")
 	os.WriteFile(disk, make([]byte, 4096), 0o600)
 	vdi := e.addVDI("disk0", disk, 4096)
@@ -285,7 +287,7 @@ func (e *env) setSuspended(vm string) {
 // now comes from the database and every removal stays below the state
 // directory. The emulator is /bin/false: nothing needs to boot.
 func TestResumeCannotDeleteOutsideStateDir(t *testing.T) {
-	e := newEnv(t, xenops.Config{Backend: "qemu", QEMU: xenops.QEMUConfig{Binary: "/bin/false", Accel: "tcg"}}, envOptions{})
+	e := newEnv(t, xenops.Config{Backend: "qemu", QEMU: qemu.Config{Binary: "/bin/false", Accel: "tcg"}}, envOptions{})
 	victim := filepath.Join(e.dir, "victim")
 	os.MkdirAll(victim, 0o700)
 	os.WriteFile(filepath.Join(victim, "precious"), []byte("x"), 0o600)
@@ -321,7 +323,7 @@ func TestAutoAccelFallsBackToTCG(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	e := newEnv(t, xenops.Config{Backend: "qemu", QEMU: xenops.QEMUConfig{Binary: fake, Accel: "auto"}}, envOptions{})
+	e := newEnv(t, xenops.Config{Backend: "qemu", QEMU: qemu.Config{Binary: fake, Accel: "auto"}}, envOptions{})
 	t.Logf("start-up with the probe: %v", time.Since(start))
 	oc := e.field("host", e.host, "other_config").(map[string]any)
 	if oc["accelerator"] != "tcg" {

@@ -11,10 +11,11 @@ import (
 	"time"
 
 	"toolstackd/internal/xenops"
+	"toolstackd/internal/xenops/sim"
 	"toolstackd/internal/xerr"
 )
 
-func simEnv(t *testing.T, sc xenops.SimConfig, tweak ...func(*xenops.Config)) *env {
+func simEnv(t *testing.T, sc sim.Config, tweak ...func(*xenops.Config)) *env {
 	cfg := xenops.Config{Backend: "simulator", Sim: sc}
 	for _, f := range tweak {
 		f(&cfg)
@@ -22,10 +23,10 @@ func simEnv(t *testing.T, sc xenops.SimConfig, tweak ...func(*xenops.Config)) *e
 	return newEnv(t, cfg, envOptions{})
 }
 
-func (e *env) sim() *xenops.Simulator { return e.m.Backend().(*xenops.Simulator) }
+func (e *env) sim() *sim.Simulator { return e.m.Backend().(*sim.Simulator) }
 
 func TestSimLifecycle(t *testing.T) {
-	e := simEnv(t, xenops.SimConfig{})
+	e := simEnv(t, sim.Config{})
 	vm := e.newVM("life", nil)
 	e.addVIF(vm, "0")
 	// allowed_operations of a new VM is filled in as soon as it exists.
@@ -130,7 +131,7 @@ func TestSimLifecycle(t *testing.T) {
 }
 
 func TestSimBadInput(t *testing.T) {
-	e := simEnv(t, xenops.SimConfig{})
+	e := simEnv(t, sim.Config{})
 	tpl := e.template("Other install media")
 	p := e.fails("VM_IS_TEMPLATE", "VM.start", tpl, false, false)
 	if p[0] != tpl || p[1] != "start" {
@@ -204,7 +205,7 @@ func TestSimBadInput(t *testing.T) {
 }
 
 func TestSimConcurrencyRules(t *testing.T) {
-	e := simEnv(t, xenops.SimConfig{NoACPI: true})
+	e := simEnv(t, sim.Config{NoACPI: true})
 	vm := e.newVM("busy", nil)
 	e.call("VM.start", vm, false, false)
 	e.setOC(vm, "clean_shutdown_timeout", "30")
@@ -256,7 +257,7 @@ func TestSimConcurrencyRules(t *testing.T) {
 }
 
 func TestSimGuestEvents(t *testing.T) {
-	e := simEnv(t, xenops.SimConfig{})
+	e := simEnv(t, sim.Config{})
 	vm := e.newVM("events", nil)
 	uuid := e.field("VM", vm, "uuid").(string)
 	within := func(what string, cond func() bool) {
@@ -326,7 +327,7 @@ func TestSimRestart(t *testing.T) {
 }
 
 func TestSimTemplateInstall(t *testing.T) {
-	e := simEnv(t, xenops.SimConfig{})
+	e := simEnv(t, sim.Config{})
 	tpl := e.template("Other install media")
 	vm := e.str(e.call("VM.clone", tpl, "installed"))
 	rec := e.record("VM", vm)
@@ -448,7 +449,7 @@ func TestSimDevices(t *testing.T) {
 
 func TestSimHooks(t *testing.T) {
 	hooks := shortTempDir(t)
-	e := simEnv(t, xenops.SimConfig{}, func(c *xenops.Config) {
+	e := simEnv(t, sim.Config{}, func(c *xenops.Config) {
 		c.HooksDir = hooks
 		c.HookTimeout = 500 * time.Millisecond
 	})
@@ -591,7 +592,7 @@ func TestSimThousand(t *testing.T) {
 	if testing.Short() {
 		n = 200
 	}
-	e := newEnv(t, xenops.Config{Backend: "simulator", Sim: xenops.SimConfig{StepDelay: time.Millisecond}}, envOptions{persist: true, quiet: true})
+	e := newEnv(t, xenops.Config{Backend: "simulator", Sim: sim.Config{StepDelay: time.Millisecond}}, envOptions{persist: true, quiet: true})
 	vms := make([]string, n)
 	for i := range vms {
 		vms[i] = e.newVM("storm-"+strconv.Itoa(i), nil)
@@ -636,7 +637,7 @@ func TestSimThousand(t *testing.T) {
 // TestSimCancelMidStep cancels operations while a slow step runs: they
 // stop promptly and leave the VM valid.
 func TestSimCancelMidStep(t *testing.T) {
-	e := simEnv(t, xenops.SimConfig{Delays: map[string]time.Duration{"device-model": time.Minute, "suspend": time.Minute}})
+	e := simEnv(t, sim.Config{Delays: map[string]time.Duration{"device-model": time.Minute, "suspend": time.Minute}})
 	vm := e.newVM("slow", nil)
 	task := e.async("VM.start", vm, false, false)
 	time.Sleep(200 * time.Millisecond)
@@ -669,7 +670,7 @@ func TestSimCancelMidStep(t *testing.T) {
 }
 
 func TestSimHostMemory(t *testing.T) {
-	e := simEnv(t, xenops.SimConfig{}, func(c *xenops.Config) { c.HostMemory = 200 << 20 })
+	e := simEnv(t, sim.Config{}, func(c *xenops.Config) { c.HostMemory = 200 << 20 })
 	a := e.newVM("a", nil)
 	b := e.newVM("b", nil)
 	e.call("VM.start", a, false, false)

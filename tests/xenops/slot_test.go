@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"toolstackd/internal/xenops"
+	"toolstackd/internal/xenops/sim"
 )
 
 // TestSimPanicReleasesWorkerSlot makes VM.clone panic more times than
@@ -16,7 +17,7 @@ import (
 func TestSimPanicReleasesWorkerSlot(t *testing.T) {
 	var panics atomic.Bool
 	panics.Store(true)
-	e := simEnv(t, xenops.SimConfig{}, func(c *xenops.Config) {
+	e := simEnv(t, sim.Config{}, func(c *xenops.Config) {
 		c.OnStep = func(vm, op, step string) {
 			if op == "clone" && panics.Load() {
 				panic("test: clone step " + step)

@@ -1,4 +1,4 @@
-package xenops
+package sim
 
 import (
 	"context"
@@ -13,11 +13,12 @@ import (
 	"time"
 
 	"toolstackd/internal/safepath"
+	"toolstackd/internal/xenops/backend"
 	"toolstackd/internal/xerr"
 )
 
-// SimConfig tunes the simulator.
-type SimConfig struct {
+// Config tunes the simulator.
+type Config struct {
 	// StepDelay is how long every micro-op takes unless Delays names it.
 	StepDelay time.Duration
 	// Delays by micro-op: create, build, disk, nic, device-model,
@@ -36,7 +37,7 @@ type SimConfig struct {
 // configurable delays and failure injection, for tests and large
 // simulated pools.
 type Simulator struct {
-	cfg SimConfig
+	cfg Config
 
 	mu        sync.Mutex
 	doms      map[string]*simDomain
@@ -47,16 +48,16 @@ type Simulator struct {
 }
 
 type simDomain struct {
-	Info      DomainInfo
-	Spec      Spec
+	Info      backend.DomainInfo
+	Spec      backend.Spec
 	ShutdownT *time.Timer `json:"-"`
 }
 
-var _ Backend = (*Simulator)(nil)
+var _ backend.Backend = (*Simulator)(nil)
 
-// NewSimulator makes a simulator, loading the domains kept in
+// New makes a simulator, loading the domains kept in
 // cfg.StateDir.
-func NewSimulator(cfg SimConfig) (*Simulator, error) {
+func New(cfg Config) (*Simulator, error) {
 	s := &Simulator{cfg: cfg, doms: map[string]*simDomain{}, nextDomid: 1, fail: map[string]error{}, delays: map[string]time.Duration{}}
 	for k, v := range cfg.Delays {
 		s.delays[k] = v
@@ -90,7 +91,7 @@ func NewSimulator(cfg SimConfig) (*Simulator, error) {
 // Name implements Backend.
 func (s *Simulator) Name() string { return "simulator" }
 
-// SetFail makes micro-op op (as named in SimConfig.Delays, or "check")
+// SetFail makes micro-op op (as named in Config.Delays, or "check")
 // fail with err from now on; a nil err clears it.
 func (s *Simulator) SetFail(op string, err error) {
 	s.mu.Lock()
@@ -163,7 +164,7 @@ func (s *Simulator) save(uuid string, b []byte) {
 	if b == nil {
 		return
 	}
-	p, err := entryPath(s.cfg.StateDir, uuid, ".json")
+	p, err := backend.EntryPath(s.cfg.StateDir, uuid, ".json")
 	if err != nil {
 		return
 	}
@@ -184,14 +185,14 @@ func (s *Simulator) get(uuid string) (*simDomain, error) {
 }
 
 // Check implements Backend.
-func (s *Simulator) Check(spec *Spec) error {
+func (s *Simulator) Check(spec *backend.Spec) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.fail["check"]
 }
 
 // Create implements Backend.
-func (s *Simulator) Create(ctx context.Context, spec *Spec) (int64, error) {
+func (s *Simulator) Create(ctx context.Context, spec *backend.Spec) (int64, error) {
 	if err := s.step(ctx, "create"); err != nil {
 		return 0, err
 	}
@@ -205,7 +206,7 @@ func (s *Simulator) Create(ctx context.Context, spec *Spec) (int64, error) {
 	}
 	domid := s.nextDomid
 	s.nextDomid++
-	d := &simDomain{Spec: *spec, Info: DomainInfo{UUID: spec.UUID, Domid: domid, State: DomainBuilding, VCPUs: spec.VCPUs, Memory: spec.Target}}
+	d := &simDomain{Spec: *spec, Info: backend.DomainInfo{UUID: spec.UUID, Domid: domid, State: backend.DomainBuilding, VCPUs: spec.VCPUs, Memory: spec.Target}}
 	s.doms[spec.UUID] = d // journalled only once complete: see MarkComplete
 	return domid, nil
 }
@@ -236,7 +237,7 @@ func (s *Simulator) Build(ctx context.Context, uuid string) error {
 }
 
 // AddDisk implements Backend.
-func (s *Simulator) AddDisk(ctx context.Context, uuid string, disk Disk) error {
+func (s *Simulator) AddDisk(ctx context.Context, uuid string, disk backend.Disk) error {
 	return s.modify(ctx, "disk", uuid, func(d *simDomain) error {
 		d.Info.Disks = append(d.Info.Disks, disk)
 		return nil
@@ -244,7 +245,7 @@ func (s *Simulator) AddDisk(ctx context.Context, uuid string, disk Disk) error {
 }
 
 // AddNIC implements Backend.
-func (s *Simulator) AddNIC(ctx context.Context, uuid string, n NIC) error {
+func (s *Simulator) AddNIC(ctx context.Context, uuid string, n backend.NIC) error {
 	return s.modify(ctx, "nic", uuid, func(d *simDomain) error {
 		n.Mode = "none"
 		d.Info.NICs = append(d.Info.NICs, n)
@@ -256,11 +257,11 @@ func (s *Simulator) AddNIC(ctx context.Context, uuid string, n NIC) error {
 func (s *Simulator) StartDeviceModel(ctx context.Context, uuid string) error {
 	return s.modify(ctx, "device-model", uuid, func(d *simDomain) error {
 		if p := d.Spec.RestoreFrom; p != "" {
-			if _, err := ReadImageMeta(p); err != nil {
+			if _, err := backend.ReadImageMeta(p); err != nil {
 				return xerr.New(xerr.SuspendImageNotAccessible, p)
 			}
 		}
-		d.Info.State = DomainPaused
+		d.Info.State = backend.DomainPaused
 		d.Info.StartTime = time.Now().UTC()
 		return nil
 	})
@@ -283,8 +284,8 @@ func (s *Simulator) MarkComplete(uuid string) error {
 
 func simStopped(d *simDomain) error {
 	switch d.Info.State {
-	case DomainShutdown, DomainReboot, DomainCrashed, DomainGone:
-		return xerr.New(xerr.VMBadPowerState, d.Spec.VMRef, powerName(psRunning), powerName(psHalted))
+	case backend.DomainShutdown, backend.DomainReboot, backend.DomainCrashed, backend.DomainGone:
+		return xerr.New(xerr.VMBadPowerState, d.Spec.VMRef, "running", "halted")
 	}
 	return nil
 }
@@ -295,7 +296,7 @@ func (s *Simulator) Pause(ctx context.Context, uuid string) error {
 		if err := simStopped(d); err != nil {
 			return err
 		}
-		d.Info.State = DomainPaused
+		d.Info.State = backend.DomainPaused
 		return nil
 	}, true)
 }
@@ -306,7 +307,7 @@ func (s *Simulator) Unpause(ctx context.Context, uuid string) error {
 		if err := simStopped(d); err != nil {
 			return err
 		}
-		d.Info.State = DomainRunning
+		d.Info.State = backend.DomainRunning
 		return nil
 	}, true)
 }
@@ -320,7 +321,7 @@ func (s *Simulator) RequestShutdown(ctx context.Context, uuid string) error {
 	if err != nil {
 		return err
 	}
-	if s.cfg.NoACPI || d.Info.State != DomainRunning || d.ShutdownT != nil {
+	if s.cfg.NoACPI || d.Info.State != backend.DomainRunning || d.ShutdownT != nil {
 		return nil
 	}
 	delay := s.delays["guest-shutdown"]
@@ -332,10 +333,10 @@ func (s *Simulator) RequestShutdown(ctx context.Context, uuid string) error {
 func (s *Simulator) Suspend(ctx context.Context, uuid, path string, progress func(float64)) error {
 	s.mu.Lock()
 	d, err := s.get(uuid)
-	var spec Spec
+	var spec backend.Spec
 	if err == nil {
 		spec = d.Spec
-		d.Info.State = DomainPaused
+		d.Info.State = backend.DomainPaused
 	}
 	s.mu.Unlock()
 	if err != nil {
@@ -345,7 +346,7 @@ func (s *Simulator) Suspend(ctx context.Context, uuid, path string, progress fun
 		if err := s.step(ctx, "suspend"); err != nil {
 			s.mu.Lock()
 			if d := s.doms[uuid]; d != nil {
-				d.Info.State = DomainRunning
+				d.Info.State = backend.DomainRunning
 			}
 			s.mu.Unlock()
 			return err
@@ -355,9 +356,9 @@ func (s *Simulator) Suspend(ctx context.Context, uuid, path string, progress fun
 		}
 	}
 	s.mu.Lock()
-	meta := &ImageMeta{Spec: spec, Backend: "simulator"}
+	meta := &backend.ImageMeta{Spec: spec, Backend: "simulator"}
 	if d := s.doms[uuid]; d != nil {
-		meta.Disks, meta.NICs = append([]Disk(nil), d.Info.Disks...), append([]NIC(nil), d.Info.NICs...)
+		meta.Disks, meta.NICs = append([]backend.Disk(nil), d.Info.Disks...), append([]backend.NIC(nil), d.Info.NICs...)
 	}
 	s.mu.Unlock()
 	meta.Spec.RestoreFrom = ""
@@ -366,7 +367,7 @@ func (s *Simulator) Suspend(ctx context.Context, uuid, path string, progress fun
 		return err
 	}
 	defer func(c func() error) { _ = c() }(f.Close)
-	at, err := writeImageHeader(f, meta, recSim)
+	at, err := backend.WriteImageHeader(f, meta, backend.RecSim)
 	if err != nil {
 		return err
 	}
@@ -374,7 +375,7 @@ func (s *Simulator) Suspend(ctx context.Context, uuid, path string, progress fun
 	if _, err := f.Write(b); err != nil {
 		return err
 	}
-	return finishImage(f, at)
+	return backend.FinishImage(f, at)
 }
 
 // Destroy implements Backend.
@@ -389,7 +390,7 @@ func (s *Simulator) Destroy(ctx context.Context, uuid string) error {
 	}
 	delete(s.doms, uuid)
 	if s.cfg.StateDir != "" {
-		if p, err := entryPath(s.cfg.StateDir, uuid, ".json"); err == nil {
+		if p, err := backend.EntryPath(s.cfg.StateDir, uuid, ".json"); err == nil {
 			_ = os.Remove(p)
 		}
 	}
@@ -397,7 +398,7 @@ func (s *Simulator) Destroy(ctx context.Context, uuid string) error {
 }
 
 // PlugDisk implements Backend.
-func (s *Simulator) PlugDisk(ctx context.Context, uuid string, disk Disk) error {
+func (s *Simulator) PlugDisk(ctx context.Context, uuid string, disk backend.Disk) error {
 	return s.modify(ctx, "plug", uuid, func(d *simDomain) error {
 		for _, x := range d.Info.Disks {
 			if x.Device == disk.Device {
@@ -423,7 +424,7 @@ func (s *Simulator) UnplugDisk(ctx context.Context, uuid, device string, force b
 }
 
 // ChangeMedium implements Backend.
-func (s *Simulator) ChangeMedium(ctx context.Context, uuid string, disk Disk) error {
+func (s *Simulator) ChangeMedium(ctx context.Context, uuid string, disk backend.Disk) error {
 	return s.modify(ctx, "plug", uuid, func(d *simDomain) error {
 		for i, x := range d.Info.Disks {
 			if x.Device == disk.Device {
@@ -436,7 +437,7 @@ func (s *Simulator) ChangeMedium(ctx context.Context, uuid string, disk Disk) er
 }
 
 // PlugNIC implements Backend.
-func (s *Simulator) PlugNIC(ctx context.Context, uuid string, n NIC) error {
+func (s *Simulator) PlugNIC(ctx context.Context, uuid string, n backend.NIC) error {
 	return s.modify(ctx, "plug", uuid, func(d *simDomain) error {
 		n.Mode = "none"
 		d.Info.NICs = append(d.Info.NICs, n)
@@ -474,39 +475,39 @@ func (s *Simulator) SetMemoryTarget(ctx context.Context, uuid string, bytes int6
 }
 
 // Info implements Backend.
-func (s *Simulator) Info(uuid string) (DomainInfo, bool) {
+func (s *Simulator) Info(uuid string) (backend.DomainInfo, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	d := s.doms[uuid]
 	if d == nil {
-		return DomainInfo{}, false
+		return backend.DomainInfo{}, false
 	}
 	return cloneInfo(d.Info), true
 }
 
 // DomainSpec is the spec a simulated domain was built from (for tests:
 // what a real backend would have turned into a command line).
-func (s *Simulator) DomainSpec(uuid string) (Spec, bool) {
+func (s *Simulator) DomainSpec(uuid string) (backend.Spec, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	d := s.doms[uuid]
 	if d == nil {
-		return Spec{}, false
+		return backend.Spec{}, false
 	}
 	return d.Spec, true
 }
 
-func cloneInfo(i DomainInfo) DomainInfo {
-	i.Disks = append([]Disk(nil), i.Disks...)
-	i.NICs = append([]NIC(nil), i.NICs...)
+func cloneInfo(i backend.DomainInfo) backend.DomainInfo {
+	i.Disks = append([]backend.Disk(nil), i.Disks...)
+	i.NICs = append([]backend.NIC(nil), i.NICs...)
 	return i
 }
 
 // List implements Backend.
-func (s *Simulator) List() []DomainInfo {
+func (s *Simulator) List() []backend.DomainInfo {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]DomainInfo, 0, len(s.doms))
+	out := make([]backend.DomainInfo, 0, len(s.doms))
 	for _, d := range s.doms {
 		out = append(out, cloneInfo(d.Info))
 	}
@@ -545,20 +546,20 @@ func (s *Simulator) change(uuid string, fn func(d *simDomain)) bool {
 
 // GuestPowerOff makes the guest power itself off.
 func (s *Simulator) GuestPowerOff(uuid string) bool {
-	return s.change(uuid, func(d *simDomain) { d.Info.State = DomainShutdown })
+	return s.change(uuid, func(d *simDomain) { d.Info.State = backend.DomainShutdown })
 }
 
 // GuestReboot makes the guest ask for a reboot.
 func (s *Simulator) GuestReboot(uuid string) bool {
-	return s.change(uuid, func(d *simDomain) { d.Info.State = DomainReboot })
+	return s.change(uuid, func(d *simDomain) { d.Info.State = backend.DomainReboot })
 }
 
 // Crash makes the guest crash.
 func (s *Simulator) Crash(uuid string) bool {
-	return s.change(uuid, func(d *simDomain) { d.Info.State = DomainCrashed; d.Info.Reason = "guest panicked" })
+	return s.change(uuid, func(d *simDomain) { d.Info.State = backend.DomainCrashed; d.Info.Reason = "guest panicked" })
 }
 
 // Vanish makes the domain disappear as if its process had been killed.
 func (s *Simulator) Vanish(uuid string) bool {
-	return s.change(uuid, func(d *simDomain) { d.Info.State = DomainGone; d.Info.Reason = "process vanished" })
+	return s.change(uuid, func(d *simDomain) { d.Info.State = backend.DomainGone; d.Info.Reason = "process vanished" })
 }

@@ -1,4 +1,4 @@
-package xenops
+package qemu
 
 import (
 	"context"
@@ -18,11 +18,12 @@ import (
 	"time"
 
 	"toolstackd/internal/safepath"
+	"toolstackd/internal/xenops/backend"
 	"toolstackd/internal/xerr"
 )
 
-// QEMUConfig tunes the QEMU backend.
-type QEMUConfig struct {
+// Config tunes the QEMU backend.
+type Config struct {
 	// Binary is the emulator (default qemu-system-x86_64 from PATH).
 	Binary string
 	// Accel is "auto" (KVM when /dev/kvm is usable and a probe shows
@@ -54,7 +55,7 @@ type QEMUConfig struct {
 // domain's journal (StateDir/UUID/domain.json) lets a new daemon find
 // them again.
 type QEMU struct {
-	cfg QEMUConfig
+	cfg Config
 	log *slog.Logger
 
 	mu        sync.Mutex
@@ -74,9 +75,9 @@ type QEMU struct {
 type qemuJournal struct {
 	UUID       string
 	Domid      int64
-	Spec       Spec
-	Disks      []Disk
-	NICs       []NIC
+	Spec       backend.Spec
+	Disks      []backend.Disk
+	NICs       []backend.NIC
 	Accel      string
 	Dir        string
 	QMPPath    string
@@ -87,14 +88,14 @@ type qemuJournal struct {
 	PidStart   uint64
 	Complete   bool
 	StartTime  time.Time
-	HotCPUs    []CPUDevice
+	HotCPUs    []backend.CPUDevice
 	Argv       []string
 }
 
 type qemuDomain struct {
 	mu       sync.Mutex
 	j        qemuJournal
-	state    DomainState
+	state    backend.DomainState
 	reason   string
 	vcpus    int
 	memory   int64
@@ -111,12 +112,16 @@ type eventWaiter struct {
 	ch    chan QMPEvent
 }
 
-var _ Backend = (*QEMU)(nil)
+var (
+	_ backend.Backend         = (*QEMU)(nil)
+	_ backend.Accelerated     = (*QEMU)(nil)
+	_ backend.LiveSnapshotter = (*QEMU)(nil)
+)
 
-// NewQEMU makes the backend and re-attaches to the domains journalled in
+// New makes the backend and re-attaches to the domains journalled in
 // cfg.StateDir: those whose process still runs are managed again (none is
 // killed); the others are reported as Gone.
-func NewQEMU(cfg QEMUConfig, log *slog.Logger) (*QEMU, error) {
+func New(cfg Config, log *slog.Logger) (*QEMU, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -151,11 +156,11 @@ func NewQEMU(cfg QEMUConfig, log *slog.Logger) (*QEMU, error) {
 		return nil, err
 	}
 	for _, e := range ents {
-		dir, err := entryPath(cfg.StateDir, e.Name(), "")
+		dir, err := backend.EntryPath(cfg.StateDir, e.Name(), "")
 		if err != nil {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join(dir, "domain.json")) //nolint:gosec // dir is entryPath'd (safepath) above
+		b, err := os.ReadFile(filepath.Join(dir, "domain.json")) //nolint:gosec // dir is EntryPath'd (safepath) above
 		if err != nil {
 			continue
 		}
@@ -185,12 +190,12 @@ func (q *QEMU) reattach(d *qemuDomain) {
 	j := &d.j
 	d.vcpus, d.memory = j.Spec.VCPUs, j.Spec.Target
 	if !sameProcess(j.Pid, j.PidStart, j.UUID) {
-		d.state, d.reason = DomainGone, "emulator process no longer running"
+		d.state, d.reason = backend.DomainGone, "emulator process no longer running"
 		d.exitOnce.Do(func() { close(d.exited) })
 		q.log.Info("qemu: journalled domain has no process", "vm", j.UUID, "pid", j.Pid)
 		return
 	}
-	d.state = DomainRunning
+	d.state = backend.DomainRunning
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := q.connect(ctx, d); err != nil {
@@ -213,18 +218,18 @@ func (q *QEMU) reattach(d *qemuDomain) {
 	q.log.Info("qemu: re-attached to running domain", "vm", j.UUID, "pid", j.Pid, "domid", j.Domid, "state", d.state)
 }
 
-func stateOfStatus(s string) DomainState {
+func stateOfStatus(s string) backend.DomainState {
 	switch s {
 	case "running":
-		return DomainRunning
+		return backend.DomainRunning
 	case "shutdown":
-		return DomainShutdown
+		return backend.DomainShutdown
 	case "guest-panicked", "internal-error", "io-error":
-		return DomainCrashed
+		return backend.DomainCrashed
 	case "inmigrate":
-		return DomainBuilding
+		return backend.DomainBuilding
 	}
-	return DomainPaused // paused, prelaunch, postmigrate, suspended, ...
+	return backend.DomainPaused // paused, prelaunch, postmigrate, suspended, ...
 }
 
 // Name implements Backend.
@@ -288,7 +293,7 @@ func (q *QEMU) watch() {
 		q.mu.Unlock()
 		for _, d := range doms {
 			d.mu.Lock()
-			check := !d.child && d.j.Pid > 0 && d.state != DomainGone
+			check := !d.child && d.j.Pid > 0 && d.state != backend.DomainGone
 			pid, start, id := d.j.Pid, d.j.PidStart, d.j.UUID
 			d.mu.Unlock()
 			if check && !sameProcess(pid, start, id) {
@@ -329,7 +334,7 @@ func (q *QEMU) save(d *qemuDomain) error {
 // its taps named as setupNIC names them. Destroy removes what a journal
 // names, so a journal must not be able to name anything else.
 func checkJournal(j *qemuJournal, stateDir, name string) error {
-	dir, err := entryPath(stateDir, name, "")
+	dir, err := backend.EntryPath(stateDir, name, "")
 	if err != nil {
 		return err
 	}
@@ -354,7 +359,7 @@ func checkJournal(j *qemuJournal, stateDir, name string) error {
 	return nil
 }
 
-func (q *QEMU) accel(spec *Spec) (string, error) {
+func (q *QEMU) accel(spec *backend.Spec) (string, error) {
 	switch q.cfg.Accel {
 	case "tcg":
 		return "tcg", nil
@@ -370,7 +375,7 @@ func (q *QEMU) accel(spec *Spec) (string, error) {
 }
 
 // Check implements Backend.
-func (q *QEMU) Check(spec *Spec) error {
+func (q *QEMU) Check(spec *backend.Spec) error {
 	if _, err := exec.LookPath(q.cfg.Binary); err != nil {
 		return xerr.New(xerr.FailedToStartEmulator, spec.VMRef, "qemu", "cannot find the emulator "+q.cfg.Binary+": "+err.Error())
 	}
@@ -401,7 +406,7 @@ func (q *QEMU) sockDir(dir, uuid string) string {
 }
 
 // Create implements Backend.
-func (q *QEMU) Create(ctx context.Context, spec *Spec) (int64, error) {
+func (q *QEMU) Create(ctx context.Context, spec *backend.Spec) (int64, error) {
 	accel, err := q.accel(spec)
 	if err != nil {
 		return 0, err
@@ -411,14 +416,14 @@ func (q *QEMU) Create(ctx context.Context, spec *Spec) (int64, error) {
 		q.mu.Unlock()
 		return 0, xerr.New(xerr.DomainExists, spec.VMRef, strconv.FormatInt(old.j.Domid, 10))
 	}
-	dir, err := entryPath(q.cfg.StateDir, spec.UUID, "")
+	dir, err := backend.EntryPath(q.cfg.StateDir, spec.UUID, "")
 	if err != nil {
 		q.mu.Unlock()
 		return 0, err
 	}
 	domid := q.nextDomid
 	q.nextDomid++
-	d := &qemuDomain{state: DomainBuilding, exited: make(chan struct{}), vcpus: spec.VCPUs, memory: spec.Target}
+	d := &qemuDomain{state: backend.DomainBuilding, exited: make(chan struct{}), vcpus: spec.VCPUs, memory: spec.Target}
 	sd := q.sockDir(dir, spec.UUID)
 	d.j = qemuJournal{UUID: spec.UUID, Domid: domid, Spec: *spec, Accel: accel, Dir: dir,
 		QMPPath: filepath.Join(sd, "qmp.sock"), VNCPath: filepath.Join(sd, "vnc.sock"), SerialPath: filepath.Join(sd, "serial.sock"),
@@ -501,7 +506,7 @@ func copyFile(from, to string) error {
 }
 
 // AddDisk implements Backend.
-func (q *QEMU) AddDisk(ctx context.Context, uuid string, disk Disk) error {
+func (q *QEMU) AddDisk(ctx context.Context, uuid string, disk backend.Disk) error {
 	d, err := q.dom(uuid)
 	if err != nil {
 		return err
@@ -514,7 +519,7 @@ func (q *QEMU) AddDisk(ctx context.Context, uuid string, disk Disk) error {
 
 // AddNIC implements Backend: it makes the NIC's tap (or decides on
 // user-mode networking) now, so the device model finds it ready.
-func (q *QEMU) AddNIC(ctx context.Context, uuid string, n NIC) error {
+func (q *QEMU) AddNIC(ctx context.Context, uuid string, n backend.NIC) error {
 	d, err := q.dom(uuid)
 	if err != nil {
 		return err
@@ -549,7 +554,7 @@ func (q *QEMU) StartDeviceModel(ctx context.Context, uuid string) error {
 	// it, and it outlives the daemon.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if j.Spec.RestoreFrom != "" {
-		img, _, err := openImageStream(j.Spec.RestoreFrom, recQEMU)
+		img, _, err := backend.OpenImageStream(j.Spec.RestoreFrom, backend.RecQEMU)
 		if err != nil {
 			_ = logf.Close()
 			q.log.Warn("qemu: unusable suspend image", "vm", j.UUID, "err", err)
@@ -592,9 +597,9 @@ func (q *QEMU) StartDeviceModel(ctx context.Context, uuid string) error {
 		}
 	}
 	d.mu.Lock()
-	d.state = DomainPaused
+	d.state = backend.DomainPaused
 	if j.Spec.AutoStart {
-		d.state = DomainRunning
+		d.state = backend.DomainRunning
 	}
 	d.j.StartTime = time.Now().UTC()
 	d.mu.Unlock()
@@ -697,23 +702,23 @@ func (q *QEMU) onEvent(d *qemuDomain, ev QMPEvent) {
 		if data.Guest {
 			switch data.Reason {
 			case "guest-reset":
-				d.state = DomainReboot
+				d.state = backend.DomainReboot
 			case "guest-panic":
-				d.state, d.reason = DomainCrashed, "guest panicked"
+				d.state, d.reason = backend.DomainCrashed, "guest panicked"
 			default:
-				d.state = DomainShutdown
+				d.state = backend.DomainShutdown
 			}
 			changed = true
 		}
 	case "GUEST_PANICKED":
-		d.state, d.reason, changed = DomainCrashed, "guest panicked", true
+		d.state, d.reason, changed = backend.DomainCrashed, "guest panicked", true
 	case "STOP":
-		if d.state == DomainRunning {
-			d.state, changed = DomainPaused, true
+		if d.state == backend.DomainRunning {
+			d.state, changed = backend.DomainPaused, true
 		}
 	case "RESUME":
-		if d.state == DomainPaused {
-			d.state, changed = DomainRunning, true
+		if d.state == backend.DomainPaused {
+			d.state, changed = backend.DomainRunning, true
 		}
 	}
 	uuid := d.j.UUID
@@ -735,9 +740,9 @@ func (q *QEMU) processGone(d *qemuDomain) {
 	expected := d.stopping
 	if !expected {
 		switch d.state {
-		case DomainShutdown, DomainReboot, DomainCrashed:
+		case backend.DomainShutdown, backend.DomainReboot, backend.DomainCrashed:
 		default:
-			d.state, d.reason = DomainCrashed, "emulator exited: "+truncate(tailFile(d.j.LogPath, 300), 300)
+			d.state, d.reason = backend.DomainCrashed, "emulator exited: "+truncate(tailFile(d.j.LogPath, 300), 300)
 		}
 	}
 	uuid := d.j.UUID
@@ -792,8 +797,8 @@ func (d *qemuDomain) stopped() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	switch d.state {
-	case DomainShutdown, DomainReboot, DomainCrashed, DomainGone:
-		return xerr.New(xerr.VMBadPowerState, d.j.Spec.VMRef, powerName(psRunning), powerName(psHalted))
+	case backend.DomainShutdown, backend.DomainReboot, backend.DomainCrashed, backend.DomainGone:
+		return xerr.New(xerr.VMBadPowerState, d.j.Spec.VMRef, "running", "halted")
 	}
 	return nil
 }
@@ -810,7 +815,7 @@ func (q *QEMU) Pause(ctx context.Context, uuid string) error {
 		return err
 	}
 	d.mu.Lock()
-	d.state = DomainPaused
+	d.state = backend.DomainPaused
 	d.mu.Unlock()
 	return nil
 }
@@ -819,7 +824,7 @@ func (q *QEMU) Pause(ctx context.Context, uuid string) error {
 func (q *QEMU) Unpause(ctx context.Context, uuid string) error {
 	if d, err := q.dom(uuid); err == nil {
 		d.mu.Lock()
-		running := d.state == DomainRunning && !d.j.Complete && d.j.Spec.AutoStart
+		running := d.state == backend.DomainRunning && !d.j.Complete && d.j.Spec.AutoStart
 		d.mu.Unlock()
 		if running {
 			return nil // started by itself (Spec.AutoStart)
@@ -833,7 +838,7 @@ func (q *QEMU) Unpause(ctx context.Context, uuid string) error {
 		return err
 	}
 	d.mu.Lock()
-	d.state = DomainRunning
+	d.state = backend.DomainRunning
 	d.mu.Unlock()
 	return nil
 }
@@ -856,7 +861,7 @@ func (q *QEMU) Suspend(ctx context.Context, uuid, path string, progress func(flo
 		return err
 	}
 	d.mu.Lock()
-	wasRunning := d.state == DomainRunning
+	wasRunning := d.state == backend.DomainRunning
 	d.mu.Unlock()
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|os.O_TRUNC, 0o600) //nolint:gosec // os.O_RDWR|os.O_TRUNC, 0o600)|a suspend image path in the suspend dir
 	if err != nil {
@@ -864,11 +869,11 @@ func (q *QEMU) Suspend(ctx context.Context, uuid, path string, progress func(flo
 	}
 	defer func(c func() error) { _ = c() }(f.Close)
 	d.mu.Lock()
-	meta := &ImageMeta{Spec: d.j.Spec, Disks: append([]Disk(nil), d.j.Disks...), NICs: append([]NIC(nil), d.j.NICs...),
-		HotCPUs: append([]CPUDevice(nil), d.j.HotCPUs...), Backend: "qemu"}
+	meta := &backend.ImageMeta{Spec: d.j.Spec, Disks: append([]backend.Disk(nil), d.j.Disks...), NICs: append([]backend.NIC(nil), d.j.NICs...),
+		HotCPUs: append([]backend.CPUDevice(nil), d.j.HotCPUs...), Backend: "qemu"}
 	d.mu.Unlock()
 	meta.Spec.RestoreFrom, meta.Spec.HotCPUs = "", nil
-	lengthAt, err := writeImageHeader(f, meta, recQEMU)
+	lengthAt, err := backend.WriteImageHeader(f, meta, backend.RecQEMU)
 	if err != nil {
 		return err
 	}
@@ -919,11 +924,11 @@ func (q *QEMU) Suspend(ctx context.Context, uuid, path string, progress func(flo
 		}
 		switch st.Status {
 		case "completed":
-			if err := finishImage(f, lengthAt); err != nil {
+			if err := backend.FinishImage(f, lengthAt); err != nil {
 				return undo(err)
 			}
 			d.mu.Lock()
-			d.state = DomainPaused
+			d.state = backend.DomainPaused
 			d.mu.Unlock()
 			return nil
 		case "failed", "cancelled":
@@ -947,7 +952,7 @@ func (q *QEMU) Destroy(ctx context.Context, uuid string) error {
 	d := q.doms[uuid]
 	q.mu.Unlock()
 	if d == nil {
-		dir, err := entryPath(q.cfg.StateDir, uuid, "")
+		dir, err := backend.EntryPath(q.cfg.StateDir, uuid, "")
 		if err != nil {
 			return err
 		}
@@ -1076,7 +1081,7 @@ func (q *QEMU) deviceDel(ctx context.Context, d *qemuDomain, qmp *QMP, id string
 }
 
 // PlugDisk implements Backend.
-func (q *QEMU) PlugDisk(ctx context.Context, uuid string, disk Disk) error {
+func (q *QEMU) PlugDisk(ctx context.Context, uuid string, disk backend.Disk) error {
 	d, err := q.dom(uuid)
 	if err != nil {
 		return err
@@ -1126,7 +1131,7 @@ func (q *QEMU) UnplugDisk(ctx context.Context, uuid, device string, force bool) 
 		return err
 	}
 	d.mu.Lock()
-	var disk *Disk
+	var disk *backend.Disk
 	for i := range d.j.Disks {
 		if d.j.Disks[i].Device == device {
 			x := d.j.Disks[i]
@@ -1169,7 +1174,7 @@ func (q *QEMU) UnplugDisk(ctx context.Context, uuid, device string, force bool) 
 }
 
 // ChangeMedium implements Backend.
-func (q *QEMU) ChangeMedium(ctx context.Context, uuid string, disk Disk) error {
+func (q *QEMU) ChangeMedium(ctx context.Context, uuid string, disk backend.Disk) error {
 	d, err := q.dom(uuid)
 	if err != nil {
 		return err
@@ -1251,7 +1256,7 @@ func (q *QEMU) LiveSnapshot(ctx context.Context, uuid, device, path, format stri
 }
 
 // PlugNIC implements Backend.
-func (q *QEMU) PlugNIC(ctx context.Context, uuid string, n NIC) error {
+func (q *QEMU) PlugNIC(ctx context.Context, uuid string, n backend.NIC) error {
 	d, err := q.dom(uuid)
 	if err != nil {
 		return err
@@ -1295,7 +1300,7 @@ func (q *QEMU) UnplugNIC(ctx context.Context, uuid, device string) error {
 		return err
 	}
 	d.mu.Lock()
-	var nic *NIC
+	var nic *backend.NIC
 	for i := range d.j.NICs {
 		if d.j.NICs[i].Device == device {
 			x := d.j.NICs[i]
@@ -1389,7 +1394,7 @@ func (q *QEMU) SetVCPUs(ctx context.Context, uuid string, n int) error {
 		}
 		present++
 		d.mu.Lock()
-		d.j.HotCPUs = append(d.j.HotCPUs, CPUDevice{ID: id, Args: args})
+		d.j.HotCPUs = append(d.j.HotCPUs, backend.CPUDevice{ID: id, Args: args})
 		d.mu.Unlock()
 	}
 	for present > n {
@@ -1426,12 +1431,12 @@ func (q *QEMU) SetMemoryTarget(ctx context.Context, uuid string, bytes int64) er
 	return nil
 }
 
-func (q *QEMU) info(d *qemuDomain) DomainInfo {
+func (q *QEMU) info(d *qemuDomain) backend.DomainInfo {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	i := DomainInfo{UUID: d.j.UUID, Domid: d.j.Domid, State: d.state, Complete: d.j.Complete, StartTime: d.j.StartTime,
+	i := backend.DomainInfo{UUID: d.j.UUID, Domid: d.j.Domid, State: d.state, Complete: d.j.Complete, StartTime: d.j.StartTime,
 		VCPUs: d.vcpus, Memory: d.memory, Reason: d.reason,
-		Disks: append([]Disk(nil), d.j.Disks...), NICs: append([]NIC(nil), d.j.NICs...)}
+		Disks: append([]backend.Disk(nil), d.j.Disks...), NICs: append([]backend.NIC(nil), d.j.NICs...)}
 	select {
 	case <-d.exited:
 	default:
@@ -1441,25 +1446,25 @@ func (q *QEMU) info(d *qemuDomain) DomainInfo {
 }
 
 // Info implements Backend.
-func (q *QEMU) Info(uuid string) (DomainInfo, bool) {
+func (q *QEMU) Info(uuid string) (backend.DomainInfo, bool) {
 	q.mu.Lock()
 	d := q.doms[uuid]
 	q.mu.Unlock()
 	if d == nil {
-		return DomainInfo{}, false
+		return backend.DomainInfo{}, false
 	}
 	return q.info(d), true
 }
 
 // List implements Backend.
-func (q *QEMU) List() []DomainInfo {
+func (q *QEMU) List() []backend.DomainInfo {
 	q.mu.Lock()
 	doms := make([]*qemuDomain, 0, len(q.doms))
 	for _, d := range q.doms {
 		doms = append(doms, d)
 	}
 	q.mu.Unlock()
-	out := make([]DomainInfo, 0, len(doms))
+	out := make([]backend.DomainInfo, 0, len(doms))
 	for _, d := range doms {
 		out = append(out, q.info(d))
 	}

@@ -1,4 +1,4 @@
-package xenops
+package qemu
 
 import (
 	"errors"
@@ -8,23 +8,7 @@ import (
 	"strings"
 
 	"toolstackd/internal/safepath"
-	"toolstackd/internal/xerr"
 )
-
-// Every path xenops builds from data (a VM's uuid from the database or a
-// journal, a hook's file name) goes through these helpers, which use
-// internal/safepath: a uuid must be one plain file name, and whatever is
-// removed must lie strictly below the directory that owns it.
-
-// entryPath is dir/<name><suffix> for a name taken from data (a VM uuid),
-// refused as INVALID_VALUE when it is not a plain file name.
-func entryPath(dir, name, suffix string) (string, error) {
-	p, err := safepath.JoinName(dir, name+suffix)
-	if err != nil || safepath.Name(name) != nil {
-		return "", xerr.New(xerr.InvalidValue, "uuid", name)
-	}
-	return p, nil
-}
 
 // errOutside is returned for a removal refused because the path is not
 // below its directory.

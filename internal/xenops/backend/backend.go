@@ -1,7 +1,8 @@
-package xenops
+package backend
 
 import (
 	"context"
+	"strings"
 	"time"
 )
 
@@ -77,6 +78,24 @@ type Backend interface {
 	SetNotify(func(uuid string))
 	// Close stops watching domains. It leaves them running.
 	Close()
+}
+
+// Optional capabilities: a backend implements these when it can, and the
+// manager asks for them with a type assertion.
+
+// Accelerated is a backend that chooses how guests are accelerated and
+// can say what it chose ("kvm" or "tcg") and why; the manager records it
+// in the host's other_config.
+type Accelerated interface {
+	Accelerator() (accel, reason string)
+}
+
+// LiveSnapshotter is a backend that can switch a running domain's disk
+// (named by userdevice) to a new active image at path: an empty overlay
+// whose backing file is the image the domain has open. Storage uses it
+// to snapshot or clone a disk in use.
+type LiveSnapshotter interface {
+	LiveSnapshot(ctx context.Context, uuid, device, path, format string) error
 }
 
 // DomainState is what a domain is doing.
@@ -162,3 +181,21 @@ type NIC struct {
 	Tap    string // set by the backend when it made a tap
 	Mode   string // "tap", "user" or "none": the backend's decision
 }
+
+// PlatformTrue reads a platform flag the way xapi does.
+func PlatformTrue(p map[string]string, key string, def bool) bool {
+	v, ok := p[key]
+	if !ok {
+		return def
+	}
+	switch strings.ToLower(v) {
+	case "1", "true", "on", "yes":
+		return true
+	case "0", "false", "off", "no":
+		return false
+	}
+	return def
+}
+
+// MaxVCPUs is the most VCPUs a domain may have.
+const MaxVCPUs = 255

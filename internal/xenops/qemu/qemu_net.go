@@ -1,4 +1,4 @@
-package xenops
+package qemu
 
 import (
 	"fmt"
@@ -7,12 +7,14 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+
+	"toolstackd/internal/xenops/backend"
 )
 
 // A VIF gets a tap device on its network's Linux bridge when that is
 // possible: toolstackd runs as root, the bridge exists and iproute2 is
 // installed. Otherwise it gets QEMU's user-mode networking (or nothing,
-// with QEMUConfig.NoUserNet). The decision is logged per NIC, and every
+// with Config.NoUserNet). The decision is logged per NIC, and every
 // tap is journalled before it is made, so none is left behind.
 
 func bridgeExists(name string) bool {
@@ -59,7 +61,7 @@ func tapName(domid int64, device string) string {
 
 // setupNIC decides how a NIC reaches the network, makes its tap if it
 // gets one, and journals it.
-func (q *QEMU) setupNIC(d *qemuDomain, n *NIC) error {
+func (q *QEMU) setupNIC(d *qemuDomain, n *backend.NIC) error {
 	d.mu.Lock()
 	domid, uuid := d.j.Domid, d.j.UUID
 	d.mu.Unlock()

@@ -1,4 +1,4 @@
-package xenops
+package backend
 
 import (
 	"bytes"
@@ -17,7 +17,7 @@ import (
 //
 //	"TOOLSTACKD-SUSPEND-1\n"
 //	[recMeta  len] JSON ImageMeta: the domain as it ran (informative)
-//	[recQEMU  len] QEMU's migration stream (recSim for the simulator)
+//	[RecQEMU  len] QEMU's migration stream (RecSim for the simulator)
 //	[recEnd   0]
 //
 // A stream record's length is written as unknownLength while QEMU writes
@@ -35,8 +35,8 @@ import (
 const (
 	imageSignature = "TOOLSTACKD-SUSPEND-1\n"
 	recMeta        = 1
-	recQEMU        = 2
-	recSim         = 3
+	RecQEMU        = 2
+	RecSim         = 3
 	recEnd         = 0xFF
 	unknownLength  = ^uint64(0)
 	// maxMetaLength bounds the metadata record (a real one is a few KiB).
@@ -83,10 +83,10 @@ func writeRecordHeader(w io.Writer, typ, length uint64) error {
 	return err
 }
 
-// writeImageHeader writes the signature, the metadata and the header of
+// WriteImageHeader writes the signature, the metadata and the header of
 // the stream record that follows; it returns the offset of that
 // header's length field, for patchStreamLength.
-func writeImageHeader(f *os.File, meta *ImageMeta, stream uint64) (int64, error) {
+func WriteImageHeader(f *os.File, meta *ImageMeta, stream uint64) (int64, error) {
 	b, err := json.Marshal(meta)
 	if err != nil {
 		return 0, err
@@ -107,8 +107,8 @@ func writeImageHeader(f *os.File, meta *ImageMeta, stream uint64) (int64, error)
 	return off, writeRecordHeader(f, stream, unknownLength)
 }
 
-// finishImage sets the stream record's length and writes the end record.
-func finishImage(f *os.File, lengthAt int64) error {
+// FinishImage sets the stream record's length and writes the end record.
+func FinishImage(f *os.File, lengthAt int64) error {
 	end, err := f.Seek(0, io.SeekEnd)
 	if err != nil {
 		return err
@@ -127,7 +127,7 @@ func finishImage(f *os.File, lengthAt int64) error {
 // imageLayout is what parseImage found in an image.
 type imageLayout struct {
 	meta   *ImageMeta
-	stream uint64 // record type: recQEMU or recSim
+	stream uint64 // record type: RecQEMU or RecSim
 	at     int64  // offset of the stream's first byte
 	length int64  // the stream's length
 }
@@ -136,9 +136,9 @@ type imageLayout struct {
 func streamOf(backend string) (uint64, bool) {
 	switch backend {
 	case "qemu":
-		return recQEMU, true
+		return RecQEMU, true
 	case "simulator":
-		return recSim, true
+		return RecSim, true
 	}
 	return 0, false
 }
@@ -202,7 +202,7 @@ func parseImage(r io.ReaderAt, size int64) (*imageLayout, error) {
 	switch {
 	case typ == recEnd:
 		return nil, ErrImageNoEnd
-	case typ != recQEMU && typ != recSim:
+	case typ != RecQEMU && typ != RecSim:
 		return nil, ErrImageRecord
 	case typ != want:
 		return nil, ErrImageBackend
@@ -234,7 +234,7 @@ func decodeImageMeta(b []byte) (*ImageMeta, error) {
 	if _, ok := streamOf(meta.Backend); !ok {
 		return nil, fmt.Errorf("%w: unknown backend %q", ErrImageMeta, meta.Backend)
 	}
-	if len(meta.HotCPUs) > maxVCPUs || len(meta.Disks) > maxImageDisks || len(meta.NICs) > maxImageNICs {
+	if len(meta.HotCPUs) > MaxVCPUs || len(meta.Disks) > maxImageDisks || len(meta.NICs) > maxImageNICs {
 		return nil, fmt.Errorf("%w: too many devices", ErrImageMeta)
 	}
 	return meta, nil
@@ -248,7 +248,7 @@ func fileSize(f *os.File) (int64, error) {
 // ReadImageMeta reads and checks a suspend image: its framing must be
 // complete and its metadata well-formed.
 func ReadImageMeta(path string) (*ImageMeta, error) {
-	f, err := os.Open(path) //nolint:gosec // suspend images live in the suspend dir (entryPath/safepath)
+	f, err := os.Open(path) //nolint:gosec // suspend images live in the suspend dir (EntryPath/safepath)
 	if err != nil {
 		return nil, err
 	}
@@ -264,10 +264,10 @@ func ReadImageMeta(path string) (*ImageMeta, error) {
 	return l.meta, nil
 }
 
-// openImageStream opens a complete image of the given stream type,
+// OpenImageStream opens a complete image of the given stream type,
 // positioned at its stream.
-func openImageStream(path string, stream uint64) (*os.File, *ImageMeta, error) {
-	f, err := os.Open(path) //nolint:gosec // suspend images live in the suspend dir (entryPath/safepath)
+func OpenImageStream(path string, stream uint64) (*os.File, *ImageMeta, error) {
+	f, err := os.Open(path) //nolint:gosec // suspend images live in the suspend dir (EntryPath/safepath)
 	if err != nil {
 		return nil, nil, err
 	}

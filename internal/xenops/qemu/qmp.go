@@ -1,4 +1,4 @@
-package xenops
+package qemu
 
 import (
 	"bufio"

@@ -1,4 +1,4 @@
-package xenops
+package backend
 
 import (
 	"bytes"
@@ -34,12 +34,12 @@ func imageBytes(meta any, stream uint64, data []byte, end bool) []byte {
 // allocate beyond its bounds, and whatever they accept must be framed
 // inside the input and rebuilt from allowed parts only.
 func FuzzSuspendImage(f *testing.F) {
-	f.Add(imageBytes(&ImageMeta{Backend: "simulator"}, recSim, []byte(`{"simulated-memory":1}`), true))
+	f.Add(imageBytes(&ImageMeta{Backend: "simulator"}, RecSim, []byte(`{"simulated-memory":1}`), true))
 	f.Add(imageBytes(&ImageMeta{Backend: "qemu", Spec: Spec{UUID: "../../etc", Kernel: "/etc/shadow"},
 		Disks:   []Disk{{Device: "0", Path: "/etc/shadow"}},
 		HotCPUs: []CPUDevice{{ID: "cpu-hot-1-0-0", Args: map[string]any{"driver": "max-x86_64-cpu", "socket-id": 1, "core-id": 0, "thread-id": 0}}}},
-		recQEMU, []byte("QEVM\x00\x00\x00\x03"), true))
-	f.Add(imageBytes(&ImageMeta{Backend: "qemu"}, recQEMU, nil, false))
+		RecQEMU, []byte("QEVM\x00\x00\x00\x03"), true))
+	f.Add(imageBytes(&ImageMeta{Backend: "qemu"}, RecQEMU, nil, false))
 	f.Add([]byte(imageSignature + "\x00\x00\x00\x00\x00\x00\x00\x01\xff\xff\xff\xff\xff\xff\xff\xff"))
 	f.Add([]byte(imageSignature))
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -53,7 +53,7 @@ func FuzzSuspendImage(f *testing.F) {
 		if want, _ := streamOf(l.meta.Backend); want != l.stream {
 			t.Fatalf("stream %d for backend %q", l.stream, l.meta.Backend)
 		}
-		hot, err := checkHotCPUs(l.meta.HotCPUs, &Spec{VCPUs: 1, MaxCPU: 8})
+		hot, err := CheckHotCPUs(l.meta.HotCPUs, &Spec{VCPUs: 1, MaxCPU: 8})
 		if err != nil {
 			return
 		}
@@ -72,7 +72,7 @@ func FuzzSuspendImage(f *testing.F) {
 
 // The parser's refusals, one per rule.
 func TestParseImageRefuses(t *testing.T) {
-	good := imageBytes(&ImageMeta{Backend: "simulator"}, recSim, []byte("{}"), true)
+	good := imageBytes(&ImageMeta{Backend: "simulator"}, RecSim, []byte("{}"), true)
 	if _, err := parseImage(bytes.NewReader(good), int64(len(good))); err != nil {
 		t.Fatalf("good image refused: %v", err)
 	}
@@ -87,12 +87,12 @@ func TestParseImageRefuses(t *testing.T) {
 		data []byte
 		want error
 	}{
-		"unknown field":   {imageBytes(map[string]any{"Backend": "simulator", "Exec": "/bin/sh"}, recSim, nil, true), ErrImageMeta},
-		"unknown backend": {imageBytes(map[string]any{"Backend": "xen"}, recSim, nil, true), ErrImageMeta},
-		"trailing json":   {imageBytes(json.RawMessage(`{"Backend":"simulator"} {}`), recSim, nil, true), ErrImageMeta},
-		"too many cpus":   {imageBytes(&ImageMeta{Backend: "qemu", HotCPUs: make([]CPUDevice, maxVCPUs+1)}, recQEMU, nil, true), ErrImageMeta},
-		"wrong stream":    {imageBytes(&ImageMeta{Backend: "simulator"}, recQEMU, nil, true), ErrImageBackend},
-		"unfinished":      {imageBytes(&ImageMeta{Backend: "simulator"}, recSim, nil, false), ErrImageNoEnd},
+		"unknown field":   {imageBytes(map[string]any{"Backend": "simulator", "Exec": "/bin/sh"}, RecSim, nil, true), ErrImageMeta},
+		"unknown backend": {imageBytes(map[string]any{"Backend": "xen"}, RecSim, nil, true), ErrImageMeta},
+		"trailing json":   {imageBytes(json.RawMessage(`{"Backend":"simulator"} {}`), RecSim, nil, true), ErrImageMeta},
+		"too many cpus":   {imageBytes(&ImageMeta{Backend: "qemu", HotCPUs: make([]CPUDevice, MaxVCPUs+1)}, RecQEMU, nil, true), ErrImageMeta},
+		"wrong stream":    {imageBytes(&ImageMeta{Backend: "simulator"}, RecQEMU, nil, true), ErrImageBackend},
+		"unfinished":      {imageBytes(&ImageMeta{Backend: "simulator"}, RecSim, nil, false), ErrImageNoEnd},
 		"metadata twice":  {meta2, ErrImageRecord},
 		"short":           {good[:len(imageSignature)+3], ErrImageTruncated},
 	} {

@@ -1,4 +1,4 @@
-package xenops
+package qemu
 
 import (
 	"encoding/json"
@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"toolstackd/internal/xenops/backend"
 	"toolstackd/internal/xerr"
 )
 
@@ -21,9 +22,9 @@ func jsonArg(v any) string {
 	return string(b)
 }
 
-// ideSlot maps a userdevice 0-3 to the PC's IDE bus and unit, as xapi
+// IDESlot maps a userdevice 0-3 to the PC's IDE bus and unit, as xapi
 // maps devices 0-3 of an HVM guest to hda-hdd.
-func ideSlot(device string) (bus string, unit int, ok bool) {
+func IDESlot(device string) (bus string, unit int, ok bool) {
 	n, err := strconv.Atoi(device)
 	if err != nil || n < 0 || n > 3 {
 		return "", 0, false
@@ -38,7 +39,7 @@ func nicID(device string) string    { return "vif" + device }
 func netID(device string) string    { return "net" + device }
 
 // blockdevArg is the JSON -blockdev / blockdev-add object for a disk.
-func blockdevArg(d Disk) map[string]any {
+func blockdevArg(d backend.Disk) map[string]any {
 	format := d.Format
 	if format == "" {
 		format = "raw"
@@ -74,7 +75,7 @@ func protocolNode(path string, ro bool) map[string]any {
 }
 
 // diskDevice is the JSON -device / device_add object for a disk or CD.
-func diskDevice(d Disk, diskBus string, bootindex int) (map[string]any, error) {
+func diskDevice(d backend.Disk, diskBus string, bootindex int) (map[string]any, error) {
 	dev := map[string]any{"id": devID(d.Device)}
 	if d.Path != "" {
 		dev["drive"] = nodeName(d.Device)
@@ -84,13 +85,13 @@ func diskDevice(d Disk, diskBus string, bootindex int) (map[string]any, error) {
 	}
 	switch {
 	case d.CD:
-		bus, unit, ok := ideSlot(d.Device)
+		bus, unit, ok := IDESlot(d.Device)
 		if !ok {
 			return nil, xerr.New(xerr.InvalidDevice, d.Device)
 		}
 		dev["driver"], dev["bus"], dev["unit"] = "ide-cd", bus, unit
 	case diskBus == "ide":
-		bus, unit, ok := ideSlot(d.Device)
+		bus, unit, ok := IDESlot(d.Device)
 		if !ok {
 			return nil, xerr.New(xerr.InvalidDevice, d.Device)
 		}
@@ -124,7 +125,7 @@ func nicModel(platform map[string]string) string {
 	return "virtio-net-pci"
 }
 
-func nicDevice(n NIC, model string, bootindex int) map[string]any {
+func nicDevice(n backend.NIC, model string, bootindex int) map[string]any {
 	dev := map[string]any{"driver": model, "id": nicID(n.Device), "netdev": netID(n.Device), "mac": n.MAC,
 		"addr": pciAddr(nicSlot0, n.Device)}
 	if bootindex > 0 {
@@ -135,7 +136,7 @@ func nicDevice(n NIC, model string, bootindex int) map[string]any {
 
 // netdevArg is the JSON -netdev / netdev_add object for a NIC, or nil
 // when the NIC has no backend on this host.
-func netdevArg(n NIC) map[string]any {
+func netdevArg(n backend.NIC) map[string]any {
 	switch n.Mode {
 	case "tap":
 		return map[string]any{"type": "tap", "id": netID(n.Device), "ifname": n.Tap, "script": "no", "downscript": "no"}
@@ -143,21 +144,6 @@ func netdevArg(n NIC) map[string]any {
 		return map[string]any{"type": "user", "id": netID(n.Device)}
 	}
 	return nil
-}
-
-// platformTrue reads a platform flag the way xapi does.
-func platformTrue(p map[string]string, key string, def bool) bool {
-	v, ok := p[key]
-	if !ok {
-		return def
-	}
-	switch strings.ToLower(v) {
-	case "1", "true", "on", "yes":
-		return true
-	case "0", "false", "off", "no":
-		return false
-	}
-	return def
 }
 
 // qemuArgv is the emulator's command line for a domain.
@@ -168,11 +154,11 @@ func (q *QEMU) qemuArgv(j *qemuJournal) ([]string, error) {
 		machine = "pc"
 	}
 	mopts := machine + ",accel=" + j.Accel
-	if !platformTrue(s.Platform, "acpi", true) {
+	if !backend.PlatformTrue(s.Platform, "acpi", true) {
 		mopts += ",acpi=off"
 	}
 	cpu := q.cpuModel(j.Accel)
-	if j.Accel == "kvm" && platformTrue(s.Platform, "viridian", false) {
+	if j.Accel == "kvm" && backend.PlatformTrue(s.Platform, "viridian", false) {
 		cpu += ",hv_relaxed,hv_vapic,hv_spinlocks=0x1fff,hv_time"
 	}
 	maxcpus := s.MaxCPU
@@ -216,7 +202,7 @@ func (q *QEMU) qemuArgv(j *qemuJournal) ([]string, error) {
 	default:
 		a = append(a, "-device", "VGA,id=video0,addr=0x2")
 	}
-	if platformTrue(s.Platform, "usb", true) {
+	if backend.PlatformTrue(s.Platform, "usb", true) {
 		a = append(a, "-usb", "-device", "usb-tablet,id=tablet0")
 	}
 	if s.Firmware == "uefi" {
@@ -269,7 +255,7 @@ func (q *QEMU) qemuArgv(j *qemuJournal) ([]string, error) {
 
 // bootIndexes gives each bootable device its bootindex from the BIOS
 // order string.
-func bootIndexes(order string, disks []Disk, nics []NIC, direct bool) map[string]int {
+func bootIndexes(order string, disks []backend.Disk, nics []backend.NIC, direct bool) map[string]int {
 	out := map[string]int{}
 	if direct {
 		return out
