@@ -3,7 +3,6 @@ package xenops
 import (
 	"context"
 	"encoding/xml"
-	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"
+	"toolstackd/internal/xenops/backend"
 	"toolstackd/internal/xerr"
 )
 
@@ -107,7 +107,7 @@ func (m *Manager) copySuspendImage(o *opCtx, c *api.Call, vm *db.Row, spec *copy
 		if img.path, err = m.suspendPath(spec.uuid); err != nil {
 			return err
 		}
-		return copyFile(from, img.path)
+		return backend.CopyFile(from, img.path)
 	})
 	return img, err
 }
@@ -615,22 +615,4 @@ func (m *Manager) vmDestroy(c *api.Call) (any, error) {
 		}
 		return err
 	}))
-}
-
-// copyFile copies a file (a suspend image into a clone) with mode 0600.
-func copyFile(from, to string) error {
-	in, err := os.Open(from) //nolint:gosec // the configured OVMF vars or a suspend image in the suspend dir
-	if err != nil {
-		return err
-	}
-	defer func(c func() error) { _ = c() }(in.Close)
-	out, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600) //nolint:gosec // os.O_WRONLY|os.O_TRUNC, 0o600)|a path in this backend's state or suspend dir
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		_ = out.Close()
-		return err
-	}
-	return out.Close()
 }

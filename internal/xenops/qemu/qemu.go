@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -480,29 +479,12 @@ func (q *QEMU) Build(ctx context.Context, uuid string) error {
 			return err
 		}
 		if _, err := os.Stat(vars); err != nil {
-			if err := copyFile(q.cfg.OVMFVars, vars); err != nil {
+			if err := backend.CopyFile(q.cfg.OVMFVars, vars); err != nil {
 				return xerr.New(xerr.FailedToStartEmulator, s.VMRef, "qemu", "UEFI variable store: "+err.Error())
 			}
 		}
 	}
 	return nil
-}
-
-func copyFile(from, to string) error {
-	in, err := os.Open(from) //nolint:gosec // the configured OVMF vars or a suspend image in the suspend dir
-	if err != nil {
-		return err
-	}
-	defer func(c func() error) { _ = c() }(in.Close)
-	out, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600) //nolint:gosec // os.O_WRONLY|os.O_TRUNC, 0o600)|a path in this backend's state or suspend dir
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		_ = out.Close()
-		return err
-	}
-	return out.Close()
 }
 
 // AddDisk implements Backend.
