@@ -7,8 +7,6 @@
 package diskfull
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -16,9 +14,9 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
+	"toolstackd/internal/testfs"
 
 	"toolstackd/internal/testdaemon"
 )
@@ -43,44 +41,6 @@ func call(addr, method string, params ...any) (any, error) {
 }
 
 func isAPIError(err error) (*testdaemon.Error, bool) { return testdaemon.AsError(err) }
-
-// mountTmpfs mounts a tmpfs of the given size, or skips the test where
-// that is not allowed.
-func mountTmpfs(t *testing.T, size string) string {
-	t.Helper()
-	dir := t.TempDir()
-	out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size, "tmpfs", dir).CombinedOutput()
-	if err != nil {
-		t.Skipf("SKIPPED: the disk-full test needs to mount a tmpfs (root or CAP_SYS_ADMIN), and mount failed here: %v: %s", err, bytes.TrimSpace(out))
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("umount", "-l", dir).CombinedOutput(); err != nil {
-			t.Logf("umount %s: %v: %s", dir, err, out)
-		}
-	})
-	return dir
-}
-
-// fill writes a file until the file system has no space left.
-func fill(t *testing.T, path string) {
-	t.Helper()
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	for _, chunk := range []int{1 << 20, 4096, 512} {
-		buf := make([]byte, chunk)
-		for {
-			if _, err := f.Write(buf); err != nil {
-				if !errors.Is(err, syscall.ENOSPC) {
-					t.Fatalf("filling the disk: %v", err)
-				}
-				break
-			}
-		}
-	}
-}
 
 // outcome is what the daemon said about one write.
 type outcome int
@@ -122,7 +82,7 @@ func outcomeOf(err error) outcome {
 }
 
 func TestDiskFullIsRecoverable(t *testing.T) {
-	mnt := mountTmpfs(t, "16m")
+	mnt := testfs.MountTmpfs(t, "16m")
 	t0 := time.Now()
 	bin := testdaemon.Build(t)
 	t.Logf("built the daemon in %v", time.Since(t0).Round(time.Millisecond))
@@ -208,7 +168,7 @@ func TestDiskFullIsRecoverable(t *testing.T) {
 	// Let some writes land, then take every free byte.
 	time.Sleep(300 * time.Millisecond)
 	filler := filepath.Join(mnt, "filler")
-	fill(t, filler)
+	testfs.Fill(t, filler)
 	filledAt := time.Now()
 	t.Logf("filled the tmpfs")
 

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"toolstackd/internal/testfs"
 
 	"github.com/google/uuid"
 	"github.com/gorilla/mux"
@@ -245,17 +246,6 @@ func TestPluginPathsRefused(t *testing.T) {
 	h.ok("SR.scan", sr)
 }
 
-// mountTmpfs mounts a small tmpfs for a test, or skips it.
-func mountTmpfs(t *testing.T, size string) string {
-	t.Helper()
-	dir := t.TempDir()
-	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size="+size+",mode=0700"); err != nil {
-		t.Skipf("cannot mount a tmpfs here (%v): the disk-full test needs root or CAP_SYS_ADMIN", err)
-	}
-	t.Cleanup(func() { syscall.Unmount(dir, syscall.MNT_DETACH) })
-	return dir
-}
-
 func freeBytes(t *testing.T, dir string) int64 {
 	var st syscall.Statfs_t
 	if err := syscall.Statfs(dir, &st); err != nil {
@@ -270,7 +260,7 @@ func freeBytes(t *testing.T, dir string) int64 {
 // is announced, absent or a lie; the space goes back and a small import
 // then works.
 func TestImportKeepsDiskReserve(t *testing.T) {
-	fs := mountTmpfs(t, "64m")
+	fs := testfs.MountTmpfs(t, "64m")
 	const reserve = 16 << 20
 	h := newHarness(t, func(c *storage.Config) {
 		c.DataDir = filepath.Join(fs, "data")
@@ -363,7 +353,7 @@ func TestStartupRemovesTransferLeftovers(t *testing.T) {
 // system keeps the disk reserve too (the amount to copy is known before
 // it starts).
 func TestCopyKeepsDiskReserve(t *testing.T) {
-	fs := mountTmpfs(t, "64m")
+	fs := testfs.MountTmpfs(t, "64m")
 	const reserve = 16 << 20
 	h := newHarness(t, func(c *storage.Config) {
 		c.DataDir = filepath.Join(fs, "data")

@@ -1,53 +1,20 @@
 package persist_test
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+	"toolstackd/internal/testfs"
 
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/db/persist"
 )
-
-// mountTmpfs mounts a small tmpfs, or skips where that is not allowed.
-func mountTmpfs(t *testing.T, size string) string {
-	t.Helper()
-	dir := t.TempDir()
-	out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size, "tmpfs", dir).CombinedOutput()
-	if err != nil {
-		t.Skipf("SKIPPED: this test needs to mount a tmpfs (root or CAP_SYS_ADMIN), and mount failed here: %v: %s", err, bytes.TrimSpace(out))
-	}
-	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
-	return dir
-}
-
-func fillDisk(t *testing.T, path string) {
-	t.Helper()
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	for _, chunk := range []int{1 << 20, 4096, 512} {
-		buf := make([]byte, chunk)
-		for {
-			if _, err := f.Write(buf); err != nil {
-				if !errors.Is(err, syscall.ENOSPC) {
-					t.Fatal(err)
-				}
-				break
-			}
-		}
-	}
-}
 
 // On a real full file system the commit loop survives: failed commits
 // are refused and undone, the disk is tried at most once per back-off
@@ -55,7 +22,7 @@ func fillDisk(t *testing.T, path string) {
 // space returns, and after a restart the file holds exactly the
 // acknowledged writes.
 func TestFullDiskRecoversWithoutRestart(t *testing.T) {
-	mnt := mountTmpfs(t, "4m")
+	mnt := testfs.MountTmpfs(t, "4m")
 	path := filepath.Join(mnt, "state.db")
 	st, d := open(t, path, persist.Options{})
 
@@ -113,7 +80,7 @@ func TestFullDiskRecoversWithoutRestart(t *testing.T) {
 
 	time.Sleep(100 * time.Millisecond)
 	filler := filepath.Join(mnt, "filler")
-	fillDisk(t, filler)
+	testfs.Fill(t, filler)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		mu.Lock()
