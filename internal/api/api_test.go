@@ -340,11 +340,11 @@ func TestTaskCancelReachesTheWork(t *testing.T) {
 	started := make(chan struct{})
 	var sawCancel sync.WaitGroup
 	sawCancel.Add(1)
-	h.srv.Handle("VM.start", func(c *api.Call) (any, error) {
+	api.Register(h.srv, func(c *api.Call, _ dm.VMStartArgs) (dm.Void, error) {
 		close(started)
 		<-c.Ctx.Done()
 		sawCancel.Done()
-		return nil, c.Ctx.Err()
+		return dm.Void{}, c.Ctx.Err()
 	})
 	s := h.login("root", rootPW)
 	task := str(t, h.ok("Async.VM.start", s, "OpaqueRef:any", false, false))

@@ -18,35 +18,27 @@ import (
 // registerCore installs the explicit messages of the session, task and
 // event classes.
 func (s *Server) registerCore() {
-	s.Handle("session.login_with_password", s.login)
-	s.Handle("session.logout", s.logout)
-	s.Handle("session.local_logout", s.logout)
-	s.Handle("session.change_password", s.changePassword)
-	s.Handle("session.get_all_subject_identifiers", s.allSubjectIdentifiers)
-	s.Handle("session.logout_subject_identifier", s.logoutSubject)
+	Register(s, s.login)
+	Register(s, s.logout)
+	Register(s, func(c *Call, _ dm.SessionLocalLogoutArgs) (dm.Void, error) { return s.logout(c, dm.SessionLogoutArgs{}) })
+	Register(s, s.changePassword)
+	Register(s, s.allSubjectIdentifiers)
+	Register(s, s.logoutSubject)
 
-	s.Handle("task.create", s.createTask)
-	s.Handle("task.cancel", s.cancelTask)
-	s.Handle("task.destroy", s.destroyTask)
-	for _, m := range dm.Task.Class.Messages {
-		if !m.Implicit && m.Name != "create" && m.Name != "cancel" && m.Name != "destroy" {
-			s.Handle(m.Wire, s.taskSetter)
-		}
-	}
-
+	s.registerTasks()
 	s.registerMessages()
 	s.registerNetwork()
 	s.registerRoles()
 
-	s.Handle("event.from", s.eventFrom)
-	s.Handle("event.inject", s.eventInject)
-	s.Handle("event.register", s.eventRegister)
-	s.Handle("event.unregister", s.eventUnregister)
-	s.Handle("event.next", s.eventNext)
-	s.Handle("event.get_current_id", func(c *Call) (any, error) { return int64(s.events.CurrentID()), nil })
+	Register(s, s.eventFrom)
+	Register(s, s.eventInject)
+	Register(s, s.eventRegister)
+	Register(s, s.eventUnregister)
+	Register(s, s.eventNext)
+	Register(s, func(c *Call, _ dm.EventGetCurrentIDArgs) (int64, error) { return int64(s.events.CurrentID()), nil })
 }
 
-func (s *Server) allSubjectIdentifiers(c *Call) (any, error) {
+func (s *Server) allSubjectIdentifiers(c *Call, _ dm.SessionGetAllSubjectIdentifiersArgs) ([]string, error) {
 	seen := map[string]bool{}
 	out := []string{}
 	for _, sess := range s.sessions.all() {
@@ -66,8 +58,8 @@ func (s *Server) allSubjectIdentifiers(c *Call) (any, error) {
 
 // logoutSubject ends the sessions of a subject identifier, as xapi does:
 // never the local superuser's, nor the caller's own.
-func (s *Server) logoutSubject(c *Call) (any, error) {
-	id := c.String(0)
+func (s *Server) logoutSubject(c *Call, a dm.SessionLogoutSubjectIdentifierArgs) (dm.Void, error) {
+	id := a.SubjectIdentifier
 	snap := c.Snapshot()
 	s.revokeSessions(func(x *Session) bool {
 		if x.LocalSuperuser || x == c.Session {
@@ -76,7 +68,7 @@ func (s *Server) logoutSubject(c *Call) (any, error) {
 		r, ok := snap.Get(dm.Subject.Class, x.Subject)
 		return ok && r.String(dm.Subject.SubjectIdentifier) == id
 	})
-	return nil, nil
+	return dm.Void{}, nil
 }
 
 // sessionCtx is a context that ends with the request or with the session.
@@ -86,43 +78,40 @@ func sessionCtx(c *Call) (context.Context, func()) {
 	return ctx, func() { stop(); cancel() }
 }
 
-func (s *Server) eventFrom(c *Call) (any, error) {
-	classes, _ := c.Args[0].([]string)
-	sub, err := events.ParseSubscription(s.Model, classes)
+func (s *Server) eventFrom(c *Call, a dm.EventFromArgs) (any, error) {
+	sub, err := events.ParseSubscription(s.Model, a.Classes)
 	if err != nil {
 		return nil, err
 	}
 	timeout := 24 * time.Hour
-	if f, _ := c.Args[2].(float64); f >= 0 && !math.IsNaN(f) && !math.IsInf(f, 0) {
+	if f := a.Timeout; f >= 0 && !math.IsNaN(f) && !math.IsInf(f, 0) {
 		timeout = time.Duration(f * float64(time.Second))
 	}
 	ctx, done := sessionCtx(c)
 	defer done()
-	b, err := events.From(ctx, s.DB, sub, c.String(1), timeout)
+	b, err := events.From(ctx, s.DB, sub, a.Token, timeout)
 	if err != nil {
 		if c.Session.Context().Err() != nil {
 			return nil, xerr.New(xerr.SessionInvalid, c.Session.Ref)
 		}
 		return nil, err
 	}
-	return eventBatch{b: b, key: batchKey{sub: sub.String(), token: c.String(1)}, rows: s.rows}, nil
+	return eventBatch{b: b, key: batchKey{sub: sub.String(), token: a.Token}, rows: s.rows}, nil
 }
 
-func (s *Server) eventInject(c *Call) (any, error) {
-	return events.Inject(s.DB, c.String(0), c.String(1))
+func (s *Server) eventInject(c *Call, a dm.EventInjectArgs) (string, error) {
+	return events.Inject(s.DB, a.Class, a.Ref)
 }
 
-func (s *Server) eventRegister(c *Call) (any, error) {
-	classes, _ := c.Args[0].([]string)
-	return nil, s.events.Register(c.Session.Ref, classes)
+func (s *Server) eventRegister(c *Call, a dm.EventRegisterArgs) (dm.Void, error) {
+	return dm.Void{}, s.events.Register(c.Session.Ref, a.Classes)
 }
 
-func (s *Server) eventUnregister(c *Call) (any, error) {
-	classes, _ := c.Args[0].([]string)
-	return nil, s.events.Unregister(c.Session.Ref, classes)
+func (s *Server) eventUnregister(c *Call, a dm.EventUnregisterArgs) (dm.Void, error) {
+	return dm.Void{}, s.events.Unregister(c.Session.Ref, a.Classes)
 }
 
-func (s *Server) eventNext(c *Call) (any, error) {
+func (s *Server) eventNext(c *Call, _ dm.EventNextArgs) (any, error) {
 	ctx, done := sessionCtx(c)
 	defer done()
 	evs, err := s.events.Next(ctx, c.Session.Ref)
@@ -175,12 +164,7 @@ func (eb eventBatch) encode(e wire.Encoder) {
 		e.String(strconv.FormatUint(ev.ID, 10))
 		e.Member("timestamp")
 		e.String("0.0")
-		e.Member("class")
-		e.String(ev.Class.Lower)
-		e.Member("operation")
-		e.String(ev.Op.String())
-		e.Member("ref")
-		e.String(ev.Ref)
+		encodeEventObject(e, ev.Class, ev.Op, ev.Ref)
 		if ev.Row != nil {
 			e.Member("snapshot")
 			eb.rows.row(e, b.Snap, ev.Row)
@@ -215,12 +199,7 @@ func (le legacyEvents) MarshalXenAPI(e wire.Encoder) {
 		e.Int(int64(ev.ID))
 		e.Member("timestamp")
 		e.String(strconv.FormatFloat(float64(ev.Timestamp.UnixNano())/1e9, 'f', 6, 64))
-		e.Member("class")
-		e.String(ev.Class.Lower)
-		e.Member("operation")
-		e.String(ev.Op.String())
-		e.Member("ref")
-		e.String(ev.Ref)
+		encodeEventObject(e, ev.Class, ev.Op, ev.Ref)
 		e.Member("obj_uuid")
 		uuid := ""
 		if ev.Row != nil {
@@ -234,4 +213,14 @@ func (le legacyEvents) MarshalXenAPI(e wire.Encoder) {
 		e.EndStruct()
 	}
 	e.EndArray()
+}
+
+// encodeEventObject writes the members naming what an event is about.
+func encodeEventObject(e wire.Encoder, c *schema.Class, op db.Op, ref string) {
+	e.Member("class")
+	e.String(c.Lower)
+	e.Member("operation")
+	e.String(op.String())
+	e.Member("ref")
+	e.String(ref)
 }

@@ -11,36 +11,33 @@ import (
 // registerMessages serves the message class (alerts). Its lookups are
 // declared as explicit messages but behave as the implicit ones.
 func (s *Server) registerMessages() {
+	// The datamodel declares these explicit, but they are the implicit
+	// lookups of the class: the generic handler serves them.
 	for _, name := range []string{"get_all_records", "get_all_records_where", "get_by_uuid", "get_record", "get_all", "destroy"} {
-		s.Handle("message."+name, s.implicit)
+		s.handle("message."+name, s.implicit)
 	}
-	s.Handle("message.create", s.createMessage)
-	s.Handle("message.get_since", func(c *Call) (any, error) {
-		since, _ := c.Args[0].(time.Time)
-		return s.messagesWhere(c, func(r *db.Row) bool { return r.Get(dm.Message.Timestamp).(time.Time).After(since) }), nil
+	Register(s, s.createMessage)
+	Register(s, func(c *Call, a dm.MessageGetSinceArgs) (any, error) {
+		return s.messagesWhere(c, func(r *db.Row) bool { return r.Get(dm.Message.Timestamp).(time.Time).After(a.Since) }), nil
 	})
-	s.Handle("message.get", func(c *Call) (any, error) {
-		cls, uuid := c.String(0), c.String(1)
-		since, _ := c.Args[2].(time.Time)
+	Register(s, func(c *Call, a dm.MessageGetArgs) (any, error) {
 		return s.messagesWhere(c, func(r *db.Row) bool {
-			return r.String(dm.Message.Cls) == cls && r.String(dm.Message.ObjUUID) == uuid && r.Get(dm.Message.Timestamp).(time.Time).After(since)
+			return r.String(dm.Message.Cls) == string(a.Cls) && r.String(dm.Message.ObjUUID) == a.ObjUUID && r.Get(dm.Message.Timestamp).(time.Time).After(a.Since)
 		}), nil
 	})
-	s.Handle("message.destroy_many", func(c *Call) (any, error) {
-		refs, _ := c.Args[0].([]string)
-		return nil, c.Update(func(tx *db.Tx) error {
-			for _, ref := range refs {
-				if err := tx.Delete(dm.Message.Class, ref); err != nil {
+	Register(s, func(c *Call, a dm.MessageDestroyManyArgs) (dm.Void, error) {
+		return dm.Void{}, c.Update(func(tx *db.Tx) error {
+			for _, ref := range a.Messages {
+				if err := tx.Delete(dm.Message.Class, string(ref)); err != nil {
 					return err
 				}
 			}
 			return nil
 		})
 	})
-	s.Handle("message.destroy_all", func(c *Call) (any, error) {
-		filters, _ := c.Args[0].(map[string]string)
+	Register(s, func(c *Call, a dm.MessageDestroyAllArgs) (dm.Void, error) {
 		match := func(r *db.Row) bool {
-			for k, v := range filters {
+			for k, v := range a.Filters {
 				if f := dm.Message.Class.Field(k); f == nil || r.String(f) != v {
 					return false
 				}
@@ -48,7 +45,7 @@ func (s *Server) registerMessages() {
 			return true
 		}
 		rows := s.messagesWhere(c, match)
-		return nil, c.Update(func(tx *db.Tx) error {
+		return dm.Void{}, c.Update(func(tx *db.Tx) error {
 			for _, r := range rows {
 				if err := tx.Delete(dm.Message.Class, r.Ref); err != nil {
 					return err
@@ -70,16 +67,15 @@ func (s *Server) messagesWhere(c *Call, keep func(*db.Row) bool) []*db.Row {
 	return out
 }
 
-func (s *Server) createMessage(c *Call) (any, error) {
-	name, prio, cls, uuid, body := c.String(0), c.Args[1].(int64), c.String(2), c.String(3), c.String(4)
-	if name == "" {
-		return nil, xerr.New(xerr.InvalidValue, "name", name)
+func (s *Server) createMessage(c *Call, a dm.MessageCreateArgs) (dm.MessageRef, error) {
+	if a.Name == "" {
+		return "", xerr.New(xerr.InvalidValue, "name", a.Name)
 	}
-	rec := &dm.MessageRecord{Name: name, Priority: prio, Cls: dm.Cls(cls), ObjUUID: uuid, Timestamp: time.Now().UTC(), Body: body}
+	rec := &dm.MessageRecord{Name: a.Name, Priority: a.Priority, Cls: a.Cls, ObjUUID: a.ObjUUID, Timestamp: time.Now().UTC(), Body: a.Body}
 	var ref string
 	err := c.Update(func(tx *db.Tx) (err error) {
 		ref, err = tx.Insert(dm.Message.Class, "", rec.Row())
 		return err
 	})
-	return ref, err
+	return dm.MessageRef(ref), err
 }

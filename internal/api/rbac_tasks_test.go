@@ -169,11 +169,11 @@ func TestSessionEndDestroysTasks(t *testing.T) {
 func TestSessionEndCancelsRunningTasks(t *testing.T) {
 	h := newHarness(t)
 	started, stopped := make(chan struct{}), make(chan struct{})
-	h.srv.Handle("VM.start", func(c *api.Call) (any, error) {
+	api.Register(h.srv, func(c *api.Call, _ dm.VMStartArgs) (dm.Void, error) {
 		close(started)
 		<-c.Ctx.Done()
 		close(stopped)
-		return nil, c.Ctx.Err()
+		return dm.Void{}, c.Ctx.Err()
 	})
 	s := h.login("root", rootPW)
 	watcher := h.login("root", rootPW)

@@ -29,14 +29,16 @@ import (
 func (s *Server) registerRoles() {
 	s.Handle("subject.create", s.subjectCreate)
 	s.Handle("subject.destroy", s.subjectDestroy)
-	s.Handle("subject.add_to_roles", s.subjectAddToRoles)
-	s.Handle("subject.remove_from_roles", s.subjectRemoveFromRoles)
-	s.Handle("subject.get_permissions_name_label", s.subjectPermissionNames)
+	Register(s, func(c *Call, a dm.SubjectAddToRolesArgs) (dm.Void, error) { return s.changeRoles(c, a.Self, a.Role, true) })
+	Register(s, func(c *Call, a dm.SubjectRemoveFromRolesArgs) (dm.Void, error) {
+		return s.changeRoles(c, a.Self, a.Role, false)
+	})
+	Register(s, s.subjectPermissionNames)
 	s.Handle("user.destroy", s.userDestroy)
-	s.Handle("role.get_permissions", s.rolePermissions)
-	s.Handle("role.get_permissions_name_label", s.rolePermissionNames)
-	s.Handle("role.get_by_permission", s.rolesByPermission)
-	s.Handle("role.get_by_permission_name_label", s.rolesByPermissionName)
+	Register(s, s.rolePermissions)
+	Register(s, s.rolePermissionNames)
+	Register(s, s.rolesByPermission)
+	Register(s, s.rolesByPermissionName)
 }
 
 // subjectCreate adds a subject. Its identifier must be new
@@ -73,36 +75,34 @@ func (s *Server) subjectDestroy(c *Call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	return nil, s.destroyAndRevoke(c, subj, func(x *Session) bool { return x.Subject == subj.Ref })
+}
+
+// destroyAndRevoke deletes a row that grants sessions their rights (a
+// subject, a user) and ends the sessions that held them.
+func (s *Server) destroyAndRevoke(c *Call, row *db.Row, held func(*Session) bool) error {
 	if err := c.Update(func(tx *db.Tx) error {
-		if _, ok := tx.Get(dm.Subject.Class, subj.Ref); !ok {
-			return xerr.New(xerr.HandleInvalid, dm.Subject.Class.Name, subj.Ref)
+		if _, ok := tx.Get(row.Class, row.Ref); !ok {
+			return xerr.New(xerr.HandleInvalid, row.Class.Name, row.Ref)
 		}
-		return tx.Delete(dm.Subject.Class, subj.Ref)
+		return tx.Delete(row.Class, row.Ref)
 	}); err != nil {
-		return nil, err
+		return err
 	}
-	s.revokeSessions(func(x *Session) bool { return x.Subject == subj.Ref })
-	return nil, nil
-}
-
-func (s *Server) subjectAddToRoles(c *Call) (any, error) {
-	return s.changeRoles(c, true)
-}
-
-func (s *Server) subjectRemoveFromRoles(c *Call) (any, error) {
-	return s.changeRoles(c, false)
+	s.revokeSessions(held)
+	return nil
 }
 
 // changeRoles adds or removes one role of a subject, with xapi's checks:
 // adding a ref that is no role, or removing one the subject lacks, is
 // ROLE_NOT_FOUND; adding one it has is ROLE_ALREADY_EXISTS. The subject's
 // sessions end.
-func (s *Server) changeRoles(c *Call, add bool) (any, error) {
-	subj, err := c.Row(0, dm.Subject.Class)
+func (s *Server) changeRoles(c *Call, subject dm.SubjectRef, roleRef dm.RoleRef, add bool) (dm.Void, error) {
+	subj, err := c.Lookup(dm.Subject.Class, string(subject))
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
-	role := c.String(1)
+	role := string(roleRef)
 	err = c.Update(func(tx *db.Tx) error {
 		row, ok := tx.Get(dm.Subject.Class, subj.Ref)
 		if !ok {
@@ -126,10 +126,10 @@ func (s *Server) changeRoles(c *Call, add bool) (any, error) {
 		}
 	})
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
 	s.revokeSessions(func(x *Session) bool { return x.Subject == subj.Ref })
-	return nil, nil
+	return dm.Void{}, nil
 }
 
 // userDestroy removes a local account; the sessions that authenticated as
@@ -144,45 +144,43 @@ func (s *Server) userDestroy(c *Call) (any, error) {
 	if u.String(dm.User.ShortName) == "root" && !c.Session.LocalSuperuser {
 		return nil, xerr.New(xerr.UserIsNotLocalSuperuser, "only the local superuser may destroy the root account")
 	}
-	if err := c.Update(func(tx *db.Tx) error {
-		if _, ok := tx.Get(dm.User.Class, u.Ref); !ok {
-			return xerr.New(xerr.HandleInvalid, dm.User.Class.Name, u.Ref)
-		}
-		return tx.Delete(dm.User.Class, u.Ref)
-	}); err != nil {
-		return nil, err
-	}
-	s.revokeSessions(func(x *Session) bool { return x.userRef == u.Ref })
-	return nil, nil
+	return nil, s.destroyAndRevoke(c, u, func(x *Session) bool { return x.userRef == u.Ref })
 }
 
 // leafRoles returns the permissions of a role as xapi works them out: the
 // leaves under it, the role itself when it has no subroles.
 func leafRoles(snap db.Reader, ref string) []string {
 	var out []string
-	seen := map[string]bool{}
-	var walk func(ref string)
-	walk = func(ref string) {
-		if seen[ref] {
-			return
+	walkRoles(snap, []string{ref}, func(r *db.Row, subroles []string) {
+		if len(subroles) == 0 {
+			out = append(out, r.Ref)
 		}
-		seen[ref] = true
-		r, ok := snap.Get(dm.Role.Class, ref)
-		if !ok {
-			return
-		}
-		sub, _ := r.Get(dm.Role.Subroles).([]string)
-		if len(sub) == 0 {
-			out = append(out, ref)
-			return
-		}
-		for _, x := range sub {
-			walk(x)
-		}
-	}
-	walk(ref)
+	})
 	slices.Sort(out)
 	return out
+}
+
+// walkRoles visits each role reachable from refs through subroles once,
+// a role before its subroles; refs naming no role are skipped.
+func walkRoles(snap db.Reader, refs []string, visit func(r *db.Row, subroles []string)) {
+	seen := map[string]bool{}
+	var walk func(refs []string)
+	walk = func(refs []string) {
+		for _, ref := range refs {
+			if seen[ref] {
+				continue
+			}
+			seen[ref] = true
+			r, ok := snap.Get(dm.Role.Class, ref)
+			if !ok {
+				continue
+			}
+			sub, _ := r.Get(dm.Role.Subroles).([]string)
+			visit(r, sub)
+			walk(sub)
+		}
+	}
+	walk(refs)
 }
 
 // permissionNames returns the permission names a role grants: for a
@@ -207,24 +205,24 @@ func (s *Server) permissionNames(snap db.Reader, ref string) []string {
 	return schema.SortedKeys(set)
 }
 
-func (s *Server) rolePermissions(c *Call) (any, error) {
-	r, err := c.Row(0, dm.Role.Class)
+func (s *Server) rolePermissions(c *Call, a dm.RoleGetPermissionsArgs) ([]dm.RoleRef, error) {
+	r, err := c.Lookup(dm.Role.Class, string(a.Self))
 	if err != nil {
 		return nil, err
 	}
-	return leafRoles(c.Snapshot(), r.Ref), nil
+	return refsAs[dm.RoleRef](leafRoles(c.Snapshot(), r.Ref)), nil
 }
 
-func (s *Server) rolePermissionNames(c *Call) (any, error) {
-	r, err := c.Row(0, dm.Role.Class)
+func (s *Server) rolePermissionNames(c *Call, a dm.RoleGetPermissionsNameLabelArgs) ([]string, error) {
+	r, err := c.Lookup(dm.Role.Class, string(a.Self))
 	if err != nil {
 		return nil, err
 	}
 	return s.permissionNames(c.Snapshot(), r.Ref), nil
 }
 
-func (s *Server) subjectPermissionNames(c *Call) (any, error) {
-	subj, err := c.Row(0, dm.Subject.Class)
+func (s *Server) subjectPermissionNames(c *Call, a dm.SubjectGetPermissionsNameLabelArgs) ([]string, error) {
+	subj, err := c.Lookup(dm.Subject.Class, string(a.Self))
 	if err != nil {
 		return nil, err
 	}
@@ -241,13 +239,13 @@ func (s *Server) subjectPermissionNames(c *Call) (any, error) {
 
 // rolesByPermission lists the roles, other than the permission itself,
 // whose permissions include it.
-func (s *Server) rolesByPermission(c *Call) (any, error) {
-	perm := c.String(0)
+func (s *Server) rolesByPermission(c *Call, a dm.RoleGetByPermissionArgs) ([]dm.RoleRef, error) {
+	perm := string(a.Permission)
 	snap := c.Snapshot()
-	out := []string{}
+	out := []dm.RoleRef{}
 	for _, r := range snap.All(dm.Role.Class) {
 		if r.Ref != perm && slices.Contains(leafRoles(snap, r.Ref), perm) {
-			out = append(out, r.Ref)
+			out = append(out, dm.RoleRef(r.Ref))
 		}
 	}
 	return out, nil
@@ -255,16 +253,16 @@ func (s *Server) rolesByPermission(c *Call) (any, error) {
 
 // rolesByPermissionName lists the roles, other than one so named, that
 // grant a permission named label ("vm.start"; case is ignored).
-func (s *Server) rolesByPermissionName(c *Call) (any, error) {
-	label := strings.ToLower(c.String(0))
+func (s *Server) rolesByPermissionName(c *Call, a dm.RoleGetByPermissionNameLabelArgs) ([]dm.RoleRef, error) {
+	label := strings.ToLower(a.Label)
 	snap := c.Snapshot()
-	out := []string{}
+	out := []dm.RoleRef{}
 	for _, r := range snap.All(dm.Role.Class) {
 		if strings.EqualFold(r.String(dm.Role.NameLabel), label) {
 			continue
 		}
 		if _, found := slices.BinarySearch(s.permissionNames(snap, r.Ref), label); found {
-			out = append(out, r.Ref)
+			out = append(out, dm.RoleRef(r.Ref))
 		}
 	}
 	return out, nil

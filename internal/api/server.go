@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/api/events"
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"
@@ -71,6 +72,8 @@ type Call struct {
 	Msg     *schema.Message
 	Args    []any  // canonical values, without the session; missing optional ones are nil
 	Task    string // the task running this call (Async), or ""
+
+	task *Task
 }
 
 // Handler implements an explicit message. It returns the canonical result
@@ -88,11 +91,13 @@ type Server struct {
 	// database restore (the daemon rewrites its inventory).
 	OnRestore func(host *db.Row)
 
-	handlers map[string]Handler
-	sessions *sessionTable
-	tasks    *taskTable
-	events   *events.Registry
-	rows     *rowCache // encoded records reused across replies
+	handlers  map[string]Handler
+	implicitH Handler // s.implicit, made once (a method value allocates)
+	admitters map[*schema.Class]Admitter
+	sessions  *sessionTable
+	tasks     *taskTable
+	events    *events.Registry
+	rows      *rowCache // encoded records reused across replies
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -104,18 +109,35 @@ func New(d *db.DB, cfg Config, log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Server{DB: d, Model: d.Model(), Cfg: cfg, Log: log, handlers: map[string]Handler{}, stop: make(chan struct{})}
+	s := &Server{DB: d, Model: d.Model(), Cfg: cfg, Log: log, handlers: map[string]Handler{},
+		admitters: map[*schema.Class]Admitter{}, stop: make(chan struct{})}
 	s.sessions = newSessionTable()
 	s.tasks = newTaskTable()
 	s.events = events.NewRegistry(d)
 	s.rows = newRowCache(cfg.RowCacheBytes)
+	s.implicitH = s.implicit
 	s.registerCore()
+	host := exclusive{shared: hostSharedOps}
+	s.SetAdmitter(dm.Host.Class, host)
+	for _, c := range []*schema.Class{dm.Pool.Class, dm.Cluster.Class, dm.ClusterHost.Class, dm.VMAppliance.Class, dm.VTPM.Class, dm.VUSB.Class} {
+		s.SetAdmitter(c, exclusive{})
+	}
 	return s
 }
 
-// Handle registers the handler of an explicit message (e.g. "VM.start"),
-// or overrides an implicit one. It panics on a name the datamodel lacks.
+// Handle replaces the database's handling of an implicit message (the
+// lookups of the message class, a setter with checks of its own). It
+// panics on a name the datamodel lacks or on an explicit message, which
+// is bound with its typed arguments through Register.
 func (s *Server) Handle(wire string, h Handler) {
+	if m := s.Model.Message(wire); m != nil && !m.Implicit && !fieldAccessor(m) {
+		panic("api: " + wire + " is explicit: bind it with Register")
+	}
+	s.handle(wire, h)
+}
+
+// handle binds a handler to a message.
+func (s *Server) handle(wire string, h Handler) {
 	if s.Model.Message(wire) == nil {
 		panic("api: no message " + wire)
 	}

@@ -233,10 +233,13 @@ func parseHash(stored string) (iter int, salt, key []byte, ok bool) {
 }
 
 // findUser finds a local account by name.
-func findUser(snap db.Reader, name string) *db.Row {
+func findUser(snap db.Reader, name string) *db.Row { return findBy(snap, dm.User.ShortName, name) }
+
+// findBy finds the first row whose field f holds v, or nil.
+func findBy(snap db.Reader, f *schema.Field, v string) *db.Row {
 	var found *db.Row
-	snap.Ascend(dm.User.Class, func(r *db.Row) bool {
-		if r.String(dm.User.ShortName) == name {
+	snap.Ascend(f.Class, func(r *db.Row) bool {
+		if r.String(f) == v {
 			found = r
 			return false
 		}
@@ -252,32 +255,17 @@ func LocalSubjectID(user string) string { return "local:" + user }
 // rolesOf expands a subject's roles (and their subroles) to a role set.
 func rolesOf(snap db.Reader, subject *db.Row) schema.RoleSet {
 	var rs schema.RoleSet
-	seen := map[string]bool{}
-	var walk func(refs []string)
-	walk = func(refs []string) {
-		for _, ref := range refs {
-			if seen[ref] {
-				continue
-			}
-			seen[ref] = true
-			r, ok := snap.Get(dm.Role.Class, ref)
-			if !ok {
-				continue
-			}
-			if role, ok := schema.ParseRole(r.String(dm.Role.NameLabel)); ok {
-				rs = rs.With(role)
-			}
-			sub, _ := r.Get(dm.Role.Subroles).([]string)
-			walk(sub)
-		}
-	}
 	roles, _ := subject.Get(dm.Subject.Roles).([]string)
-	walk(roles)
+	walkRoles(snap, roles, func(r *db.Row, _ []string) {
+		if role, ok := schema.ParseRole(r.String(dm.Role.NameLabel)); ok {
+			rs = rs.With(role)
+		}
+	})
 	return rs
 }
 
-func (s *Server) login(c *Call) (any, error) {
-	user, pw, originator := c.String(0), c.String(1), c.String(3)
+func (s *Server) login(c *Call, a dm.SessionLoginWithPasswordArgs) (dm.SessionRef, error) {
+	user, pw, originator := a.Uname, a.Pwd, a.Originator
 	if originator == "" {
 		originator = user
 	}
@@ -288,7 +276,7 @@ func (s *Server) login(c *Call) (any, error) {
 	if !origin.Local {
 		u, err := s.CheckLogin(c.Ctx, user, pw)
 		if err != nil {
-			return nil, err
+			return "", err
 		}
 		hash = u.String(dm.User.PasswordHash)
 	}
@@ -296,15 +284,15 @@ func (s *Server) login(c *Call) (any, error) {
 		epoch := s.sessions.currentEpoch()
 		sess, userRef, err := s.whoIs(c.Snapshot(), user, hash, origin)
 		if err != nil {
-			return nil, err
+			return "", err
 		}
 		sess.Originator = originator
 		ref, err := s.openSession(sess, userRef, epoch)
 		if err != errStaleLogin {
-			return ref, err
+			return dm.SessionRef(ref), err
 		}
 	}
-	return nil, xerr.New(xerr.InternalError, "login kept racing with revocations")
+	return "", xerr.New(xerr.InternalError, "login kept racing with revocations")
 }
 
 // whoIs makes the session of a user whose password was checked against
@@ -341,15 +329,7 @@ func (s *Server) whoIs(snap db.Reader, user, hash string, origin Origin) (*Sessi
 
 // findSubject finds a subject by its identifier.
 func findSubject(snap db.Reader, id string) *db.Row {
-	var found *db.Row
-	snap.Ascend(dm.Subject.Class, func(r *db.Row) bool {
-		if r.String(dm.Subject.SubjectIdentifier) == id {
-			found = r
-			return false
-		}
-		return true
-	})
-	return found
+	return findBy(snap, dm.Subject.SubjectIdentifier, id)
 }
 
 func (s *Server) openSession(sess *Session, userRef string, epoch uint64) (string, error) {
@@ -421,11 +401,11 @@ func (s *Server) revokeSessions(match func(*Session) bool) int {
 	return len(ended)
 }
 
-func (s *Server) logout(c *Call) (any, error) {
+func (s *Server) logout(c *Call, _ dm.SessionLogoutArgs) (dm.Void, error) {
 	if sess := s.sessions.remove(c.Session.Ref); sess != nil {
 		s.endSession(sess)
 	}
-	return nil, nil
+	return dm.Void{}, nil
 }
 
 // changePassword changes the password of the session's own account. The
@@ -433,8 +413,13 @@ func (s *Server) logout(c *Call) (any, error) {
 // the local superuser on the local socket. Every other session that
 // authenticated as that account with a password ends: whoever knew the
 // old password is logged out (xapi keeps them; we do not).
-func (s *Server) changePassword(c *Call) (any, error) {
-	oldPW, newPW := c.String(0), c.String(1)
+func (s *Server) changePassword(c *Call, a dm.SessionChangePasswordArgs) (dm.Void, error) {
+	oldPW, newPW := a.OldPwd, a.NewPwd
+	_, err := s.setPassword(c, oldPW, newPW)
+	return dm.Void{}, err
+}
+
+func (s *Server) setPassword(c *Call, oldPW, newPW string) (any, error) {
 	origin := originOf(c.Ctx)
 	u := findUser(c.Snapshot(), c.Session.User)
 	if u == nil {

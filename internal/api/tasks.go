@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"strings"
 	"sync"
 	"time"
 
@@ -198,25 +197,6 @@ func (s *Server) dropTasks(refs []string) {
 	}
 }
 
-// startTask runs an Async call: it returns the task at once and runs the
-// handler in the background with a context that task.cancel cancels.
-func (s *Server) startTask(c *Call, h Handler) (string, error) {
-	ctx, cancel := context.WithCancel(context.Background())
-	ref, err := s.newTask(c.Session, "Async."+c.Msg.Wire, "", cancel)
-	if err != nil {
-		cancel()
-		return "", err
-	}
-	tc := *c
-	tc.Ctx, tc.Task = ctx, ref
-	go func() {
-		defer cancel()
-		v, err := s.run(&tc, h)
-		s.FinishTask(ref, c.Msg.Result, v, err, ctx.Err() != nil)
-	}()
-	return ref, nil
-}
-
 // FinishTask records a task's outcome: its result as an XML-RPC value
 // fragment (as xapi stores it, whatever the transport), or its error.
 func (s *Server) FinishTask(ref string, resultType *schema.Type, v any, err error, cancelled bool) {
@@ -256,21 +236,41 @@ func (s *Server) FinishTask(ref string, resultType *schema.Type, v any, err erro
 	}
 }
 
-// SetProgress records a running task's progress (0 to 1).
-func (c *Call) SetProgress(p float64) {
-	if c.Task == "" {
-		return
-	}
-	// Progress is advisory and the caller's work goes on: log a failure.
-	if _, err := c.Server.DB.Update(func(tx *db.Tx) error { return tx.Set(dm.Task.Progress, c.Task, p) }); err != nil {
-		c.Server.Log.Warn("cannot record task progress", "task", c.Task, "err", err)
-	}
+func (s *Server) registerTasks() {
+	Register(s, s.createTask)
+	Register(s, s.cancelTask)
+	Register(s, s.destroyTask)
+	Register(s, func(c *Call, a dm.TaskSetStatusArgs) (dm.Void, error) {
+		return s.setTaskField(c, a.Self, dm.Task.Status, string(a.Value))
+	})
+	Register(s, func(c *Call, a dm.TaskSetProgressArgs) (dm.Void, error) {
+		return s.setTaskField(c, a.Self, dm.Task.Progress, a.Value)
+	})
+	Register(s, func(c *Call, a dm.TaskSetResultArgs) (dm.Void, error) {
+		return s.setTaskField(c, a.Self, dm.Task.Result, a.Value)
+	})
+	Register(s, func(c *Call, a dm.TaskSetErrorInfoArgs) (dm.Void, error) {
+		return s.setTaskField(c, a.Self, dm.Task.ErrorInfo, a.Value)
+	})
+	Register(s, func(c *Call, a dm.TaskSetOtherConfigArgs) (dm.Void, error) {
+		return s.setTaskField(c, a.Self, dm.Task.OtherConfig, a.Value)
+	})
+	Register(s, func(c *Call, a dm.TaskAddToOtherConfigArgs) (dm.Void, error) {
+		return s.changeTask(c, a.Self, func(tx *db.Tx, ref string) error {
+			return tx.AddToMap(dm.Task.OtherConfig, ref, a.Key, a.Value)
+		})
+	})
+	Register(s, func(c *Call, a dm.TaskRemoveFromOtherConfigArgs) (dm.Void, error) {
+		return s.changeTask(c, a.Self, func(tx *db.Tx, ref string) error {
+			return tx.RemoveFromMap(dm.Task.OtherConfig, ref, a.Key)
+		})
+	})
 }
 
 // taskRow returns the task a task message names, once the caller has
 // been found allowed to change it.
-func (s *Server) taskRow(c *Call) (*db.Row, error) {
-	row, err := c.Row(0, dm.Task.Class)
+func (s *Server) taskRow(c *Call, ref dm.TaskRef) (*db.Row, error) {
+	row, err := c.Lookup(dm.Task.Class, string(ref))
 	if err != nil {
 		return nil, err
 	}
@@ -280,22 +280,22 @@ func (s *Server) taskRow(c *Call) (*db.Row, error) {
 	return row, nil
 }
 
-func (s *Server) cancelTask(c *Call) (any, error) {
-	row, err := s.taskRow(c)
+func (s *Server) cancelTask(c *Call, a dm.TaskCancelArgs) (dm.Void, error) {
+	row, err := s.taskRow(c, a.Task)
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
 	if row.String(dm.Task.Status) != string(dm.TaskStatusTypePending) {
-		return nil, nil // finished, or already being cancelled
+		return dm.Void{}, nil // finished, or already being cancelled
 	}
 	ops, _ := row.Get(dm.Task.AllowedOperations).([]string)
 	if !containsString(ops, string(dm.TaskAllowedOperationsCancel)) {
-		return nil, xerr.New(xerr.OperationNotAllowed, "task cannot be cancelled")
+		return dm.Void{}, xerr.New(xerr.OperationNotAllowed, "task cannot be cancelled")
 	}
 	if err := c.Update(func(tx *db.Tx) error {
 		return tx.Set(dm.Task.Status, row.Ref, string(dm.TaskStatusTypeCancelling))
 	}); err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
 	s.tasks.mu.Lock()
 	cancel := s.tasks.running[row.Ref]
@@ -303,13 +303,13 @@ func (s *Server) cancelTask(c *Call) (any, error) {
 	if cancel != nil {
 		cancel()
 	}
-	return nil, nil
+	return dm.Void{}, nil
 }
 
-func (s *Server) destroyTask(c *Call) (any, error) {
-	row, err := s.taskRow(c)
+func (s *Server) destroyTask(c *Call, a dm.TaskDestroyArgs) (dm.Void, error) {
+	row, err := s.taskRow(c, a.Self)
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
 	s.tasks.mu.Lock()
 	if cancel := s.tasks.running[row.Ref]; cancel != nil {
@@ -318,7 +318,7 @@ func (s *Server) destroyTask(c *Call) (any, error) {
 	}
 	s.tasks.forget(row.Ref)
 	s.tasks.mu.Unlock()
-	return nil, c.Update(func(tx *db.Tx) error {
+	return dm.Void{}, c.Update(func(tx *db.Tx) error {
 		if _, ok := tx.Get(dm.Task.Class, row.Ref); !ok {
 			return nil // gone meanwhile
 		}
@@ -326,41 +326,39 @@ func (s *Server) destroyTask(c *Call) (any, error) {
 	})
 }
 
-func (s *Server) createTask(c *Call) (any, error) {
-	return s.CreateTask(c.Session, c.String(0), c.String(1))
+func (s *Server) createTask(c *Call, a dm.TaskCreateArgs) (dm.TaskRef, error) {
+	ref, err := s.CreateTask(c.Session, a.Label, a.Description)
+	return dm.TaskRef(ref), err
 }
 
-// taskSetter serves task.set_X, add_to_/remove_from_other_config: explicit
-// messages in the datamodel that write one field.
-func (s *Server) taskSetter(c *Call) (any, error) {
-	row, err := s.taskRow(c)
+// changeTask applies a change to a task the caller may change.
+func (s *Server) changeTask(c *Call, ref dm.TaskRef, change func(tx *db.Tx, ref string) error) (dm.Void, error) {
+	row, err := s.taskRow(c, ref)
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
-	name := c.Msg.Name
-	if name == "set_status" {
-		if err := s.taskStatusChange(row.Ref, c.String(1)); err != nil {
-			return nil, err
+	return dm.Void{}, c.Update(func(tx *db.Tx) error { return change(tx, row.Ref) })
+}
+
+// setTaskField serves task.set_X. Setting the status keeps the pending
+// count in step and stamps the finish time of a completed status.
+func (s *Server) setTaskField(c *Call, ref dm.TaskRef, f *schema.Field, v any) (dm.Void, error) {
+	if f == dm.Task.Status {
+		row, err := s.taskRow(c, ref)
+		if err != nil {
+			return dm.Void{}, err
+		}
+		if err := s.taskStatusChange(row.Ref, v.(string)); err != nil {
+			return dm.Void{}, err
 		}
 	}
-	return nil, c.Update(func(tx *db.Tx) error {
-		switch name {
-		case "add_to_other_config":
-			return tx.AddToMap(dm.Task.OtherConfig, row.Ref, c.String(1), c.Args[2])
-		case "remove_from_other_config":
-			return tx.RemoveFromMap(dm.Task.OtherConfig, row.Ref, c.String(1))
-		default:
-			f := dm.Task.Class.Field(strings.TrimPrefix(name, "set_"))
-			if f == nil {
-				return xerr.New(xerr.NotImplemented, c.Msg.Wire)
+	return s.changeTask(c, ref, func(tx *db.Tx, ref string) error {
+		if f == dm.Task.Status && v != string(dm.TaskStatusTypePending) {
+			if err := tx.Set(dm.Task.Finished, ref, time.Now().UTC()); err != nil {
+				return err
 			}
-			if f == dm.Task.Status && c.Args[1] != string(dm.TaskStatusTypePending) {
-				if err := tx.Set(dm.Task.Finished, row.Ref, time.Now().UTC()); err != nil {
-					return err
-				}
-			}
-			return tx.Set(f, row.Ref, c.Args[1])
 		}
+		return tx.Set(f, ref, v)
 	})
 }
 

@@ -128,35 +128,11 @@ func decodeValue(t *schema.Type, v any, name string) (any, error) {
 		}
 		switch {
 		case t.Elem.StringLike():
-			out := make([]string, 0, len(items))
-			for _, it := range items {
-				e, err := decodeValue(t.Elem, it, name)
-				if err != nil {
-					return nil, err
-				}
-				out = append(out, e.(string))
-			}
-			return out, nil
+			return decodeElems[string](t.Elem, items, name)
 		case t.Elem.Kind == schema.KInt:
-			out := make([]int64, 0, len(items))
-			for _, it := range items {
-				e, err := decodeValue(t.Elem, it, name)
-				if err != nil {
-					return nil, err
-				}
-				out = append(out, e.(int64))
-			}
-			return out, nil
+			return decodeElems[int64](t.Elem, items, name)
 		}
-		out := make([]any, 0, len(items))
-		for _, it := range items {
-			e, err := decodeValue(t.Elem, it, name)
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, e)
-		}
-		return out, nil
+		return decodeElems[any](t.Elem, items, name)
 	case schema.KMap:
 		m, ok := v.(map[string]any)
 		if !ok {
@@ -334,4 +310,17 @@ func (c *rowCache) value(e wire.Encoder, t *schema.Type, v any, snap db.Reader) 
 	default:
 		wire.Encode(e, v)
 	}
+}
+
+// decodeElems decodes a set's elements into their canonical slice.
+func decodeElems[T any](t *schema.Type, items []any, name string) ([]T, error) {
+	out := make([]T, 0, len(items))
+	for _, it := range items {
+		e, err := decodeValue(t, it, name)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, e.(T))
+	}
+	return out, nil
 }

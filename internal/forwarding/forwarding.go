@@ -100,13 +100,16 @@ func Resolve(msg *schema.Message, args []any, snap db.Reader, self string) (Targ
 
 // ResolveRoute is Resolve with the route given.
 func ResolveRoute(r *schema.Route, msg *schema.Message, args []any, snap db.Reader, self string) (Target, error) {
-	res := resolver{msg: msg, args: args, snap: snap, self: self}
 	t := Target{Kind: r.Kind}
 	if snap.Count(dm.Host.Class) <= 1 {
 		t.Hosts = []string{self}
-		t.Marks = res.marks(r.Marks, self)
+		if len(r.Marks) > 0 {
+			res := resolver{msg: msg, args: args, snap: snap, self: self}
+			t.Marks = res.marks(r.Marks, self)
+		}
 		return t, nil
 	}
+	res := resolver{msg: msg, args: args, snap: snap, self: self}
 	res.coord = res.coordinator()
 	kind := r.Kind
 	if r.CoordinatorIf != "" {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -78,13 +79,7 @@ func NewRegistryWithLimit(d *db.DB, max int) *Registry {
 // to the session's subscription, making one if needed. Events committed
 // before the session's first registration are not delivered to it.
 func (r *Registry) Register(session string, classes []string) error {
-	items := parseItems(classes)
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.pumpLocked()
-	sub := r.subLocked(session)
-	sub.items = append(sub.items, items...)
-	r.want = nil
+	r.resubscribe(session, classes, func(have, given []item) []item { return append(have, given...) })
 	return nil
 }
 
@@ -92,28 +87,23 @@ func (r *Registry) Register(session string, classes []string) error {
 // session's subscription. As in xapi, a session that had none gets an
 // empty one.
 func (r *Registry) Unregister(session string, classes []string) error {
-	items := parseItems(classes)
+	r.resubscribe(session, classes, func(have, given []item) []item {
+		return slices.DeleteFunc(have, func(it item) bool { return slices.Contains(given, it) })
+	})
+	return nil
+}
+
+// resubscribe replaces the session's subscription (made if needed) by
+// change(what it has, the classes given), once the changes committed so
+// far have been taken from the feed under the old one.
+func (r *Registry) resubscribe(session string, classes []string, change func(have, given []item) []item) {
+	given := parseItems(classes)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.pumpLocked()
 	sub := r.subLocked(session)
-	keep := sub.items[:0]
-	for _, it := range sub.items {
-		drop := false
-		for _, x := range items {
-			if x == it {
-				drop = true
-				break
-			}
-		}
-		if !drop {
-			keep = append(keep, it)
-		}
-	}
-	clear(sub.items[len(keep):])
-	sub.items = keep
+	sub.items = change(sub.items, given)
 	r.want = nil
-	return nil
 }
 
 func parseItems(classes []string) []item {

@@ -201,13 +201,16 @@ func (s *sink) init(w io.Writer) {
 	s.buf = make([]byte, 0, bufSize)
 }
 
+func (s *sink) raw(str string) { s.buf = append(s.buf, str...) }
+
 func (s *sink) maybeFlush() {
 	if len(s.buf) >= flushAt && s.w != nil {
-		_ = s.flush() // sticky: kept in s.err and returned by the final flush
+		_ = s.Flush() // sticky: kept in s.err and returned by the final Flush
 	}
 }
 
-func (s *sink) flush() error {
+// Flush writes any buffered output and returns the first write error.
+func (s *sink) Flush() error {
 	if s.w != nil && len(s.buf) > 0 {
 		if s.err == nil {
 			_, s.err = s.w.Write(s.buf)

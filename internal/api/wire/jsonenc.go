@@ -24,11 +24,6 @@ func NewJSONEncoder(w io.Writer) *JSONEncoder {
 	return e
 }
 
-// Flush writes any buffered output and returns the first write error.
-func (e *JSONEncoder) Flush() error { return e.flush() }
-
-func (e *JSONEncoder) raw(s string) { e.buf = append(e.buf, s...) }
-
 func (e *JSONEncoder) begin() {
 	if e.nest.value() {
 		e.buf = append(e.buf, ',')

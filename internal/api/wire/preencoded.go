@@ -1,7 +1,5 @@
 package wire
 
-import "bytes"
-
 // Preencoder is an Encoder that can take a value encoded earlier, so that
 // a reply many clients receive at once (the same event.from batch) is
 // encoded once per transport and copied after that.
@@ -29,22 +27,29 @@ var (
 // Kind is "xml".
 func (e *XMLEncoder) Kind() string { return "xml" }
 
+// Kind is "json".
+func (e *JSONEncoder) Kind() string { return "json" }
+
 // EncodeAlone encodes v on its own in XML-RPC.
-func (e *XMLEncoder) EncodeAlone(v any) []byte {
-	var b bytes.Buffer
-	x := NewXMLEncoder(&b)
-	Encode(x, v)
-	_ = x.Flush() // into a bytes.Buffer: cannot fail
-	return b.Bytes()
-}
+func (e *XMLEncoder) EncodeAlone(v any) []byte { return e.AppendAlone(nil, v) }
+
+// EncodeAlone encodes v on its own in JSON.
+func (e *JSONEncoder) EncodeAlone(v any) []byte { return e.AppendAlone(nil, v) }
 
 // AppendAlone appends v, encoded on its own in XML-RPC, to dst.
 func (e *XMLEncoder) AppendAlone(dst []byte, v any) []byte {
-	x := &XMLEncoder{}
-	x.buf = dst
+	x := &XMLEncoder{sink: sink{buf: dst}}
 	x.nest.init()
 	Encode(x, v)
 	return x.buf
+}
+
+// AppendAlone appends v, encoded on its own in JSON, to dst.
+func (e *JSONEncoder) AppendAlone(dst []byte, v any) []byte {
+	j := &JSONEncoder{sink: sink{buf: dst}}
+	j.nest.init()
+	Encode(j, v)
+	return j.buf
 }
 
 // Preencoded writes a value made by EncodeAlone or AppendAlone.
@@ -52,27 +57,6 @@ func (e *XMLEncoder) Preencoded(b []byte) {
 	e.begin()
 	e.buf = append(e.buf, b...)
 	e.end()
-}
-
-// Kind is "json".
-func (e *JSONEncoder) Kind() string { return "json" }
-
-// EncodeAlone encodes v on its own in JSON.
-func (e *JSONEncoder) EncodeAlone(v any) []byte {
-	var b bytes.Buffer
-	j := NewJSONEncoder(&b)
-	Encode(j, v)
-	_ = j.Flush() // into a bytes.Buffer: cannot fail
-	return b.Bytes()
-}
-
-// AppendAlone appends v, encoded on its own in JSON, to dst.
-func (e *JSONEncoder) AppendAlone(dst []byte, v any) []byte {
-	j := &JSONEncoder{}
-	j.buf = dst
-	j.nest.init()
-	Encode(j, v)
-	return j.buf
 }
 
 // Preencoded writes a value made by EncodeAlone or AppendAlone.

@@ -23,11 +23,6 @@ func NewXMLEncoder(w io.Writer) *XMLEncoder {
 	return e
 }
 
-// Flush writes any buffered output and returns the first write error.
-func (e *XMLEncoder) Flush() error { return e.flush() }
-
-func (e *XMLEncoder) raw(s string) { e.buf = append(e.buf, s...) }
-
 func (e *XMLEncoder) begin() { e.nest.value() }
 
 func (e *XMLEncoder) end() {

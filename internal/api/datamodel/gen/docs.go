@@ -3,10 +3,13 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"log"
 	"os"
 	"path/filepath"
 	"strings"
 
+	"toolstackd/internal/gen/genutil"
+	"toolstackd/internal/safepath"
 	"toolstackd/internal/schema"
 )
 
@@ -25,29 +28,30 @@ func genDocs(m *schema.Model, dir string) {
 	idx.WriteString("| class | fields | messages | persisted | events |\n|---|---|---|---|---|\n")
 	for _, c := range m.Classes {
 		fmt.Fprintf(&idx, "| [%s](%s.md) | %d | %d | %s | %s |\n", c.Name, c.Name, publicFields(c), len(c.Messages), yes(c.Persist), yes(c.GenEvents))
-		if err := os.WriteFile(filepath.Join(dir, c.Name+".md"), classDoc(c), 0o644); err != nil { //nolint:gosec // documentation in the source tree is world-readable
-			panic(err)
+		page, err := safepath.JoinName(dir, c.Name+".md")
+		if err != nil {
+			log.Fatalf("gen: class %q: %v", c.Name, err)
 		}
+		genutil.WriteFile(page, classDoc(c))
 	}
-	if err := os.WriteFile(filepath.Join(dir, "README.md"), idx.Bytes(), 0o644); err != nil { //nolint:gosec // as above
-		panic(err)
-	}
+	genutil.WriteFile(filepath.Join(dir, "README.md"), idx.Bytes())
 }
 
+// countMessages is the number of published messages (not the extra ones
+// toolstackd serves for every class).
 func countMessages(m *schema.Model) int {
-	n := 0
-	for _, msg := range m.Messages {
-		if !msg.Extra {
-			n++
-		}
-	}
-	return n
+	return countIf(m.Messages, func(msg *schema.Message) bool { return !msg.Extra })
 }
 
+// publicFields is the number of a class's fields a client can see.
 func publicFields(c *schema.Class) int {
+	return countIf(c.Fields, func(f *schema.Field) bool { return !f.Internal })
+}
+
+func countIf[T any](xs []T, keep func(T) bool) int {
 	n := 0
-	for _, f := range c.Fields {
-		if !f.Internal {
+	for _, x := range xs {
+		if keep(x) {
 			n++
 		}
 	}

@@ -2,13 +2,12 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"log"
-	"os"
 	"sort"
 	"strings"
 
+	"toolstackd/internal/gen/genutil"
 	"toolstackd/internal/schema"
 )
 
@@ -44,15 +43,7 @@ const (
 // parameter, field or operation the model does not have is fatal.
 func genRoutes(model *schema.Model, path string) []byte {
 	var jr jsonRoutes
-	b, err := os.ReadFile(path) //nolint:gosec // the generator reads the repository's own files
-	if err != nil {
-		log.Fatal(err)
-	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&jr); err != nil {
-		log.Fatalf("%s: %v", path, err)
-	}
+	genutil.ReadJSONStrict(path, &jr)
 	routes, err := buildRoutes(model, &jr)
 	if err != nil {
 		log.Fatalf("gen: %s: %v", path, err)
@@ -63,12 +54,12 @@ func genRoutes(model *schema.Model, path string) []byte {
 func buildRoutes(model *schema.Model, jr *jsonRoutes) (map[string]*schema.Route, error) {
 	var problems []string
 	fail := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
-	for _, name := range sortedKeys(jr.Classes) {
+	for _, name := range schema.SortedKeys(jr.Classes) {
 		if model.Class(name) == nil {
 			fail("classes: no class %q", name)
 		}
 	}
-	for _, wire := range sortedKeys(jr.Messages) {
+	for _, wire := range schema.SortedKeys(jr.Messages) {
 		if model.Message(wire) == nil {
 			fail("messages: no message %q", wire)
 		}
