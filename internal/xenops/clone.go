@@ -32,34 +32,32 @@ type copySpec struct {
 	extra      func(*db.Tx) error // more writes in the same transaction
 }
 
-func (m *Manager) vmClone(c *api.Call) (any, error) {
-	return m.copyCall(c, dm.VMOperationsClone, copySpec{kind: CopyClone, name: c.String(1)})
+func (m *Manager) vmClone(c *api.Call, a dm.VMCloneArgs) (dm.VMRef, error) {
+	return m.copyCall(c, a.VM, dm.VMOperationsClone, copySpec{kind: CopyClone, name: a.NewName})
 }
 
-func (m *Manager) vmCopy(c *api.Call) (any, error) {
-	sr := c.String(2)
+func (m *Manager) vmCopy(c *api.Call, a dm.VMCopyArgs) (dm.VMRef, error) {
+	sr := string(a.SR)
 	if sr != "" && sr != schema.NullRef {
-		if _, err := c.Row(2, dm.SR.Class); err != nil {
-			return nil, err
+		if _, err := c.Lookup(dm.SR.Class, sr); err != nil {
+			return "", err
 		}
 	}
-	return m.copyCall(c, dm.VMOperationsCopy, copySpec{kind: CopyFull, name: c.String(1), sr: sr})
+	return m.copyCall(c, a.VM, dm.VMOperationsCopy, copySpec{kind: CopyFull, name: a.NewName, sr: sr})
 }
 
-func (m *Manager) vmSnapshot(c *api.Call) (any, error) {
+func (m *Manager) vmSnapshot(c *api.Call, a dm.VMSnapshotArgs) (dm.VMRef, error) {
 	ignore := map[string]bool{}
-	if len(c.Args) > 2 {
-		for _, v := range strs(c.Args[2]) {
-			ignore[v] = true
-		}
+	for _, v := range a.IgnoreVDIs {
+		ignore[string(v)] = true
 	}
-	return m.copyCall(c, dm.VMOperationsSnapshot, copySpec{kind: CopySnapshot, name: c.String(1), ignore: ignore})
+	return m.copyCall(c, a.VM, dm.VMOperationsSnapshot, copySpec{kind: CopySnapshot, name: a.NewName, ignore: ignore})
 }
 
-func (m *Manager) copyCall(c *api.Call, o op, spec copySpec) (any, error) {
-	row, err := c.Row(0, dm.VM.Class)
+func (m *Manager) copyCall(c *api.Call, vm dm.VMRef, o op, spec copySpec) (dm.VMRef, error) {
+	row, err := c.Lookup(dm.VM.Class, string(vm))
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	spec.power = psHalted
 	if row.String(dm.VM.PowerState) == psSuspended && o != dm.VMOperationsSnapshot {
@@ -83,9 +81,9 @@ func (m *Manager) copyCall(c *api.Call, o op, spec copySpec) (any, error) {
 		return err
 	})
 	if err != nil {
-		return nil, err
+		return "", err
 	}
-	return out, nil
+	return dm.VMRef(out), nil
 }
 
 // copySuspendImage copies a suspended snapshot's memory image for its copy.
@@ -120,34 +118,29 @@ func (m *Manager) copyVDI(ctx context.Context, c *api.Call, vdi, kind, sr string
 	if c == nil || c.Session == nil || c.Session.Ref == "" {
 		return "", xerr.New(xerr.OperationNotAllowed, "copying disks needs a XenAPI session")
 	}
-	var v any
+	var ref dm.VDIRef
 	var err error
+	as := c.Caller()
 	switch kind {
 	case CopyClone:
-		v, _, err = m.srv.Invoke(ctx, c.Session.Ref, "VDI.clone", vdi, map[string]string{})
+		ref, err = (&dm.VDICloneArgs{VDI: dm.VDIRef(vdi), DriverParams: map[string]string{}}).Call(ctx, as)
 	case CopySnapshot:
-		v, _, err = m.srv.Invoke(ctx, c.Session.Ref, "VDI.snapshot", vdi, map[string]string{})
+		ref, err = (&dm.VDISnapshotArgs{VDI: dm.VDIRef(vdi), DriverParams: map[string]string{}}).Call(ctx, as)
 	default:
 		if sr == "" || sr == schema.NullRef {
 			if row, ok := m.db.Snapshot().Get(dm.VDI.Class, vdi); ok {
 				sr = row.String(dm.VDI.SR)
 			}
 		}
-		v, _, err = m.srv.Invoke(ctx, c.Session.Ref, "VDI.copy", vdi, sr)
+		ref, err = (&dm.VDICopyArgs{VDI: dm.VDIRef(vdi), SR: dm.SRRef(sr)}).Call(ctx, as)
 	}
 	if err != nil {
 		return "", err
 	}
-	ref, _ := v.(string)
-	if ref == "" {
-		if row, ok := v.(*db.Row); ok {
-			ref = row.Ref
-		}
-	}
-	if ref == "" {
+	if ref == "" || ref == schema.NullRef {
 		return "", xerr.New(xerr.InternalError, "storage returned no VDI for "+kind)
 	}
-	return ref, nil
+	return string(ref), nil
 }
 
 func (m *Manager) destroyVDI(ctx context.Context, c *api.Call, vdi string) {
@@ -160,18 +153,8 @@ func (m *Manager) destroyVDI(ctx context.Context, c *api.Call, vdi string) {
 }
 
 // copyVM makes the new VM: disks first, then every record in one
-// transaction.
+// transaction. The disks copied are destroyed again when it fails.
 func (m *Manager) copyVM(o *opCtx, c *api.Call, srcRef string, spec copySpec) (newRef string, err error) {
-	snap := m.db.Snapshot()
-	src, ok := snap.Get(dm.VM.Class, srcRef)
-	if !ok {
-		return "", xerr.New(xerr.HandleInvalid, "VM", srcRef)
-	}
-	type vbdCopy struct {
-		row *db.Row
-		vdi string
-	}
-	var vbds []vbdCopy
 	var created []string
 	defer func() {
 		if err != nil {
@@ -180,6 +163,40 @@ func (m *Manager) copyVM(o *opCtx, c *api.Call, srcRef string, spec copySpec) (n
 			}
 		}
 	}()
+	vbds, err := m.copyDisks(o, c, srcRef, spec, &created)
+	if err != nil {
+		return "", err
+	}
+	err = o.run("records", func(ctx context.Context) error {
+		_, err := m.db.Update(func(tx *db.Tx) error {
+			newRef, err = m.insertVMCopy(tx, srcRef, spec, vbds)
+			return err
+		})
+		return err
+	})
+	if err != nil {
+		return "", err // the transaction left nothing behind
+	}
+	return newRef, nil
+}
+
+// vbdCopy is a source VBD and the VDI its copy gets.
+type vbdCopy struct {
+	row *db.Row
+	vdi string
+}
+
+// copyDisks copies the disks of the source VM's VBDs, one step each, as
+// spec.kind says: CDs, empty drives and VBDs whose VDI is gone keep their
+// VDI, and the VDIs in spec.ignore are left out with their VBDs. Each new
+// VDI is added to created as soon as it exists.
+func (m *Manager) copyDisks(o *opCtx, c *api.Call, srcRef string, spec copySpec, created *[]string) ([]vbdCopy, error) {
+	snap := m.db.Snapshot()
+	src, ok := snap.Get(dm.VM.Class, srcRef)
+	if !ok {
+		return nil, xerr.New(xerr.HandleInvalid, "VM", srcRef)
+	}
+	var vbds []vbdCopy
 	srcVBDs := strs(snap.Value(src, dm.VM.VBDs))
 	o.window(0, 1, len(srcVBDs)+1)
 	for _, ref := range srcVBDs {
@@ -199,146 +216,164 @@ func (m *Manager) copyVM(o *opCtx, c *api.Call, srcRef string, spec copySpec) (n
 				if err != nil {
 					return err
 				}
-				created = append(created, nv)
+				*created = append(*created, nv)
 				newVDI = nv
 				return nil
 			}); err != nil {
-				return "", err
+				return nil, err
 			}
 		}
 		vbds = append(vbds, vbdCopy{row, newVDI})
 	}
-	err = o.run("records", func(ctx context.Context) error {
-		_, err := m.db.Update(func(tx *db.Tx) error {
-			src, ok := tx.Get(dm.VM.Class, srcRef)
-			if !ok {
-				return xerr.New(xerr.HandleInvalid, "VM", srcRef)
-			}
-			now := time.Now().UTC()
-			metrics, err := m.newMetrics(tx, now)
-			if err != nil {
-				return err
-			}
-			vals := src.Stored()
-			set := func(f *schema.Field, v any) { vals[f.Index] = v }
-			id := spec.uuid
-			if id == "" {
-				id = newUUID()
-			}
-			oc := map[string]string{}
-			if x, ok := src.Get(dm.VM.OtherConfig).(map[string]string); ok {
-				for k, v := range x {
-					oc[k] = v
-				}
-			}
-			delete(oc, "default_template")
-			snapshot := spec.kind == CopySnapshot
-			set(dm.VM.UUID, id)
-			set(dm.VM.NameLabel, spec.name)
-			set(dm.VM.AllowedOperations, []string{})
-			set(dm.VM.CurrentOperations, map[string]string{})
-			set(dm.VM.PowerState, spec.power)
-			set(dm.VM.SuspendVDI, schema.NullRef)
-			if spec.suspendVDI != "" {
-				set(dm.VM.SuspendVDI, spec.suspendVDI)
-			}
-			set(dm.VM.ResidentOn, schema.NullRef)
-			set(dm.VM.ScheduledToBeResidentOn, schema.NullRef)
-			set(dm.VM.Domid, int64(-1))
-			set(dm.VM.Metrics, metrics)
-			set(dm.VM.GuestMetrics, schema.NullRef)
-			set(dm.VM.IsDefaultTemplate, false)
-			set(dm.VM.OtherConfig, oc)
-			set(dm.VM.IsASnapshot, snapshot)
-			set(dm.VM.Blobs, map[string]string{})
-			set(dm.VM.RequiresReboot, false)
-			set(dm.VM.Appliance, schema.NullRef)
-			set(dm.VM.ProtectionPolicy, schema.NullRef)
-			set(dm.VM.SnapshotSchedule, schema.NullRef)
-			set(dm.VM.SnapshotInfo, map[string]string{})
-			set(dm.VM.SnapshotMetadata, "")
-			set(dm.VM.TransportableSnapshotID, "")
-			if snapshot {
-				set(dm.VM.IsATemplate, true)
-				set(dm.VM.SnapshotOf, srcRef)
-				set(dm.VM.SnapshotTime, now)
-				set(dm.VM.Parent, src.String(dm.VM.Parent))
-			} else {
-				set(dm.VM.SnapshotOf, schema.NullRef)
-				set(dm.VM.SnapshotTime, schema.Epoch)
-				set(dm.VM.Parent, schema.NullRef)
-			}
-			newRef, err = tx.Insert(dm.VM.Class, "", vals)
-			if err != nil {
-				return err
-			}
-			if snapshot {
-				if err := tx.Set(dm.VM.Parent, srcRef, newRef); err != nil {
-					return err
-				}
-			}
-			for _, v := range vbds {
-				vals := v.row.Stored()
-				set := func(f *schema.Field, x any) { vals[f.Index] = x }
-				set(dm.VBD.UUID, "")
-				set(dm.VBD.VM, newRef)
-				set(dm.VBD.VDI, v.vdi)
-				set(dm.VBD.AllowedOperations, []string{})
-				set(dm.VBD.CurrentOperations, map[string]string{})
-				set(dm.VBD.CurrentlyAttached, false)
-				set(dm.VBD.StatusCode, int64(0))
-				set(dm.VBD.StatusDetail, "")
-				set(dm.VBD.RuntimeProperties, map[string]string{})
-				set(dm.VBD.Metrics, schema.NullRef)
-				if _, err := tx.Insert(dm.VBD.Class, "", vals); err != nil {
-					return err
-				}
-			}
-			for _, ref := range strs(tx.Value(src, dm.VM.VIFs)) {
-				row, ok := tx.Get(dm.VIF.Class, ref)
-				if !ok {
-					continue
-				}
-				vals := row.Stored()
-				set := func(f *schema.Field, x any) { vals[f.Index] = x }
-				vifUUID := newUUID()
-				set(dm.VIF.UUID, vifUUID)
-				set(dm.VIF.VM, newRef)
-				if !snapshot && (row.Get(dm.VIF.MACAutogenerated) == true || row.String(dm.VIF.MAC) == "") {
-					set(dm.VIF.MAC, macFor(vifUUID))
-				}
-				set(dm.VIF.AllowedOperations, []string{})
-				set(dm.VIF.CurrentOperations, map[string]string{})
-				set(dm.VIF.CurrentlyAttached, false)
-				set(dm.VIF.StatusCode, int64(0))
-				set(dm.VIF.StatusDetail, "")
-				set(dm.VIF.RuntimeProperties, map[string]string{})
-				set(dm.VIF.Metrics, schema.NullRef)
-				if _, err := tx.Insert(dm.VIF.Class, "", vals); err != nil {
-					return err
-				}
-			}
-			if spec.extra != nil {
-				if err := spec.extra(tx); err != nil {
-					return err
-				}
-			}
-			return refreshVM(tx, newRef)
-		})
-		return err
-	})
-	return newRef, err
+	return vbds, nil
+}
+
+// insertVMCopy writes the new VM, its VBDs (on the VDIs copyDisks chose)
+// and its VIFs, and returns the new VM's ref.
+func (m *Manager) insertVMCopy(tx *db.Tx, srcRef string, spec copySpec, vbds []vbdCopy) (string, error) {
+	src, ok := tx.Get(dm.VM.Class, srcRef)
+	if !ok {
+		return "", xerr.New(xerr.HandleInvalid, "VM", srcRef)
+	}
+	now := time.Now().UTC()
+	metrics, err := m.newMetrics(tx, now)
+	if err != nil {
+		return "", err
+	}
+	newRef, err := tx.Insert(dm.VM.Class, "", vmCopyValues(src, spec, metrics, now))
+	if err != nil {
+		return "", err
+	}
+	snapshot := spec.kind == CopySnapshot
+	if snapshot {
+		if err := tx.Set(dm.VM.Parent, srcRef, newRef); err != nil {
+			return "", err
+		}
+	}
+	for _, v := range vbds {
+		vals := v.row.Stored()
+		vals[dm.VBD.UUID.Index] = ""
+		vals[dm.VBD.VM.Index] = newRef
+		vals[dm.VBD.VDI.Index] = v.vdi
+		vbdRuntime.clear(vals)
+		if _, err := tx.Insert(dm.VBD.Class, "", vals); err != nil {
+			return "", err
+		}
+	}
+	for _, ref := range strs(tx.Value(src, dm.VM.VIFs)) {
+		row, ok := tx.Get(dm.VIF.Class, ref)
+		if !ok {
+			continue
+		}
+		vals := row.Stored()
+		vifUUID := newUUID()
+		vals[dm.VIF.UUID.Index] = vifUUID
+		vals[dm.VIF.VM.Index] = newRef
+		if !snapshot && (row.Get(dm.VIF.MACAutogenerated) == true || row.String(dm.VIF.MAC) == "") {
+			vals[dm.VIF.MAC.Index] = macFor(vifUUID)
+		}
+		vifRuntime.clear(vals)
+		if _, err := tx.Insert(dm.VIF.Class, "", vals); err != nil {
+			return "", err
+		}
+	}
+	if spec.extra != nil {
+		if err := spec.extra(tx); err != nil {
+			return "", err
+		}
+	}
+	return newRef, refreshVM(tx, newRef)
+}
+
+// vmCopyValues is the new VM's record: the source's, with a new identity
+// and name, no runtime state, and, for a snapshot, the snapshot's links.
+func vmCopyValues(src *db.Row, spec copySpec, metrics string, now time.Time) []any {
+	vals := src.Stored()
+	set := func(f *schema.Field, v any) { vals[f.Index] = v }
+	id := spec.uuid
+	if id == "" {
+		id = newUUID()
+	}
+	oc := map[string]string{}
+	if x, ok := src.Get(dm.VM.OtherConfig).(map[string]string); ok {
+		for k, v := range x {
+			oc[k] = v
+		}
+	}
+	delete(oc, "default_template")
+	snapshot := spec.kind == CopySnapshot
+	set(dm.VM.UUID, id)
+	set(dm.VM.NameLabel, spec.name)
+	set(dm.VM.AllowedOperations, []string{})
+	set(dm.VM.CurrentOperations, map[string]string{})
+	set(dm.VM.PowerState, spec.power)
+	set(dm.VM.SuspendVDI, schema.NullRef)
+	if spec.suspendVDI != "" {
+		set(dm.VM.SuspendVDI, spec.suspendVDI)
+	}
+	set(dm.VM.ResidentOn, schema.NullRef)
+	set(dm.VM.ScheduledToBeResidentOn, schema.NullRef)
+	set(dm.VM.Domid, int64(-1))
+	set(dm.VM.Metrics, metrics)
+	set(dm.VM.GuestMetrics, schema.NullRef)
+	set(dm.VM.IsDefaultTemplate, false)
+	set(dm.VM.OtherConfig, oc)
+	set(dm.VM.IsASnapshot, snapshot)
+	set(dm.VM.Blobs, map[string]string{})
+	set(dm.VM.RequiresReboot, false)
+	set(dm.VM.Appliance, schema.NullRef)
+	set(dm.VM.ProtectionPolicy, schema.NullRef)
+	set(dm.VM.SnapshotSchedule, schema.NullRef)
+	set(dm.VM.SnapshotInfo, map[string]string{})
+	set(dm.VM.SnapshotMetadata, "")
+	set(dm.VM.TransportableSnapshotID, "")
+	if snapshot {
+		set(dm.VM.IsATemplate, true)
+		set(dm.VM.SnapshotOf, src.Ref)
+		set(dm.VM.SnapshotTime, now)
+		set(dm.VM.Parent, src.String(dm.VM.Parent))
+	} else {
+		set(dm.VM.SnapshotOf, schema.NullRef)
+		set(dm.VM.SnapshotTime, schema.Epoch)
+		set(dm.VM.Parent, schema.NullRef)
+	}
+	return vals
+}
+
+// deviceRuntime names a device class's fields that hold the state of a
+// plugged device rather than its configuration: a copied VBD or VIF starts
+// without it.
+type deviceRuntime struct {
+	allowedOps, currentOps, attached, statusCode, statusDetail, runtime, metrics *schema.Field
+}
+
+var (
+	vbdRuntime = deviceRuntime{dm.VBD.AllowedOperations, dm.VBD.CurrentOperations, dm.VBD.CurrentlyAttached,
+		dm.VBD.StatusCode, dm.VBD.StatusDetail, dm.VBD.RuntimeProperties, dm.VBD.Metrics}
+	vifRuntime = deviceRuntime{dm.VIF.AllowedOperations, dm.VIF.CurrentOperations, dm.VIF.CurrentlyAttached,
+		dm.VIF.StatusCode, dm.VIF.StatusDetail, dm.VIF.RuntimeProperties, dm.VIF.Metrics}
+)
+
+// clear resets those fields in a row's values to an unplugged device's.
+func (f deviceRuntime) clear(vals []any) {
+	vals[f.allowedOps.Index] = []string{}
+	vals[f.currentOps.Index] = map[string]string{}
+	vals[f.attached.Index] = false
+	vals[f.statusCode.Index] = int64(0)
+	vals[f.statusDetail.Index] = ""
+	vals[f.runtime.Index] = map[string]string{}
+	vals[f.metrics.Index] = schema.NullRef
 }
 
 // vmCheckpoint is a snapshot with the memory: the guest is paused, its
 // memory saved into the snapshot's suspend image, its disks snapshotted,
 // and it runs on.
-func (m *Manager) vmCheckpoint(c *api.Call) (any, error) {
-	row, err := c.Row(0, dm.VM.Class)
+func (m *Manager) vmCheckpoint(c *api.Call, a dm.VMCheckpointArgs) (dm.VMRef, error) {
+	row, err := c.Lookup(dm.VM.Class, string(a.VM))
 	if err != nil {
-		return nil, err
+		return "", err
 	}
-	name := c.String(1)
+	name := a.NewName
 	var out string
 	o := dm.VMOperationsCheckpoint
 	err = m.withVMOp(c, row.Ref, o, m.recheck(o, func(oc *opCtx) error {
@@ -367,11 +402,7 @@ func (m *Manager) vmCheckpoint(c *api.Call) (any, error) {
 		if err != nil {
 			return err
 		}
-		oc.window(0.1, 0.7, 1)
-		if err := oc.run("save-memory", func(ctx context.Context) error {
-			return m.be.Suspend(ctx, oc.uuid, img.path, func(f float64) { oc.prog.set(0.1 + 0.6*f) })
-		}); err != nil {
-			img.discard(m)
+		if err := m.saveMemory(oc, img, 0.1, 0.7); err != nil {
 			if xerr.HasCode(err, xerr.TaskCancelled) {
 				return err
 			}
@@ -398,32 +429,35 @@ func (m *Manager) vmCheckpoint(c *api.Call) (any, error) {
 		return nil
 	}))
 	if err != nil {
-		return nil, err
+		return "", err
 	}
-	return out, nil
+	return dm.VMRef(out), nil
 }
 
 // provisionSpec is the template's other_config:disks.
 type provisionSpec struct {
-	XMLName xml.Name `xml:"provision"`
-	Disks   []struct {
-		Device   string `xml:"device,attr"`
-		Size     string `xml:"size,attr"`
-		SR       string `xml:"sr,attr"`
-		Bootable string `xml:"bootable,attr"`
-		Type     string `xml:"type,attr"`
-	} `xml:"disk"`
+	XMLName xml.Name            `xml:"provision"`
+	Disks   []provisionDiskSpec `xml:"disk"`
+}
+
+// provisionDiskSpec is one <disk> of a provision spec.
+type provisionDiskSpec struct {
+	Device   string `xml:"device,attr"`
+	Size     string `xml:"size,attr"`
+	SR       string `xml:"sr,attr"`
+	Bootable string `xml:"bootable,attr"`
+	Type     string `xml:"type,attr"`
 }
 
 // vmProvision turns a template copy into a VM: it creates the disks the
 // template's other_config:disks describes and clears is_a_template.
-func (m *Manager) vmProvision(c *api.Call) (any, error) {
-	row, err := c.Row(0, dm.VM.Class)
+func (m *Manager) vmProvision(c *api.Call, a dm.VMProvisionArgs) (dm.Void, error) {
+	row, err := c.Lookup(dm.VM.Class, string(a.VM))
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
 	o := dm.VMOperationsProvision
-	return nil, m.withVMOpQ(c, row.Ref, o, false, func(oc *opCtx) error {
+	return dm.Void{}, m.withVMOpQ(c, row.Ref, o, false, func(oc *opCtx) (err error) {
 		snap := m.db.Snapshot()
 		vm, ok := snap.Get(dm.VM.Class, oc.vm)
 		if !ok {
@@ -436,14 +470,9 @@ func (m *Manager) vmProvision(c *api.Call) (any, error) {
 				return xerr.New(xerr.InvalidValue, "other_config:disks", s)
 			}
 		}
-		type newDisk struct {
-			vdi, device string
-			bootable    bool
-		}
-		var disks []newDisk
-		ok = false
+		var disks []provisionedDisk
 		defer func() {
-			if !ok {
+			if err != nil {
 				for _, d := range disks {
 					m.destroyVDI(oc.ctx, c, d.vdi)
 				}
@@ -452,66 +481,78 @@ func (m *Manager) vmProvision(c *api.Call) (any, error) {
 		oc.window(0, 1, len(spec.Disks)+1)
 		for _, d := range spec.Disks {
 			if err := oc.run("create-disk:"+d.Device, func(ctx context.Context) error {
-				sr, err := m.provisionSR(snap, d.SR)
+				vdi, err := m.provisionDisk(ctx, c, snap, vm, d)
 				if err != nil {
 					return err
 				}
-				size, err := strconv.ParseInt(d.Size, 10, 64)
-				if err != nil || size <= 0 {
-					return xerr.New(xerr.InvalidValue, "size", d.Size)
-				}
-				typ := d.Type
-				if typ == "" {
-					typ = "user"
-				}
-				vdi, err := m.createVDI(ctx, c, map[string]any{
-					"name_label": vm.String(dm.VM.NameLabel) + " " + d.Device, "name_description": "Created by template provisioner",
-					"SR": sr, "virtual_size": size, "type": typ,
-				})
-				if err != nil {
-					return err
-				}
-				disks = append(disks, newDisk{vdi, d.Device, d.Bootable == "true"})
+				disks = append(disks, provisionedDisk{vdi, d.Device, d.Bootable == "true"})
 				return nil
 			}); err != nil {
 				return err
 			}
 		}
-		err := oc.run("records", func(ctx context.Context) error {
-			_, err := m.db.Update(func(tx *db.Tx) error {
-				for _, d := range disks {
-					rec := &dm.VBDRecord{VM: dm.VMRef(oc.vm), VDI: dm.VDIRef(d.vdi), Userdevice: d.device, Bootable: d.bootable,
-						Mode: dm.VBDModeRW, Type: dm.VBDTypeDisk, Unpluggable: true, OtherConfig: map[string]string{"owner": "true"},
-						QosAlgorithmParams: map[string]string{}, RuntimeProperties: map[string]string{}, CurrentOperations: map[string]dm.VBDOperations{}}
-					if _, err := tx.Insert(dm.VBD.Class, "", rec.Row()); err != nil {
-						return err
-					}
-				}
-				if err := tx.RemoveFromMap(dm.VM.OtherConfig, oc.vm, "disks"); err != nil {
-					return err
-				}
-				if err := tx.Set(dm.VM.IsATemplate, oc.vm, false); err != nil {
-					return err
-				}
-				vm, _ := tx.Get(dm.VM.Class, oc.vm)
-				if mr := vm.String(dm.VM.Metrics); mr != "" {
-					if _, ok := tx.Get(dm.VMMetrics.Class, mr); ok {
-						return tx.Set(dm.VMMetrics.InstallTime, mr, time.Now().UTC())
-					}
-				}
-				mr, err := m.newMetrics(tx, time.Now().UTC())
-				if err != nil {
-					return err
-				}
-				return tx.Set(dm.VM.Metrics, oc.vm, mr)
-			})
+		return oc.run("records", func(ctx context.Context) error {
+			_, err := m.db.Update(func(tx *db.Tx) error { return m.recordProvision(tx, oc.vm, disks) })
 			return err
 		})
-		if err == nil {
-			ok = true
-		}
-		return err
 	})
+}
+
+// provisionedDisk is a VDI made for a provisioned VM and where it goes.
+type provisionedDisk struct {
+	vdi, device string
+	bootable    bool
+}
+
+// provisionDisk asks storage for the VDI one <disk> of other_config:disks
+// describes, on its SR (by uuid) or the pool's default SR.
+func (m *Manager) provisionDisk(ctx context.Context, c *api.Call, snap db.Reader, vm *db.Row, d provisionDiskSpec) (string, error) {
+	sr, err := m.provisionSR(snap, d.SR)
+	if err != nil {
+		return "", err
+	}
+	size, err := strconv.ParseInt(d.Size, 10, 64)
+	if err != nil || size <= 0 {
+		return "", xerr.New(xerr.InvalidValue, "size", d.Size)
+	}
+	typ := d.Type
+	if typ == "" {
+		typ = "user"
+	}
+	return m.createVDI(ctx, c, map[string]any{
+		"name_label": vm.String(dm.VM.NameLabel) + " " + d.Device, "name_description": "Created by template provisioner",
+		"SR": sr, "virtual_size": size, "type": typ,
+	})
+}
+
+// recordProvision gives the VM a VBD on each new disk, makes it a VM
+// rather than a template (other_config:disks gone) and stamps its install
+// time.
+func (m *Manager) recordProvision(tx *db.Tx, vmRef string, disks []provisionedDisk) error {
+	for _, d := range disks {
+		rec := &dm.VBDRecord{VM: dm.VMRef(vmRef), VDI: dm.VDIRef(d.vdi), Userdevice: d.device, Bootable: d.bootable,
+			Mode: dm.VBDModeRW, Type: dm.VBDTypeDisk, Unpluggable: true, OtherConfig: map[string]string{"owner": "true"},
+			QosAlgorithmParams: map[string]string{}, RuntimeProperties: map[string]string{}, CurrentOperations: map[string]dm.VBDOperations{}}
+		if _, err := tx.Insert(dm.VBD.Class, "", rec.Row()); err != nil {
+			return err
+		}
+	}
+	if err := tx.RemoveFromMap(dm.VM.OtherConfig, vmRef, "disks"); err != nil {
+		return err
+	}
+	if err := tx.Set(dm.VM.IsATemplate, vmRef, false); err != nil {
+		return err
+	}
+	vm, _ := tx.Get(dm.VM.Class, vmRef)
+	now := time.Now().UTC()
+	if ok, err := setMetrics(tx, vm.String(dm.VM.Metrics), map[*schema.Field]any{dm.VMMetrics.InstallTime: now}); ok || err != nil {
+		return err
+	}
+	mr, err := m.newMetrics(tx, now)
+	if err != nil {
+		return err
+	}
+	return tx.Set(dm.VM.Metrics, vmRef, mr)
 }
 
 func (m *Manager) provisionSR(r db.Reader, uuid string) (string, error) {

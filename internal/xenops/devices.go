@@ -2,6 +2,7 @@ package xenops
 
 import (
 	"context"
+	"slices"
 	"strconv"
 
 	"toolstackd/internal/api"
@@ -15,38 +16,24 @@ import (
 // Device hotplug: VBD.plug/unplug/unplug_force/insert/eject and
 // VIF.plug/unplug, each run on the VM's queue.
 
-func (m *Manager) vbdPlug(c *api.Call) (any, error) {
-	row, err := c.Row(0, dm.VBD.Class)
+func (m *Manager) vbdPlug(c *api.Call, ref string) error {
+	row, err := c.Lookup(dm.VBD.Class, ref)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return nil, m.withDevOp(c, dm.VBD.Class, row.Ref, "plug", func(o *opCtx, vbd *db.Row) error {
+	return m.withDevOp(c, dm.VBD.Class, row.Ref, "plug", func(o *opCtx, vbd *db.Row) error {
 		snap := m.db.Snapshot()
 		vm, ok := snap.Get(dm.VM.Class, o.vm)
 		if !ok {
 			return xerr.New(xerr.HandleInvalid, "VM", o.vm)
 		}
-		dev := vbd.String(dm.VBD.Userdevice)
-		if dev == "autodetect" || dev == "" {
-			used := map[string]bool{}
-			for _, ref := range strs(snap.Value(vm, dm.VM.VBDs)) {
-				if v, ok := snap.Get(dm.VBD.Class, ref); ok && ref != vbd.Ref {
-					used[v.String(dm.VBD.Userdevice)] = true
-				}
-			}
-			free := freeDevices(maxVBDDevices, used)
-			if len(free) == 0 {
-				return xerr.New(xerr.InvalidDevice, "autodetect")
-			}
-			dev = free[0]
-		} else if n, err := strconv.Atoi(dev); err != nil || n < 0 || n >= maxVBDDevices {
-			return xerr.New(xerr.InvalidDevice, dev)
+		dev, err := vbdDevice(snap, vm, vbd)
+		if err != nil {
+			return err
 		}
 		info, _ := m.be.Info(o.uuid)
-		for _, d := range info.Disks {
-			if d.Device == dev {
-				return xerr.New(xerr.DeviceAlreadyExists, dev)
-			}
+		if slices.ContainsFunc(info.Disks, func(d backend.Disk) bool { return d.Device == dev }) {
+			return xerr.New(xerr.DeviceAlreadyExists, dev)
 		}
 		d, skip, err := m.diskOf(snap, o.vm, vbd, dev)
 		if err != nil {
@@ -55,22 +42,7 @@ func (m *Manager) vbdPlug(c *api.Call) (any, error) {
 		if skip {
 			return xerr.New(xerr.VBDIsEmpty, vbd.Ref)
 		}
-		if err := o.run("plug", func(ctx context.Context) error {
-			if d.VDI != "" {
-				src, err := m.disks.Attach(ctx, o.uuid, d.VDI, d.ReadOnly)
-				if err != nil {
-					return err
-				}
-				d.Path, d.Format = src.Target(), src.Format
-			}
-			if err := m.be.PlugDisk(ctx, o.uuid, d); err != nil {
-				if d.VDI != "" {
-					_ = m.disks.Detach(context.WithoutCancel(ctx), o.uuid, d.VDI)
-				}
-				return err
-			}
-			return nil
-		}); err != nil {
+		if err := o.run("plug", func(ctx context.Context) error { return m.plugDisk(ctx, o.uuid, d) }); err != nil {
 			return err
 		}
 		_, err = m.db.Update(func(tx *db.Tx) error {
@@ -84,6 +56,55 @@ func (m *Manager) vbdPlug(c *api.Call) (any, error) {
 		})
 		return err
 	})
+}
+
+// vbdDevice is the userdevice a VBD is plugged at: its own, when it is a
+// device number in range, or for "autodetect" (or none) the lowest one no
+// other VBD of the VM has.
+func vbdDevice(r db.Reader, vm, vbd *db.Row) (string, error) {
+	dev := vbd.String(dm.VBD.Userdevice)
+	if dev != "autodetect" && dev != "" {
+		return dev, checkDeviceNumber(dev, maxVBDDevices)
+	}
+	used := map[string]bool{}
+	for _, ref := range strs(r.Value(vm, dm.VM.VBDs)) {
+		if v, ok := r.Get(dm.VBD.Class, ref); ok && ref != vbd.Ref {
+			used[v.String(dm.VBD.Userdevice)] = true
+		}
+	}
+	free := freeDevices(maxVBDDevices, used)
+	if len(free) == 0 {
+		return "", xerr.New(xerr.InvalidDevice, "autodetect")
+	}
+	return free[0], nil
+}
+
+// checkDeviceNumber refuses a device that is not a number below n.
+func checkDeviceNumber(dev string, n int) error {
+	if i, err := strconv.Atoi(dev); err != nil || i < 0 || i >= n {
+		return xerr.New(xerr.InvalidDevice, dev)
+	}
+	return nil
+}
+
+// plugDisk attaches a disk's VDI (if it has one) through storage and
+// hot-plugs the disk into the domain; the VDI is detached again when the
+// hotplug fails.
+func (m *Manager) plugDisk(ctx context.Context, uuid string, d backend.Disk) error {
+	if d.VDI != "" {
+		src, err := m.disks.Attach(ctx, uuid, d.VDI, d.ReadOnly)
+		if err != nil {
+			return err
+		}
+		d.Path, d.Format = src.Target(), src.Format
+	}
+	if err := m.be.PlugDisk(ctx, uuid, d); err != nil {
+		if d.VDI != "" {
+			_ = m.disks.Detach(context.WithoutCancel(ctx), uuid, d.VDI)
+		}
+		return err
+	}
+	return nil
 }
 
 // attachedDisk finds a VBD among a domain's disks.
@@ -100,46 +121,40 @@ func (m *Manager) attachedDisk(uuid, vbd string) (backend.Disk, bool) {
 	return backend.Disk{}, false
 }
 
-func (m *Manager) vbdUnplug(force bool) api.Handler {
+func (m *Manager) vbdUnplug(c *api.Call, ref string, force bool) error {
 	name := "unplug"
 	if force {
 		name = "unplug_force"
 	}
-	return func(c *api.Call) (any, error) {
-		row, err := c.Row(0, dm.VBD.Class)
-		if err != nil {
-			return nil, err
-		}
-		return nil, m.withDevOp(c, dm.VBD.Class, row.Ref, name, func(o *opCtx, vbd *db.Row) error {
-			d, ok := m.attachedDisk(o.uuid, vbd.Ref)
-			if ok {
-				if err := o.run("unplug", func(ctx context.Context) error {
-					return m.be.UnplugDisk(ctx, o.uuid, d.Device, force)
-				}); err != nil {
-					return err
-				}
-				if d.VDI != "" {
-					if err := m.disks.Detach(context.WithoutCancel(o.ctx), o.uuid, d.VDI); err != nil {
-						m.log.Warn("detaching VDI", "vdi", d.VDI, "err", err)
-					}
-				}
-			}
-			_, err := m.db.Update(func(tx *db.Tx) error { return tx.Set(dm.VBD.CurrentlyAttached, vbd.Ref, false) })
-			return err
-		})
+	row, err := c.Lookup(dm.VBD.Class, ref)
+	if err != nil {
+		return err
 	}
+	return m.withDevOp(c, dm.VBD.Class, row.Ref, name, func(o *opCtx, vbd *db.Row) error {
+		d, ok := m.attachedDisk(o.uuid, vbd.Ref)
+		if ok {
+			if err := o.run("unplug", func(ctx context.Context) error {
+				return m.be.UnplugDisk(ctx, o.uuid, d.Device, force)
+			}); err != nil {
+				return err
+			}
+			m.detachAll(o.ctx, o.uuid, []backend.Disk{d})
+		}
+		_, err := m.db.Update(func(tx *db.Tx) error { return tx.Set(dm.VBD.CurrentlyAttached, vbd.Ref, false) })
+		return err
+	})
 }
 
-func (m *Manager) vbdInsert(c *api.Call) (any, error) {
-	row, err := c.Row(0, dm.VBD.Class)
+func (m *Manager) vbdInsert(c *api.Call, a dm.VBDInsertArgs) (dm.Void, error) {
+	row, err := c.Lookup(dm.VBD.Class, string(a.VBD))
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
-	vdi, err := c.Row(1, dm.VDI.Class)
+	vdi, err := c.Lookup(dm.VDI.Class, string(a.VDI))
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
-	return nil, m.withDevOp(c, dm.VBD.Class, row.Ref, "insert", func(o *opCtx, vbd *db.Row) error {
+	return dm.Void{}, m.withDevOp(c, dm.VBD.Class, row.Ref, "insert", func(o *opCtx, vbd *db.Row) error {
 		if d, ok := m.attachedDisk(o.uuid, vbd.Ref); ok {
 			if err := o.run("insert", func(ctx context.Context) error {
 				src, err := m.disks.Attach(ctx, o.uuid, vdi.Ref, true)
@@ -166,12 +181,12 @@ func (m *Manager) vbdInsert(c *api.Call) (any, error) {
 	})
 }
 
-func (m *Manager) vbdEject(c *api.Call) (any, error) {
-	row, err := c.Row(0, dm.VBD.Class)
+func (m *Manager) vbdEject(c *api.Call, a dm.VBDEjectArgs) (dm.Void, error) {
+	row, err := c.Lookup(dm.VBD.Class, string(a.VBD))
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
-	return nil, m.withDevOp(c, dm.VBD.Class, row.Ref, "eject", func(o *opCtx, vbd *db.Row) error {
+	return dm.Void{}, m.withDevOp(c, dm.VBD.Class, row.Ref, "eject", func(o *opCtx, vbd *db.Row) error {
 		if d, ok := m.attachedDisk(o.uuid, vbd.Ref); ok {
 			old := d.VDI
 			if err := o.run("eject", func(ctx context.Context) error {
@@ -180,11 +195,7 @@ func (m *Manager) vbdEject(c *api.Call) (any, error) {
 			}); err != nil {
 				return err
 			}
-			if old != "" {
-				if err := m.disks.Detach(context.WithoutCancel(o.ctx), o.uuid, old); err != nil {
-					m.log.Warn("detaching ejected VDI", "vdi", old, "err", err)
-				}
-			}
+			m.detachAll(o.ctx, o.uuid, []backend.Disk{{VDI: old}})
 		}
 		_, err := m.db.Update(func(tx *db.Tx) error {
 			if err := tx.Set(dm.VBD.VDI, vbd.Ref, schema.NullRef); err != nil {
@@ -196,21 +207,19 @@ func (m *Manager) vbdEject(c *api.Call) (any, error) {
 	})
 }
 
-func (m *Manager) vifPlug(c *api.Call) (any, error) {
-	row, err := c.Row(0, dm.VIF.Class)
+func (m *Manager) vifPlug(c *api.Call, ref string) error {
+	row, err := c.Lookup(dm.VIF.Class, ref)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return nil, m.withDevOp(c, dm.VIF.Class, row.Ref, "plug", func(o *opCtx, vif *db.Row) error {
+	return m.withDevOp(c, dm.VIF.Class, row.Ref, "plug", func(o *opCtx, vif *db.Row) error {
 		dev := vif.String(dm.VIF.Device)
-		if n, err := strconv.Atoi(dev); err != nil || n < 0 || n >= maxVIFDevices {
-			return xerr.New(xerr.InvalidDevice, dev)
+		if err := checkDeviceNumber(dev, maxVIFDevices); err != nil {
+			return err
 		}
 		info, _ := m.be.Info(o.uuid)
-		for _, n := range info.NICs {
-			if n.Device == dev {
-				return xerr.New(xerr.DeviceAlreadyExists, dev)
-			}
+		if slices.ContainsFunc(info.NICs, func(n backend.NIC) bool { return n.Device == dev }) {
+			return xerr.New(xerr.DeviceAlreadyExists, dev)
 		}
 		nic, err := m.nicOf(m.db.Snapshot(), o.vm, vif)
 		if err != nil {
@@ -231,12 +240,12 @@ func (m *Manager) vifPlug(c *api.Call) (any, error) {
 	})
 }
 
-func (m *Manager) vifUnplug(c *api.Call) (any, error) {
-	row, err := c.Row(0, dm.VIF.Class)
+func (m *Manager) vifUnplug(c *api.Call, ref string) error {
+	row, err := c.Lookup(dm.VIF.Class, ref)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return nil, m.withDevOp(c, dm.VIF.Class, row.Ref, "unplug", func(o *opCtx, vif *db.Row) error {
+	return m.withDevOp(c, dm.VIF.Class, row.Ref, "unplug", func(o *opCtx, vif *db.Row) error {
 		dev := vif.String(dm.VIF.Device)
 		info, _ := m.be.Info(o.uuid)
 		for _, n := range info.NICs {

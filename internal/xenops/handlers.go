@@ -13,56 +13,89 @@ import (
 )
 
 func (m *Manager) registerHandlers() {
-	h := m.srv.Handle
-	h("VM.start", m.vmStart)
-	h("VM.start_on", m.vmStartOn)
-	h("VM.clean_shutdown", m.vmPowerOp(dm.VMOperationsCleanShutdown, func(o *opCtx) error { return m.cleanShutdown(o, false) }))
-	h("VM.hard_shutdown", m.vmPowerOp(dm.VMOperationsHardShutdown, m.hardShutdown))
-	h("VM.shutdown", m.vmPowerOp(dm.VMOperationsShutdown, m.shutdown))
-	h("VM.clean_reboot", m.vmPowerOp(dm.VMOperationsCleanReboot, m.cleanReboot))
-	h("VM.hard_reboot", m.vmPowerOp(dm.VMOperationsHardReboot, func(o *opCtx) error { return m.reboot(o, 0, reasonHardReboot, true) }))
-	h("VM.pause", m.vmPowerOp(dm.VMOperationsPause, m.pause))
-	h("VM.unpause", m.vmPowerOp(dm.VMOperationsUnpause, m.unpause))
-	h("VM.suspend", m.vmPowerOp(dm.VMOperationsSuspend, m.suspend))
-	h("VM.resume", m.vmResume)
-	h("VM.resume_on", m.vmResumeOn)
-	h("VM.checkpoint", m.vmCheckpoint)
-	h("VM.snapshot", m.vmSnapshot)
-	h("VM.clone", m.vmClone)
-	h("VM.copy", m.vmCopy)
-	h("VM.provision", m.vmProvision)
-	h("VM.destroy", m.vmDestroy)
-	h("VM.set_VCPUs_number_live", m.vmSetVCPUsLive)
-	h("VM.set_memory_dynamic_range", m.vmSetDynamicRange)
-	h("VM.set_memory_limits", m.vmSetMemory("limits"))
-	h("VM.set_memory_static_range", m.vmSetMemory("static"))
-	h("VM.set_memory", m.vmSetMemory("all"))
-	h("VM.assert_can_boot_here", m.vmAssertCanBootHere)
-	h("VM.get_allowed_VBD_devices", m.vmAllowedVBDDevices)
-	h("VM.get_allowed_VIF_devices", m.vmAllowedVIFDevices)
-	h("VM.assert_operation_valid", m.vmAssertOperationValid)
-	h("VM.update_allowed_operations", m.vmUpdateAllowedOperations)
-	h("VM.power_state_reset", m.vmPowerStateReset)
-	h("VBD.plug", m.vbdPlug)
-	h("VBD.unplug", m.vbdUnplug(false))
-	h("VBD.unplug_force", m.vbdUnplug(true))
-	h("VBD.insert", m.vbdInsert)
-	h("VBD.eject", m.vbdEject)
-	h("VIF.plug", m.vifPlug)
-	h("VIF.unplug", m.vifUnplug)
-	h("VIF.unplug_force", m.vifUnplug)
+	srv := m.srv
+	api.Register(srv, m.vmStart)
+	api.Register(srv, m.vmStartOn)
+	powerOp(m, dm.VMOperationsCleanShutdown, func(a dm.VMCleanShutdownArgs) dm.VMRef { return a.VM }, func(o *opCtx) error { return m.cleanShutdown(o, false) })
+	powerOp(m, dm.VMOperationsHardShutdown, func(a dm.VMHardShutdownArgs) dm.VMRef { return a.VM }, m.hardShutdown)
+	powerOp(m, dm.VMOperationsShutdown, func(a dm.VMShutdownArgs) dm.VMRef { return a.VM }, m.shutdown)
+	powerOp(m, dm.VMOperationsCleanReboot, func(a dm.VMCleanRebootArgs) dm.VMRef { return a.VM }, m.cleanReboot)
+	powerOp(m, dm.VMOperationsHardReboot, func(a dm.VMHardRebootArgs) dm.VMRef { return a.VM }, func(o *opCtx) error { return m.reboot(o, 0, reasonHardReboot, true) })
+	powerOp(m, dm.VMOperationsPause, func(a dm.VMPauseArgs) dm.VMRef { return a.VM }, m.pause)
+	powerOp(m, dm.VMOperationsUnpause, func(a dm.VMUnpauseArgs) dm.VMRef { return a.VM }, m.unpause)
+	powerOp(m, dm.VMOperationsSuspend, func(a dm.VMSuspendArgs) dm.VMRef { return a.VM }, m.suspend)
+	api.Register(srv, m.vmResume)
+	api.Register(srv, m.vmResumeOn)
+	api.Register(srv, m.vmCheckpoint)
+	api.Register(srv, m.vmSnapshot)
+	api.Register(srv, m.vmClone)
+	api.Register(srv, m.vmCopy)
+	api.Register(srv, m.vmProvision)
+	srv.Handle("VM.destroy", m.vmDestroy) // implicit: the destructor, with checks
+	api.Register(srv, m.vmSetVCPUsLive)
+	api.Register(srv, m.vmSetDynamicRange)
+	api.Register(srv, func(c *api.Call, a dm.VMSetMemoryLimitsArgs) (dm.Void, error) {
+		return m.vmSetMemory(c, a.Self, dm.VMOperationsChangingMemoryLimits, memoryLimits{a.StaticMin, a.StaticMax, a.DynamicMin, a.DynamicMax}, true)
+	})
+	api.Register(srv, func(c *api.Call, a dm.VMSetMemoryStaticRangeArgs) (dm.Void, error) {
+		return m.vmSetMemory(c, a.Self, dm.VMOperationsChangingStaticRange, memoryLimits{staticMin: a.Min, staticMax: a.Max}, false)
+	})
+	api.Register(srv, func(c *api.Call, a dm.VMSetMemoryArgs) (dm.Void, error) {
+		return m.vmSetMemory(c, a.Self, dm.VMOperationsChangingMemoryLimits, memoryLimits{staticMax: a.Value, dynamicMin: a.Value, dynamicMax: a.Value}, false)
+	})
+	api.Register(srv, m.vmAssertCanBootHere)
+	api.Register(srv, func(c *api.Call, a dm.VMGetAllowedVBDDevicesArgs) ([]string, error) {
+		return m.allowedDevices(c, a.VM, dm.VM.VBDs, dm.VBD.Class, dm.VBD.Userdevice, maxVBDDevices)
+	})
+	api.Register(srv, func(c *api.Call, a dm.VMGetAllowedVIFDevicesArgs) ([]string, error) {
+		return m.allowedDevices(c, a.VM, dm.VM.VIFs, dm.VIF.Class, dm.VIF.Device, maxVIFDevices)
+	})
+	api.Register(srv, m.vmAssertOperationValid)
+	api.Register(srv, m.vmUpdateAllowedOperations)
+	api.Register(srv, m.vmPowerStateReset)
+	api.Register(srv, func(c *api.Call, a dm.VBDPlugArgs) (dm.Void, error) { return dm.Void{}, m.vbdPlug(c, string(a.Self)) })
+	api.Register(srv, func(c *api.Call, a dm.VBDUnplugArgs) (dm.Void, error) {
+		return dm.Void{}, m.vbdUnplug(c, string(a.Self), false)
+	})
+	api.Register(srv, func(c *api.Call, a dm.VBDUnplugForceArgs) (dm.Void, error) {
+		return dm.Void{}, m.vbdUnplug(c, string(a.Self), true)
+	})
+	api.Register(srv, m.vbdInsert)
+	api.Register(srv, m.vbdEject)
+	api.Register(srv, func(c *api.Call, a dm.VIFPlugArgs) (dm.Void, error) { return dm.Void{}, m.vifPlug(c, string(a.Self)) })
+	api.Register(srv, func(c *api.Call, a dm.VIFUnplugArgs) (dm.Void, error) {
+		return dm.Void{}, m.vifUnplug(c, string(a.Self))
+	})
+	api.Register(srv, func(c *api.Call, a dm.VIFUnplugForceArgs) (dm.Void, error) {
+		return dm.Void{}, m.vifUnplug(c, string(a.Self))
+	})
 }
 
-// vmPowerOp makes the handler of an operation whose only argument is the
-// VM.
-func (m *Manager) vmPowerOp(o op, body func(*opCtx) error) api.Handler {
-	return func(c *api.Call) (any, error) {
-		row, err := c.Row(0, dm.VM.Class)
-		if err != nil {
-			return nil, err
-		}
-		return nil, m.withVMOp(c, row.Ref, o, m.recheck(o, body))
+// powerOp binds the handler of an operation whose only argument is the
+// VM: vm picks it out of the message's arguments.
+func powerOp[A any, PA interface {
+	*A
+	api.TypedArgs[dm.Void]
+}](m *Manager, o op, vm func(A) dm.VMRef, body func(*opCtx) error) {
+	api.Register[A, dm.Void, PA](m.srv, func(c *api.Call, a A) (dm.Void, error) {
+		return m.vmOp(c, vm(a), o, nil, body)
+	})
+}
+
+// vmOp runs operation o on vm, in its turn on the VM's queue and after
+// recheck. check, when not nil, runs first, once the VM is found: the
+// host checks of start and resume.
+func (m *Manager) vmOp(c *api.Call, vm dm.VMRef, o op, check func() error, body func(*opCtx) error) (dm.Void, error) {
+	row, err := c.Lookup(dm.VM.Class, string(vm))
+	if err != nil {
+		return dm.Void{}, err
 	}
+	if check != nil {
+		if err := check(); err != nil {
+			return dm.Void{}, err
+		}
+	}
+	return dm.Void{}, m.withVMOp(c, row.Ref, o, m.recheck(o, body))
 }
 
 // recheck verifies, once the operation's turn has come on the VM's queue,
@@ -83,31 +116,21 @@ func (m *Manager) recheck(o op, body func(*opCtx) error) func(*opCtx) error {
 	}
 }
 
-func boolArg(c *api.Call, i int) bool { b, _ := c.Args[i].(bool); return b }
-
-func (m *Manager) vmStart(c *api.Call) (any, error) {
-	row, err := c.Row(0, dm.VM.Class)
-	if err != nil {
-		return nil, err
-	}
-	if err := m.assertHostUsable(c.Snapshot(), m.host, true); err != nil {
-		return nil, err
-	}
-	paused := boolArg(c, 1)
-	return nil, m.withVMOp(c, row.Ref, dm.VMOperationsStart, m.recheck(dm.VMOperationsStart, func(o *opCtx) error {
-		return m.boot(o, 0, 1, paused, "")
-	}))
+func (m *Manager) vmStart(c *api.Call, a dm.VMStartArgs) (dm.Void, error) {
+	return m.vmOp(c, a.VM, dm.VMOperationsStart,
+		func() error { return m.assertHostUsable(c.Snapshot(), m.host, true) },
+		func(o *opCtx) error { return m.boot(o, 0, 1, a.StartPaused, "") })
 }
 
 // assertThisHost: start_on and resume_on run here; the pool layer
 // forwards calls meant for other hosts.
-func (m *Manager) assertThisHost(c *api.Call, i int) error {
-	host, err := c.Row(i, dm.Host.Class)
+func (m *Manager) assertThisHost(c *api.Call, vm dm.VMRef, hostRef dm.HostRef) error {
+	host, err := c.Lookup(dm.Host.Class, string(hostRef))
 	if err != nil {
 		return err
 	}
 	if host.Ref != m.host {
-		return xerr.New(xerr.VMIncompatibleWithThisHost, c.String(0), host.Ref, "VMs start on the host that receives the call; send it to that host")
+		return xerr.New(xerr.VMIncompatibleWithThisHost, string(vm), host.Ref, "VMs start on the host that receives the call; send it to that host")
 	}
 	return m.assertHostUsable(c.Snapshot(), host.Ref, false)
 }
@@ -126,18 +149,10 @@ func (m *Manager) assertHostUsable(r db.Reader, host string, anyHost bool) error
 	return nil
 }
 
-func (m *Manager) vmStartOn(c *api.Call) (any, error) {
-	row, err := c.Row(0, dm.VM.Class)
-	if err != nil {
-		return nil, err
-	}
-	if err := m.assertThisHost(c, 1); err != nil {
-		return nil, err
-	}
-	paused := boolArg(c, 2)
-	return nil, m.withVMOp(c, row.Ref, dm.VMOperationsStartOn, m.recheck(dm.VMOperationsStartOn, func(o *opCtx) error {
-		return m.boot(o, 0, 1, paused, "")
-	}))
+func (m *Manager) vmStartOn(c *api.Call, a dm.VMStartOnArgs) (dm.Void, error) {
+	return m.vmOp(c, a.VM, dm.VMOperationsStartOn,
+		func() error { return m.assertThisHost(c, a.VM, a.Host) },
+		func(o *opCtx) error { return m.boot(o, 0, 1, a.StartPaused, "") })
 }
 
 func (m *Manager) shutdown(o *opCtx) error {
@@ -188,42 +203,27 @@ func (m *Manager) recordLive(o *opCtx, power string) error {
 	return err
 }
 
-func (m *Manager) vmResume(c *api.Call) (any, error) {
-	row, err := c.Row(0, dm.VM.Class)
-	if err != nil {
-		return nil, err
-	}
-	paused := boolArg(c, 1)
-	return nil, m.withVMOp(c, row.Ref, dm.VMOperationsResume, m.recheck(dm.VMOperationsResume, func(o *opCtx) error {
-		return m.resume(o, paused)
-	}))
+func (m *Manager) vmResume(c *api.Call, a dm.VMResumeArgs) (dm.Void, error) {
+	return m.vmOp(c, a.VM, dm.VMOperationsResume, nil, func(o *opCtx) error { return m.resume(o, a.StartPaused) })
 }
 
-func (m *Manager) vmResumeOn(c *api.Call) (any, error) {
-	row, err := c.Row(0, dm.VM.Class)
-	if err != nil {
-		return nil, err
-	}
-	if err := m.assertThisHost(c, 1); err != nil {
-		return nil, err
-	}
-	paused := boolArg(c, 2)
-	return nil, m.withVMOp(c, row.Ref, dm.VMOperationsResumeOn, m.recheck(dm.VMOperationsResumeOn, func(o *opCtx) error {
-		return m.resume(o, paused)
-	}))
+func (m *Manager) vmResumeOn(c *api.Call, a dm.VMResumeOnArgs) (dm.Void, error) {
+	return m.vmOp(c, a.VM, dm.VMOperationsResumeOn,
+		func() error { return m.assertThisHost(c, a.VM, a.Host) },
+		func(o *opCtx) error { return m.resume(o, a.StartPaused) })
 }
 
-func (m *Manager) vmSetVCPUsLive(c *api.Call) (any, error) {
-	row, err := c.Row(0, dm.VM.Class)
+func (m *Manager) vmSetVCPUsLive(c *api.Call, a dm.VMSetVCPUsNumberLiveArgs) (dm.Void, error) {
+	row, err := c.Lookup(dm.VM.Class, string(a.Self))
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
-	n, _ := c.Args[1].(int64)
+	n := a.Nvcpu
 	max, _ := row.Get(dm.VM.VCPUsMax).(int64)
 	if n < 1 || n > max {
-		return nil, xerr.New(xerr.InvalidValue, "nvcpu", strconv.FormatInt(n, 10))
+		return dm.Void{}, xerr.New(xerr.InvalidValue, "nvcpu", strconv.FormatInt(n, 10))
 	}
-	return nil, m.withVMOp(c, row.Ref, dm.VMOperationsChangingVCPUsLive, m.recheck(dm.VMOperationsChangingVCPUsLive, func(o *opCtx) error {
+	return dm.Void{}, m.withVMOp(c, row.Ref, dm.VMOperationsChangingVCPUsLive, m.recheck(dm.VMOperationsChangingVCPUsLive, func(o *opCtx) error {
 		if err := o.run("set-vcpus", func(ctx context.Context) error { return m.be.SetVCPUs(ctx, o.uuid, int(n)) }); err != nil {
 			return err
 		}
@@ -233,33 +233,26 @@ func (m *Manager) vmSetVCPUsLive(c *api.Call) (any, error) {
 				return err
 			}
 			vm, _ := tx.Get(dm.VM.Class, o.vm)
-			if mr := vm.String(dm.VM.Metrics); mr != "" {
-				if _, ok := tx.Get(dm.VMMetrics.Class, mr); ok {
-					if err := tx.Set(dm.VMMetrics.VCPUsNumber, mr, int64(info.VCPUs)); err != nil {
-						return err
-					}
-				}
-			}
-			return nil
+			_, err := setMetrics(tx, vm.String(dm.VM.Metrics), map[*schema.Field]any{dm.VMMetrics.VCPUsNumber: int64(info.VCPUs)})
+			return err
 		})
 		return err
 	}))
 }
 
-func (m *Manager) vmSetDynamicRange(c *api.Call) (any, error) {
-	row, err := c.Row(0, dm.VM.Class)
+func (m *Manager) vmSetDynamicRange(c *api.Call, a dm.VMSetMemoryDynamicRangeArgs) (dm.Void, error) {
+	row, err := c.Lookup(dm.VM.Class, string(a.Self))
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
-	lo, _ := c.Args[1].(int64)
-	hi, _ := c.Args[2].(int64)
+	lo, hi := a.Min, a.Max
 	sMin, _ := row.Get(dm.VM.MemoryStaticMin).(int64)
 	sMax, _ := row.Get(dm.VM.MemoryStaticMax).(int64)
 	if err := checkMemory(sMin, lo, hi, sMax); err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
 	o := dm.VMOperationsChangingDynamicRange
-	return nil, m.withVMOp(c, row.Ref, o, m.recheck(o, func(oc *opCtx) error {
+	return dm.Void{}, m.withVMOp(c, row.Ref, o, m.recheck(o, func(oc *opCtx) error {
 		vm, ok := m.db.Snapshot().Get(dm.VM.Class, oc.vm)
 		if !ok {
 			return xerr.New(xerr.HandleInvalid, "VM", oc.vm)
@@ -281,12 +274,8 @@ func (m *Manager) vmSetDynamicRange(c *api.Call) (any, error) {
 				if err := tx.Set(dm.VM.MemoryTarget, oc.vm, hi); err != nil {
 					return err
 				}
-				if mr := vm.String(dm.VM.Metrics); mr != "" {
-					if _, ok := tx.Get(dm.VMMetrics.Class, mr); ok {
-						if err := tx.Set(dm.VMMetrics.MemoryActual, mr, hi); err != nil {
-							return err
-						}
-					}
+				if _, err := setMetrics(tx, vm.String(dm.VM.Metrics), map[*schema.Field]any{dm.VMMetrics.MemoryActual: hi}); err != nil {
+					return err
 				}
 			}
 			return nil
@@ -295,104 +284,88 @@ func (m *Manager) vmSetDynamicRange(c *api.Call) (any, error) {
 	}))
 }
 
+// memoryLimits are a VM's four memory limits.
+type memoryLimits struct{ staticMin, staticMax, dynamicMin, dynamicMax int64 }
+
 // vmSetMemory serves the calls that change a halted VM's memory limits:
-// set_memory_limits (all four), set_memory_static_range (the static
-// pair) and set_memory (static max and the dynamic range to one value).
-func (m *Manager) vmSetMemory(which string) api.Handler {
-	return func(c *api.Call) (any, error) {
-		row, err := c.Row(0, dm.VM.Class)
-		if err != nil {
-			return nil, err
-		}
-		get := func(f *schema.Field) int64 { v, _ := row.Get(f).(int64); return v }
-		arg := func(i int) int64 { v, _ := c.Args[i].(int64); return v }
-		var sMax int64 // every form of the call sets the static max
-		sMin, dMin, dMax := get(dm.VM.MemoryStaticMin), get(dm.VM.MemoryDynamicMin), get(dm.VM.MemoryDynamicMax)
-		o := dm.VMOperationsChangingMemoryLimits
-		switch which {
-		case "limits":
-			sMin, sMax, dMin, dMax = arg(1), arg(2), arg(3), arg(4)
-		case "static":
-			sMin, sMax = arg(1), arg(2)
-			o = dm.VMOperationsChangingStaticRange
-		default:
-			sMax, dMin, dMax = arg(1), arg(1), arg(1)
-		}
-		if err := checkMemory(sMin, dMin, dMax, sMax); err != nil {
-			return nil, err
-		}
-		return nil, m.withVMOpQ(c, row.Ref, o, false, func(oc *opCtx) error {
-			_, err := m.db.Update(func(tx *db.Tx) error {
-				for f, v := range map[*schema.Field]int64{dm.VM.MemoryStaticMin: sMin, dm.VM.MemoryStaticMax: sMax,
-					dm.VM.MemoryDynamicMin: dMin, dm.VM.MemoryDynamicMax: dMax, dm.VM.MemoryTarget: dMax} {
-					if err := tx.Set(f, oc.vm, v); err != nil {
-						return err
-					}
-				}
-				return nil
-			})
-			return err
-		})
+// set_memory_limits (all four, all true), set_memory_static_range (the
+// static pair) and set_memory (static max and the dynamic range to one
+// value). Limits left 0 keep the VM's, except the static max, which
+// every form sets.
+func (m *Manager) vmSetMemory(c *api.Call, vm dm.VMRef, o op, l memoryLimits, all bool) (dm.Void, error) {
+	row, err := c.Lookup(dm.VM.Class, string(vm))
+	if err != nil {
+		return dm.Void{}, err
 	}
+	get := func(f *schema.Field) int64 { v, _ := row.Get(f).(int64); return v }
+	if !all {
+		if o == dm.VMOperationsChangingStaticRange {
+			l.dynamicMin, l.dynamicMax = get(dm.VM.MemoryDynamicMin), get(dm.VM.MemoryDynamicMax)
+		} else {
+			l.staticMin = get(dm.VM.MemoryStaticMin)
+		}
+	}
+	if err := checkMemory(l.staticMin, l.dynamicMin, l.dynamicMax, l.staticMax); err != nil {
+		return dm.Void{}, err
+	}
+	return dm.Void{}, m.withVMOpQ(c, row.Ref, o, false, func(oc *opCtx) error {
+		_, err := m.db.Update(func(tx *db.Tx) error {
+			for f, v := range map[*schema.Field]int64{dm.VM.MemoryStaticMin: l.staticMin, dm.VM.MemoryStaticMax: l.staticMax,
+				dm.VM.MemoryDynamicMin: l.dynamicMin, dm.VM.MemoryDynamicMax: l.dynamicMax, dm.VM.MemoryTarget: l.dynamicMax} {
+				if err := tx.Set(f, oc.vm, v); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		return err
+	})
 }
 
-func (m *Manager) vmAssertCanBootHere(c *api.Call) (any, error) {
-	row, err := c.Row(0, dm.VM.Class)
+func (m *Manager) vmAssertCanBootHere(c *api.Call, a dm.VMAssertCanBootHereArgs) (dm.Void, error) {
+	row, err := c.Lookup(dm.VM.Class, string(a.Self))
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
-	host, err := c.Row(1, dm.Host.Class)
+	host, err := c.Lookup(dm.Host.Class, string(a.Host))
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
 	snap := c.Snapshot()
 	if err := m.assertHostUsable(snap, host.Ref, false); err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
 	if host.Ref != m.host {
-		return nil, xerr.New(xerr.VMIncompatibleWithThisHost, row.Ref, host.Ref, "this host only knows its own resources")
+		return dm.Void{}, xerr.New(xerr.VMIncompatibleWithThisHost, row.Ref, host.Ref, "this host only knows its own resources")
 	}
 	p, err := m.plan(snap, row.Ref)
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
 	if err := m.be.Check(p.spec); err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
 	if avail := m.availableMemory(); p.spec.Memory > avail {
-		return nil, xerr.New(xerr.HostNotEnoughFreeMemory, strconv.FormatInt(p.spec.Memory, 10), strconv.FormatInt(max(avail, 0), 10))
+		return dm.Void{}, xerr.New(xerr.HostNotEnoughFreeMemory, strconv.FormatInt(p.spec.Memory, 10), strconv.FormatInt(max(avail, 0), 10))
 	}
-	return nil, nil
+	return dm.Void{}, nil
 }
 
-func (m *Manager) vmAllowedVBDDevices(c *api.Call) (any, error) {
-	row, err := c.Row(0, dm.VM.Class)
+// allowedDevices lists the device numbers below n that none of a VM's
+// devices (its VBDs or VIFs) uses.
+func (m *Manager) allowedDevices(c *api.Call, vm dm.VMRef, devs *schema.Field, cls *schema.Class, number *schema.Field, n int) ([]string, error) {
+	row, err := c.Lookup(dm.VM.Class, string(vm))
 	if err != nil {
 		return nil, err
 	}
 	snap := c.Snapshot()
 	used := map[string]bool{}
-	for _, ref := range strs(snap.Value(row, dm.VM.VBDs)) {
-		if v, ok := snap.Get(dm.VBD.Class, ref); ok {
-			used[v.String(dm.VBD.Userdevice)] = true
+	for _, ref := range strs(snap.Value(row, devs)) {
+		if v, ok := snap.Get(cls, ref); ok {
+			used[v.String(number)] = true
 		}
 	}
-	return freeDevices(maxVBDDevices, used), nil
-}
-
-func (m *Manager) vmAllowedVIFDevices(c *api.Call) (any, error) {
-	row, err := c.Row(0, dm.VM.Class)
-	if err != nil {
-		return nil, err
-	}
-	snap := c.Snapshot()
-	used := map[string]bool{}
-	for _, ref := range strs(snap.Value(row, dm.VM.VIFs)) {
-		if v, ok := snap.Get(dm.VIF.Class, ref); ok {
-			used[v.String(dm.VIF.Device)] = true
-		}
-	}
-	return freeDevices(maxVIFDevices, used), nil
+	return freeDevices(n, used), nil
 }
 
 func freeDevices(n int, used map[string]bool) []string {
@@ -405,40 +378,40 @@ func freeDevices(n int, used map[string]bool) []string {
 	return out
 }
 
-func (m *Manager) vmAssertOperationValid(c *api.Call) (any, error) {
-	row, err := c.Row(0, dm.VM.Class)
+func (m *Manager) vmAssertOperationValid(c *api.Call, a dm.VMAssertOperationValidArgs) (dm.Void, error) {
+	row, err := c.Lookup(dm.VM.Class, string(a.Self))
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
 	v := vmCheckOf(c.Snapshot(), row)
-	if err := v.checkOp(op(c.String(1)), false); err != nil {
-		return nil, err
+	if err := v.checkOp(a.Op, false); err != nil {
+		return dm.Void{}, err
 	}
-	return nil, nil
+	return dm.Void{}, nil
 }
 
-func (m *Manager) vmUpdateAllowedOperations(c *api.Call) (any, error) {
-	row, err := c.Row(0, dm.VM.Class)
+func (m *Manager) vmUpdateAllowedOperations(c *api.Call, a dm.VMUpdateAllowedOperationsArgs) (dm.Void, error) {
+	row, err := c.Lookup(dm.VM.Class, string(a.Self))
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
-	return nil, c.Update(func(tx *db.Tx) error { return refreshVM(tx, row.Ref) })
+	return dm.Void{}, c.Update(func(tx *db.Tx) error { return refreshVM(tx, row.Ref) })
 }
 
 // vmPowerStateReset forces a VM's record to Halted, for VMs whose host
 // died. A VM with a live domain here is refused: it really runs.
-func (m *Manager) vmPowerStateReset(c *api.Call) (any, error) {
-	row, err := c.Row(0, dm.VM.Class)
+func (m *Manager) vmPowerStateReset(c *api.Call, a dm.VMPowerStateResetArgs) (dm.Void, error) {
+	row, err := c.Lookup(dm.VM.Class, string(a.VM))
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
 	if row.Get(dm.VM.IsControlDomain) == true {
-		return nil, xerr.New(xerr.OperationNotAllowed, "This operation is not allowed on a control domain")
+		return dm.Void{}, xerr.New(xerr.OperationNotAllowed, "This operation is not allowed on a control domain")
 	}
 	if info, ok := m.be.Info(row.UUID()); ok && info.State != backend.DomainGone {
-		return nil, xerr.New(xerr.OperationNotAllowed, "the VM has a domain on this host; shut it down instead")
+		return dm.Void{}, xerr.New(xerr.OperationNotAllowed, "the VM has a domain on this host; shut it down instead")
 	}
-	return nil, c.Update(func(tx *db.Tx) error {
+	return dm.Void{}, c.Update(func(tx *db.Tx) error {
 		if err := tx.Set(dm.VM.CurrentOperations, row.Ref, map[string]string{}); err != nil {
 			return err
 		}

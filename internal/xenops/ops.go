@@ -2,7 +2,6 @@ package xenops
 
 import (
 	"context"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -16,56 +15,6 @@ import (
 
 func newUUID() string { return uuid.NewString() }
 
-// progress writes a task's progress without making the operation wait for
-// the database: the newest value wins, and flush waits for the last one.
-type progress struct {
-	c     *api.Call
-	mu    sync.Mutex
-	val   float64
-	dirty bool
-	busy  bool
-	wg    sync.WaitGroup
-}
-
-func (p *progress) set(f float64) {
-	if p == nil || p.c == nil || p.c.Task == "" {
-		return
-	}
-	p.mu.Lock()
-	p.val = f
-	if p.busy {
-		p.dirty = true
-		p.mu.Unlock()
-		return
-	}
-	p.busy = true
-	p.wg.Add(1)
-	p.mu.Unlock()
-	go func() {
-		defer p.wg.Done()
-		for {
-			p.mu.Lock()
-			v := p.val
-			p.dirty = false
-			p.mu.Unlock()
-			p.c.SetProgress(v)
-			p.mu.Lock()
-			if !p.dirty {
-				p.busy = false
-				p.mu.Unlock()
-				return
-			}
-			p.mu.Unlock()
-		}
-	}()
-}
-
-func (p *progress) flush() {
-	if p != nil {
-		p.wg.Wait()
-	}
-}
-
 // opCtx is one operation as it runs on a VM's queue.
 type opCtx struct {
 	m    *Manager
@@ -75,7 +24,7 @@ type opCtx struct {
 	vm   string // VM ref
 	uuid string // VM uuid
 	op   string
-	prog *progress
+	prog *api.Task // the task to report progress to, or nil
 
 	// Progress: steps done out of total, mapped into [lo, hi].
 	lo, hi float64
@@ -107,7 +56,7 @@ func (o *opCtx) run(name string, fn func(ctx context.Context) error) error {
 		return err
 	}
 	o.done++
-	o.prog.set(o.lo + (o.hi-o.lo)*float64(min(o.done, o.total))/float64(o.total))
+	o.prog.Progress(o.lo + (o.hi-o.lo)*float64(min(o.done, o.total))/float64(o.total))
 	return nil
 }
 
@@ -190,7 +139,7 @@ func (m *Manager) withVMOpQ(c *api.Call, ref string, o op, queued bool, body fun
 		}
 		m.log.Debug("operation", "vm", vmUUID, "op", o, "mark", tMark, "run", tRun, "unmark", time.Since(t1), "total", time.Since(t0))
 	}()
-	oc := &opCtx{m: m, ctx: ctx, task: c.Task, key: key, vm: ref, uuid: vmUUID, op: string(o), prog: &progress{c: c}, hi: 1, total: 1}
+	oc := &opCtx{m: m, ctx: ctx, task: c.Task, key: key, vm: ref, uuid: vmUUID, op: string(o), prog: c.RunningTask(), hi: 1, total: 1}
 	t2 := time.Now()
 	defer func() { tRun = time.Since(t2) }()
 	var err error
@@ -201,7 +150,6 @@ func (m *Manager) withVMOpQ(c *api.Call, ref string, o op, queued bool, body fun
 	} else {
 		err = m.q.w.do(ctx, func() error { return body(oc) })
 	}
-	oc.prog.flush()
 	if err != nil && isCancel(err) {
 		err = cancelledErr(c.Task)
 	}
@@ -298,7 +246,7 @@ func (m *Manager) withDevOp(c *api.Call, cls *schema.Class, ref, o string, body 
 			m.log.Error("cannot unmark a device operation", "class", cls.Name, "ref", ref, "op", o, "task", key, "err", err)
 		}
 	}()
-	oc := &opCtx{m: m, ctx: ctx, task: c.Task, vm: vmRef, uuid: vmUUID, op: cls.Name + "." + o, prog: &progress{c: c}, hi: 1, total: 1}
+	oc := &opCtx{m: m, ctx: ctx, task: c.Task, vm: vmRef, uuid: vmUUID, op: cls.Name + "." + o, prog: c.RunningTask(), hi: 1, total: 1}
 	j := &job{ctx: ctx, name: cls.Name + "." + o, run: func(ctx context.Context) error {
 		row, ok := m.db.Snapshot().Get(cls, ref)
 		if !ok {
@@ -319,7 +267,6 @@ func (m *Manager) withDevOp(c *api.Call, cls *schema.Class, ref, o string, body 
 	}
 	m.q.submit(queueKey, j)
 	err := j.wait()
-	oc.prog.flush()
 	if err != nil && isCancel(err) {
 		err = cancelledErr(c.Task)
 	}

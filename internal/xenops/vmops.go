@@ -61,38 +61,63 @@ func (m *Manager) boot(o *opCtx, lo, hi float64, paused bool, restore string) (e
 	if err := o.run("hook:"+hook, func(ctx context.Context) error { return m.runHooks(ctx, hook, o.uuid, reasonNone) }); err != nil {
 		return err
 	}
-	created := false
-	var attached []backend.Disk
+	var made bootMade
 	defer func() {
-		if err == nil {
-			return
+		if err != nil {
+			made.undo(m, o)
 		}
-		bg := context.WithoutCancel(o.ctx)
-		if created {
-			if derr := m.be.Destroy(bg, o.uuid); derr != nil {
-				m.log.Error("removing a domain after a failed start", "vm", o.uuid, "err", derr)
-			}
-		}
-		m.detachAll(bg, o.uuid, attached)
 	}()
-	if err = o.run("create", func(ctx context.Context) error {
-		_, e := m.be.Create(ctx, spec)
-		created = e == nil
+	if err = m.buildDomain(o, p, &made); err != nil {
+		return err
+	}
+	if !paused {
+		if err = o.run("unpause", func(ctx context.Context) error { return m.be.Unpause(ctx, o.uuid) }); err != nil {
+			return err
+		}
+	}
+	return o.run("finish", func(ctx context.Context) error { return m.finishBoot(o, p, paused, restore != "") })
+}
+
+// bootMade is what a start has made so far: what a failed start removes.
+type bootMade struct {
+	domain   bool           // the backend created the domain
+	attached []backend.Disk // disks attached through storage
+}
+
+// undo removes what a failed or cancelled start made, whatever the
+// operation's context says.
+func (b *bootMade) undo(m *Manager, o *opCtx) {
+	bg := context.WithoutCancel(o.ctx)
+	if b.domain {
+		if err := m.be.Destroy(bg, o.uuid); err != nil {
+			m.log.Error("removing a domain after a failed start", "vm", o.uuid, "err", err)
+		}
+	}
+	m.detachAll(bg, o.uuid, b.attached)
+}
+
+// buildDomain is the backend's part of a start, one step each: create,
+// build, each disk (attached through storage first), each NIC and the
+// device model. made records what exists, for undo.
+func (m *Manager) buildDomain(o *opCtx, p *bootPlan, made *bootMade) error {
+	if err := o.run("create", func(ctx context.Context) error {
+		_, e := m.be.Create(ctx, p.spec)
+		made.domain = e == nil
 		return e
 	}); err != nil {
 		return err
 	}
-	if err = o.run("build", func(ctx context.Context) error { return m.be.Build(ctx, o.uuid) }); err != nil {
+	if err := o.run("build", func(ctx context.Context) error { return m.be.Build(ctx, o.uuid) }); err != nil {
 		return err
 	}
 	for _, d := range p.disks {
-		if err = o.run("attach-disk:"+d.Device, func(ctx context.Context) error {
+		if err := o.run("attach-disk:"+d.Device, func(ctx context.Context) error {
 			if d.VDI != "" {
 				src, err := m.disks.Attach(ctx, o.uuid, d.VDI, d.ReadOnly)
 				if err != nil {
 					return err
 				}
-				attached = append(attached, d)
+				made.attached = append(made.attached, d)
 				d.Path, d.Format = src.Target(), src.Format
 			}
 			return m.be.AddDisk(ctx, o.uuid, d)
@@ -101,57 +126,59 @@ func (m *Manager) boot(o *opCtx, lo, hi float64, paused bool, restore string) (e
 		}
 	}
 	for _, n := range p.nics {
-		if err = o.run("attach-nic:"+n.Device, func(ctx context.Context) error { return m.be.AddNIC(ctx, o.uuid, n) }); err != nil {
+		if err := o.run("attach-nic:"+n.Device, func(ctx context.Context) error { return m.be.AddNIC(ctx, o.uuid, n) }); err != nil {
 			return err
 		}
 	}
-	if err = o.run("device-model", func(ctx context.Context) error { return m.be.StartDeviceModel(ctx, o.uuid) }); err != nil {
+	return o.run("device-model", func(ctx context.Context) error { return m.be.StartDeviceModel(ctx, o.uuid) })
+}
+
+// finishBoot marks the domain complete and records the started VM: the
+// device numbers and MACs the plan chose, no suspend image any more after
+// a resume, and the VM live on this host, Running or Paused.
+func (m *Manager) finishBoot(o *opCtx, p *bootPlan, paused, resumed bool) error {
+	if err := m.be.MarkComplete(o.uuid); err != nil {
 		return err
 	}
-	if !paused {
-		if err = o.run("unpause", func(ctx context.Context) error { return m.be.Unpause(ctx, o.uuid) }); err != nil {
-			return err
-		}
+	info, ok := m.be.Info(o.uuid)
+	if !ok {
+		return xerr.New(xerr.InternalError, "domain disappeared during start")
 	}
-	return o.run("finish", func(ctx context.Context) error {
-		if err := m.be.MarkComplete(o.uuid); err != nil {
+	power := psRunning
+	if paused {
+		power = psPaused
+	}
+	_, err := m.db.Update(func(tx *db.Tx) error {
+		if err := setExisting(tx, dm.VBD.Class, dm.VBD.Userdevice, p.userdevices); err != nil {
 			return err
 		}
-		info, ok := m.be.Info(o.uuid)
-		if !ok {
-			return xerr.New(xerr.InternalError, "domain disappeared during start")
+		if err := setExisting(tx, dm.VIF.Class, dm.VIF.MAC, p.macs); err != nil {
+			return err
 		}
-		power := psRunning
-		if paused {
-			power = psPaused
-		}
-		_, err := m.db.Update(func(tx *db.Tx) error {
-			for vbd, dev := range p.userdevices {
-				if _, ok := tx.Get(dm.VBD.Class, vbd); ok {
-					if err := tx.Set(dm.VBD.Userdevice, vbd, dev); err != nil {
-						return err
-					}
-				}
-			}
-			for vif, mac := range p.macs {
-				if _, ok := tx.Get(dm.VIF.Class, vif); ok {
-					if err := tx.Set(dm.VIF.MAC, vif, mac); err != nil {
-						return err
-					}
-				}
-			}
-			if restore != "" {
-				if err := tx.Set(dm.VM.SuspendVDI, o.vm, schema.NullRef); err != nil {
-					return err
-				}
-			}
-			if err := o.release(tx); err != nil {
+		if resumed {
+			if err := tx.Set(dm.VM.SuspendVDI, o.vm, schema.NullRef); err != nil {
 				return err
 			}
-			return m.setLive(tx, o.vm, info, power)
-		})
-		return err
+		}
+		if err := o.release(tx); err != nil {
+			return err
+		}
+		return m.setLive(tx, o.vm, info, power)
 	})
+	return err
+}
+
+// setExisting sets field f of each row of cls named in vals to its value,
+// skipping the rows that no longer exist.
+func setExisting(tx *db.Tx, cls *schema.Class, f *schema.Field, vals map[string]string) error {
+	for ref, v := range vals {
+		if _, ok := tx.Get(cls, ref); ok {
+			if err := tx.Set(f, ref, v); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // stop destroys a VM's domain: the pre-shutdown hook (whose failure stops
@@ -161,13 +188,8 @@ func (m *Manager) boot(o *opCtx, lo, hi float64, paused bool, restore string) (e
 func (m *Manager) stop(o *opCtx, lo, hi float64, reason string, hard bool) error {
 	o.window(lo, hi, 3)
 	info, ok := m.be.Info(o.uuid)
-	if err := o.run("hook:"+hookPreShutdown, func(ctx context.Context) error {
-		return m.runHooks(ctx, hookPreShutdown, o.uuid, reason)
-	}); err != nil {
-		if !hard || xerr.HasCode(err, xerr.TaskCancelled) {
-			return err
-		}
-		m.log.Warn("pre-shutdown hook failed; going on with a hard operation", "vm", o.uuid, "err", err)
+	if err := m.runPreHook(o, hookPreShutdown, reason, hard); err != nil {
+		return err
 	}
 	bg := context.WithoutCancel(o.ctx)
 	keep := o.ctx
@@ -185,6 +207,18 @@ func (m *Manager) stop(o *opCtx, lo, hi float64, reason string, hard bool) error
 		}
 		return nil
 	})
+}
+
+// runPreHook runs a hook that comes before the guest is stopped, as a
+// step. Its failure stops a clean operation; a hard one logs it and goes
+// on (a cancellation stops either).
+func (m *Manager) runPreHook(o *opCtx, hook, reason string, hard bool) error {
+	err := o.run("hook:"+hook, func(ctx context.Context) error { return m.runHooks(ctx, hook, o.uuid, reason) })
+	if err == nil || !hard || xerr.HasCode(err, xerr.TaskCancelled) {
+		return err
+	}
+	m.log.Warn("hook failed; going on with a hard operation", "hook", hook, "vm", o.uuid, "err", err)
+	return nil
 }
 
 func (m *Manager) halt(o *opCtx) error {
@@ -320,13 +354,8 @@ func (m *Manager) hardShutdown(o *opCtx) error {
 // reboot stops the domain and starts a new one from the current record.
 func (m *Manager) reboot(o *opCtx, lo float64, reason string, hard bool) error {
 	o.window(lo, lo+0.05, 1)
-	if err := o.run("hook:"+hookPreReboot, func(ctx context.Context) error {
-		return m.runHooks(ctx, hookPreReboot, o.uuid, reason)
-	}); err != nil {
-		if !hard || xerr.HasCode(err, xerr.TaskCancelled) {
-			return err
-		}
-		m.log.Warn("pre-reboot hook failed; going on with a hard reboot", "vm", o.uuid, "err", err)
+	if err := m.runPreHook(o, hookPreReboot, reason, hard); err != nil {
+		return err
 	}
 	mid := lo + (1-lo)/3
 	if err := m.stop(o, lo+0.05, mid, reason, hard); err != nil {
@@ -353,11 +382,7 @@ func (m *Manager) suspend(o *opCtx) error {
 	if err != nil {
 		return err
 	}
-	o.window(0.1, 0.8, 1)
-	if err := o.run("save-memory", func(ctx context.Context) error {
-		return m.be.Suspend(ctx, o.uuid, img.path, func(f float64) { o.prog.set(0.1 + 0.7*f) })
-	}); err != nil {
-		img.discard(m)
+	if err := m.saveMemory(o, img, 0.1, 0.8); err != nil {
 		return err
 	}
 	// The memory is saved: from here the suspend completes.
@@ -372,6 +397,19 @@ func (m *Manager) suspend(o *opCtx) error {
 		}
 		return m.setSuspended(tx, o.vm, img.vdi)
 	})
+	return err
+}
+
+// saveMemory is the step that writes the domain's memory into img,
+// reporting progress from lo to hi; a failed save discards the image.
+func (m *Manager) saveMemory(o *opCtx, img *suspendImage, lo, hi float64) error {
+	o.window(lo, hi, 1)
+	err := o.run("save-memory", func(ctx context.Context) error {
+		return m.be.Suspend(ctx, o.uuid, img.path, func(f float64) { o.prog.Progress(lo + (hi-lo)*f) })
+	})
+	if err != nil {
+		img.discard(m)
+	}
 	return err
 }
 

@@ -481,26 +481,13 @@ func (m *Manager) setHalted(tx *db.Tx, ref string) error {
 	if !ok {
 		return nil
 	}
-	if err := m.detachedDevices(tx, row); err != nil {
+	if err := m.setDomainless(tx, row, psHalted, dm.VM.RequiresReboot, false); err != nil {
 		return err
 	}
-	for f, v := range map[*schema.Field]any{
-		dm.VM.PowerState: psHalted, dm.VM.ResidentOn: schema.NullRef, dm.VM.ScheduledToBeResidentOn: schema.NullRef,
-		dm.VM.Domid: int64(-1), dm.VM.RequiresReboot: false,
-	} {
-		if err := tx.Set(f, ref, v); err != nil {
-			return err
-		}
-	}
-	if mr := row.String(dm.VM.Metrics); mr != "" {
-		if _, ok := tx.Get(dm.VMMetrics.Class, mr); ok {
-			if err := tx.Set(dm.VMMetrics.State, mr, []string{}); err != nil {
-				return err
-			}
-			if err := tx.Set(dm.VMMetrics.LastUpdated, mr, time.Now().UTC()); err != nil {
-				return err
-			}
-		}
+	if _, err := setMetrics(tx, row.String(dm.VM.Metrics), map[*schema.Field]any{
+		dm.VMMetrics.State: []string{}, dm.VMMetrics.LastUpdated: time.Now().UTC(),
+	}); err != nil {
+		return err
 	}
 	return refreshVM(tx, ref)
 }
@@ -511,18 +498,28 @@ func (m *Manager) setSuspended(tx *db.Tx, ref, suspendVDI string) error {
 	if !ok {
 		return nil
 	}
+	if err := m.setDomainless(tx, row, psSuspended, dm.VM.SuspendVDI, suspendVDI); err != nil {
+		return err
+	}
+	return refreshVM(tx, ref)
+}
+
+// setDomainless records what every VM without a domain shares: its
+// devices unplugged, resident nowhere, no domid, in power state power;
+// and one more field, f, set to v (what Halted and Suspended differ in).
+func (m *Manager) setDomainless(tx *db.Tx, row *db.Row, power string, f *schema.Field, v any) error {
 	if err := m.detachedDevices(tx, row); err != nil {
 		return err
 	}
 	for f, v := range map[*schema.Field]any{
-		dm.VM.PowerState: psSuspended, dm.VM.ResidentOn: schema.NullRef, dm.VM.ScheduledToBeResidentOn: schema.NullRef,
-		dm.VM.Domid: int64(-1), dm.VM.SuspendVDI: suspendVDI,
+		dm.VM.PowerState: power, dm.VM.ResidentOn: schema.NullRef, dm.VM.ScheduledToBeResidentOn: schema.NullRef,
+		dm.VM.Domid: int64(-1), f: v,
 	} {
-		if err := tx.Set(f, ref, v); err != nil {
+		if err := tx.Set(f, row.Ref, v); err != nil {
 			return err
 		}
 	}
-	return refreshVM(tx, ref)
+	return nil
 }
 
 // detachedDevices marks a VM's devices unplugged and drops its consoles.
@@ -678,6 +675,23 @@ func (m *Manager) updateMetrics(tx *db.Tx, vm *db.Row, info backend.DomainInfo, 
 		}
 	}
 	return nil
+}
+
+// setMetrics sets fields of the VM_metrics record mr, when there is one
+// ("" or a dangling ref is none); ok says whether there was.
+func setMetrics(tx *db.Tx, mr string, vals map[*schema.Field]any) (ok bool, err error) {
+	if mr == "" {
+		return false, nil
+	}
+	if _, ok := tx.Get(dm.VMMetrics.Class, mr); !ok {
+		return false, nil
+	}
+	for f, v := range vals {
+		if err := tx.Set(f, mr, v); err != nil {
+			return true, err
+		}
+	}
+	return true, nil
 }
 
 func (m *Manager) newMetrics(tx *db.Tx, now time.Time) (string, error) {

@@ -3,7 +3,10 @@ package backend
 import (
 	"context"
 	"strings"
+	"sync"
 	"time"
+
+	"toolstackd/internal/xerr"
 )
 
 // Backend is what runs domains: QEMU processes, or a simulation of them.
@@ -111,6 +114,53 @@ const (
 	DomainCrashed  DomainState = "crashed"  // the guest panicked or the emulator died
 	DomainGone     DomainState = "gone"     // journalled, but nothing is left running
 )
+
+// Stopped says whether the guest has stopped for good (it powered off,
+// asked for a reboot or crashed) or its domain is gone: nothing runs any
+// more that could be paused or resumed.
+func (s DomainState) Stopped() bool {
+	switch s {
+	case DomainShutdown, DomainReboot, DomainCrashed, DomainGone:
+		return true
+	}
+	return false
+}
+
+// RefuseStopped is what Pause and Unpause answer for a domain in state s:
+// VM_BAD_POWER_STATE when its guest has stopped (the manager's pending
+// check must see a stopped guest, not a paused domain), else nil.
+func RefuseStopped(s DomainState, vmRef string) error {
+	if s.Stopped() {
+		return xerr.New(xerr.VMBadPowerState, vmRef, "running", "halted")
+	}
+	return nil
+}
+
+// Notifier keeps the callback a backend's SetNotify installs and calls it
+// when a domain needs attention. Its zero value has no callback; it is
+// safe for concurrent use.
+type Notifier struct {
+	mu sync.Mutex
+	f  func(uuid string)
+}
+
+// Set installs f (nil removes the callback).
+func (n *Notifier) Set(f func(uuid string)) {
+	n.mu.Lock()
+	n.f = f
+	n.mu.Unlock()
+}
+
+// Tell calls the callback, if there is one, for the domain uuid. The
+// callback runs without any lock held.
+func (n *Notifier) Tell(uuid string) {
+	n.mu.Lock()
+	f := n.f
+	n.mu.Unlock()
+	if f != nil {
+		f(uuid)
+	}
+}
 
 // DomainInfo describes a domain.
 type DomainInfo struct {

@@ -60,7 +60,7 @@ type QEMU struct {
 	mu        sync.Mutex
 	doms      map[string]*qemuDomain
 	nextDomid int64
-	notify    func(string)
+	notifier  backend.Notifier
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -235,20 +235,7 @@ func stateOfStatus(s string) backend.DomainState {
 func (q *QEMU) Name() string { return "qemu" }
 
 // SetNotify implements Backend.
-func (q *QEMU) SetNotify(f func(string)) {
-	q.mu.Lock()
-	q.notify = f
-	q.mu.Unlock()
-}
-
-func (q *QEMU) tell(uuid string) {
-	q.mu.Lock()
-	f := q.notify
-	q.mu.Unlock()
-	if f != nil {
-		f(uuid)
-	}
-}
+func (q *QEMU) SetNotify(f func(string)) { q.notifier.Set(f) }
 
 // Close implements Backend: it stops watching and drops QMP connections;
 // the processes go on.
@@ -310,6 +297,14 @@ func (q *QEMU) dom(uuid string) (*qemuDomain, error) {
 		return nil, fmt.Errorf("qemu: no domain for VM %s", uuid)
 	}
 	return d, nil
+}
+
+// record changes a domain's journal under its lock and writes it.
+func (q *QEMU) record(d *qemuDomain, change func(j *qemuJournal)) error {
+	d.mu.Lock()
+	change(&d.j)
+	d.mu.Unlock()
+	return q.save(d)
 }
 
 func (q *QEMU) save(d *qemuDomain) error {
@@ -493,10 +488,7 @@ func (q *QEMU) AddDisk(ctx context.Context, uuid string, disk backend.Disk) erro
 	if err != nil {
 		return err
 	}
-	d.mu.Lock()
-	d.j.Disks = append(d.j.Disks, disk)
-	d.mu.Unlock()
-	return q.save(d)
+	return q.record(d, func(j *qemuJournal) { j.Disks = append(j.Disks, disk) })
 }
 
 // AddNIC implements Backend: it makes the NIC's tap (or decides on
@@ -707,7 +699,7 @@ func (q *QEMU) onEvent(d *qemuDomain, ev QMPEvent) {
 	stopping := d.stopping
 	d.mu.Unlock()
 	if changed && !stopping {
-		go q.tell(uuid)
+		go q.notifier.Tell(uuid)
 	}
 }
 
@@ -731,7 +723,7 @@ func (q *QEMU) processGone(d *qemuDomain) {
 	d.mu.Unlock()
 	if !expected {
 		q.log.Warn("qemu: emulator process ended", "vm", uuid)
-		q.tell(uuid)
+		q.notifier.Tell(uuid)
 	}
 }
 
@@ -755,51 +747,65 @@ func (q *QEMU) MarkComplete(uuid string) error {
 	if err != nil {
 		return err
 	}
-	d.mu.Lock()
-	d.j.Complete = true
-	d.mu.Unlock()
-	return q.save(d)
+	return q.record(d, func(j *qemuJournal) { j.Complete = true })
+}
+
+// live finds a domain and its monitor connection: the start of every
+// call that talks to a running emulator.
+func (q *QEMU) live(uuid string) (*qemuDomain, *QMP, error) {
+	d, err := q.dom(uuid)
+	if err != nil {
+		return nil, nil, err
+	}
+	qmp, err := q.monitor(d)
+	if err != nil {
+		return d, nil, err
+	}
+	return d, qmp, nil
 }
 
 func (q *QEMU) command(ctx context.Context, uuid, cmd string, args any, out any) (*qemuDomain, error) {
-	d, err := q.dom(uuid)
-	if err != nil {
-		return nil, err
-	}
-	qmp, err := q.monitor(d)
+	d, qmp, err := q.live(uuid)
 	if err != nil {
 		return d, err
 	}
 	return d, qmp.Execute(ctx, cmd, args, out)
 }
 
-// stopped refuses pause and unpause on a domain whose guest has already
-// stopped: the pending check must see that, not a paused domain.
-func (d *qemuDomain) stopped() error {
+// disk returns a copy of the domain's disk at device.
+func (d *qemuDomain) disk(device string) (backend.Disk, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	switch d.state {
-	case backend.DomainShutdown, backend.DomainReboot, backend.DomainCrashed, backend.DomainGone:
-		return xerr.New(xerr.VMBadPowerState, d.j.Spec.VMRef, "running", "halted")
+	if i := d.j.diskIndex(device); i >= 0 {
+		return d.j.Disks[i], true
 	}
-	return nil
+	return backend.Disk{}, false
+}
+
+// diskIndex is where the disk at device is in the journal, or -1.
+func (j *qemuJournal) diskIndex(device string) int {
+	return slices.IndexFunc(j.Disks, func(x backend.Disk) bool { return x.Device == device })
+}
+
+// nic returns a copy of the domain's NIC at device.
+func (d *qemuDomain) nic(device string) (backend.NIC, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if i := slices.IndexFunc(d.j.NICs, func(x backend.NIC) bool { return x.Device == device }); i >= 0 {
+		return d.j.NICs[i], true
+	}
+	return backend.NIC{}, false
+}
+
+// dropBlockNode removes a block node; failures are ignored, as it is only
+// ever tidying up after the device that used the node.
+func dropBlockNode(ctx context.Context, qmp *QMP, node string) {
+	_ = qmp.Execute(ctx, "blockdev-del", map[string]any{"node-name": node}, nil)
 }
 
 // Pause implements Backend.
 func (q *QEMU) Pause(ctx context.Context, uuid string) error {
-	if d, err := q.dom(uuid); err == nil {
-		if err := d.stopped(); err != nil {
-			return err
-		}
-	}
-	d, err := q.command(ctx, uuid, "stop", nil, nil)
-	if err != nil {
-		return err
-	}
-	d.mu.Lock()
-	d.state = backend.DomainPaused
-	d.mu.Unlock()
-	return nil
+	return q.setRunState(ctx, uuid, "stop", backend.DomainPaused)
 }
 
 // Unpause implements Backend.
@@ -811,16 +817,28 @@ func (q *QEMU) Unpause(ctx context.Context, uuid string) error {
 		if running {
 			return nil // started by itself (Spec.AutoStart)
 		}
-		if err := d.stopped(); err != nil {
+	}
+	return q.setRunState(ctx, uuid, "cont", backend.DomainRunning)
+}
+
+// setRunState pauses or resumes the guest with the QMP command cmd ("stop"
+// or "cont") and records the state it leaves the domain in. A domain
+// whose guest has already stopped is refused (backend.RefuseStopped).
+func (q *QEMU) setRunState(ctx context.Context, uuid, cmd string, to backend.DomainState) error {
+	if d, err := q.dom(uuid); err == nil {
+		d.mu.Lock()
+		err := backend.RefuseStopped(d.state, d.j.Spec.VMRef)
+		d.mu.Unlock()
+		if err != nil {
 			return err
 		}
 	}
-	d, err := q.command(ctx, uuid, "cont", nil, nil)
+	d, err := q.command(ctx, uuid, cmd, nil, nil)
 	if err != nil {
 		return err
 	}
 	d.mu.Lock()
-	d.state = backend.DomainRunning
+	d.state = to
 	d.mu.Unlock()
 	return nil
 }
@@ -832,30 +850,22 @@ func (q *QEMU) RequestShutdown(ctx context.Context, uuid string) error {
 }
 
 // Suspend implements Backend: QEMU migrates the domain into a file it is
-// handed over the monitor socket.
+// handed over the monitor socket. The file starts with the image header
+// (the domain's description); QEMU's migration stream follows it.
 func (q *QEMU) Suspend(ctx context.Context, uuid, path string, progress func(float64)) error {
-	d, err := q.dom(uuid)
-	if err != nil {
-		return err
-	}
-	qmp, err := q.monitor(d)
+	d, qmp, err := q.live(uuid)
 	if err != nil {
 		return err
 	}
 	d.mu.Lock()
 	wasRunning := d.state == backend.DomainRunning
 	d.mu.Unlock()
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|os.O_TRUNC, 0o600) //nolint:gosec // os.O_RDWR|os.O_TRUNC, 0o600)|a suspend image path in the suspend dir
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|os.O_TRUNC, 0o600) //nolint:gosec // a suspend image path in the suspend dir
 	if err != nil {
 		return err
 	}
 	defer func(c func() error) { _ = c() }(f.Close)
-	d.mu.Lock()
-	meta := &backend.ImageMeta{Spec: d.j.Spec, Disks: append([]backend.Disk(nil), d.j.Disks...), NICs: append([]backend.NIC(nil), d.j.NICs...),
-		HotCPUs: append([]backend.CPUDevice(nil), d.j.HotCPUs...), Backend: "qemu"}
-	d.mu.Unlock()
-	meta.Spec.RestoreFrom, meta.Spec.HotCPUs = "", nil
-	lengthAt, err := backend.WriteImageHeader(f, meta, backend.RecQEMU)
+	lengthAt, err := backend.WriteImageHeader(f, d.imageMeta(), backend.RecQEMU)
 	if err != nil {
 		return err
 	}
@@ -868,29 +878,38 @@ func (q *QEMU) Suspend(ctx context.Context, uuid, path string, progress func(flo
 			return err
 		}
 	}
-	undo := func(cause error) error {
-		bg, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = qmp.Execute(bg, "migrate_cancel", nil, nil)
-		for i := 0; i < 200; i++ {
-			var st struct{ Status string }
-			if qmp.Execute(bg, "query-migrate", nil, &st) != nil || st.Status != "active" && st.Status != "cancelling" {
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		_ = qmp.Execute(bg, "closefd", map[string]any{"fdname": "suspend"}, nil)
-		if wasRunning {
-			_ = q.Unpause(bg, uuid)
-		}
-		// The image is the manager's to discard: path may be a
-		// storage-owned VDI, which is never removed from here.
-		return cause
+	if err := q.migrateToFile(ctx, qmp, progress); err != nil {
+		q.cancelMigration(qmp, uuid, wasRunning)
+		return err
 	}
+	if err := backend.FinishImage(f, lengthAt); err != nil {
+		q.cancelMigration(qmp, uuid, wasRunning)
+		return err
+	}
+	d.mu.Lock()
+	d.state = backend.DomainPaused
+	d.mu.Unlock()
+	return nil
+}
+
+// imageMeta is the suspend image's header: what a restore needs to build
+// the same domain again.
+func (d *qemuDomain) imageMeta() *backend.ImageMeta {
+	d.mu.Lock()
+	meta := &backend.ImageMeta{Spec: d.j.Spec, Disks: append([]backend.Disk(nil), d.j.Disks...), NICs: append([]backend.NIC(nil), d.j.NICs...),
+		HotCPUs: append([]backend.CPUDevice(nil), d.j.HotCPUs...), Backend: "qemu"}
+	d.mu.Unlock()
+	meta.Spec.RestoreFrom, meta.Spec.HotCPUs = "", nil
+	return meta
+}
+
+// migrateToFile runs QEMU's migration into the file passed as "suspend"
+// and waits for it to complete, reporting its progress.
+func (q *QEMU) migrateToFile(ctx context.Context, qmp *QMP, progress func(float64)) error {
 	// Saving would crawl at QEMU's default migration speed (32 MiB/s).
 	_ = qmp.Execute(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(8) << 30}, nil)
 	if err := qmp.Execute(ctx, "migrate", map[string]any{"uri": "fd:suspend"}, nil); err != nil {
-		return undo(err)
+		return err
 	}
 	for {
 		var st struct {
@@ -902,28 +921,43 @@ func (q *QEMU) Suspend(ctx context.Context, uuid, path string, progress func(flo
 			} `json:"ram"`
 		}
 		if err := qmp.Execute(ctx, "query-migrate", nil, &st); err != nil {
-			return undo(err)
+			return err
 		}
 		switch st.Status {
 		case "completed":
-			if err := backend.FinishImage(f, lengthAt); err != nil {
-				return undo(err)
-			}
-			d.mu.Lock()
-			d.state = backend.DomainPaused
-			d.mu.Unlock()
 			return nil
 		case "failed", "cancelled":
-			return undo(fmt.Errorf("saving the memory image failed: %s", st.ErrorDesc))
+			return fmt.Errorf("saving the memory image failed: %s", st.ErrorDesc)
 		}
 		if progress != nil && st.RAM.Total > 0 {
 			progress(min(0.99, float64(st.RAM.Transferred)/float64(st.RAM.Total)))
 		}
 		select {
 		case <-ctx.Done():
-			return undo(ctx.Err())
+			return ctx.Err()
 		case <-time.After(20 * time.Millisecond):
 		}
+	}
+}
+
+// cancelMigration undoes a suspend that failed: the migration is
+// cancelled (and waited for), QEMU lets go of the file and a guest that
+// ran runs again. The image is the manager's to discard: its path may be
+// a storage-owned VDI, which is never removed from here.
+func (q *QEMU) cancelMigration(qmp *QMP, uuid string, wasRunning bool) {
+	bg, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = qmp.Execute(bg, "migrate_cancel", nil, nil)
+	for i := 0; i < 200; i++ {
+		var st struct{ Status string }
+		if qmp.Execute(bg, "query-migrate", nil, &st) != nil || st.Status != "active" && st.Status != "cancelling" {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	_ = qmp.Execute(bg, "closefd", map[string]any{"fdname": "suspend"}, nil)
+	if wasRunning {
+		_ = q.Unpause(bg, uuid)
 	}
 }
 
@@ -1064,11 +1098,7 @@ func (q *QEMU) deviceDel(ctx context.Context, d *qemuDomain, qmp *QMP, id string
 
 // PlugDisk implements Backend.
 func (q *QEMU) PlugDisk(ctx context.Context, uuid string, disk backend.Disk) error {
-	d, err := q.dom(uuid)
-	if err != nil {
-		return err
-	}
-	qmp, err := q.monitor(d)
+	d, qmp, err := q.live(uuid)
 	if err != nil {
 		return err
 	}
@@ -1092,36 +1122,21 @@ func (q *QEMU) PlugDisk(ctx context.Context, uuid string, disk backend.Disk) err
 	}
 	if err := qmp.Execute(ctx, "device_add", dev, nil); err != nil {
 		if disk.Path != "" {
-			_ = qmp.Execute(context.Background(), "blockdev-del", map[string]any{"node-name": nodeName(disk.Device)}, nil)
+			dropBlockNode(context.Background(), qmp, nodeName(disk.Device))
 		}
 		return err
 	}
-	d.mu.Lock()
-	d.j.Disks = append(d.j.Disks, disk)
-	d.mu.Unlock()
-	return q.save(d)
+	return q.record(d, func(j *qemuJournal) { j.Disks = append(j.Disks, disk) })
 }
 
 // UnplugDisk implements Backend.
 func (q *QEMU) UnplugDisk(ctx context.Context, uuid, device string, force bool) error {
-	d, err := q.dom(uuid)
+	d, qmp, err := q.live(uuid)
 	if err != nil {
 		return err
 	}
-	qmp, err := q.monitor(d)
-	if err != nil {
-		return err
-	}
-	d.mu.Lock()
-	var disk *backend.Disk
-	for i := range d.j.Disks {
-		if d.j.Disks[i].Device == device {
-			x := d.j.Disks[i]
-			disk = &x
-		}
-	}
-	d.mu.Unlock()
-	if disk == nil {
+	disk, found := d.disk(device)
+	if !found {
 		return nil
 	}
 	timeout := q.cfg.UnplugTimeout
@@ -1137,31 +1152,23 @@ func (q *QEMU) UnplugDisk(ctx context.Context, uuid, device string, force bool) 
 	}
 	if ok && disk.Path != "" {
 		for i := len(disk.Overlays) - 1; i >= 0; i-- {
-			_ = qmp.Execute(ctx, "blockdev-del", map[string]any{"node-name": disk.Overlays[i]}, nil)
+			dropBlockNode(ctx, qmp, disk.Overlays[i])
 		}
-		_ = qmp.Execute(ctx, "blockdev-del", map[string]any{"node-name": nodeName(device)}, nil)
+		dropBlockNode(ctx, qmp, nodeName(device))
 	}
 	if !ok {
 		q.log.Warn("qemu: forced unplug; the guest still holds the device until it reboots", "vm", uuid, "device", device)
 	}
-	d.mu.Lock()
-	for i := range d.j.Disks {
-		if d.j.Disks[i].Device == device {
-			d.j.Disks = append(d.j.Disks[:i:i], d.j.Disks[i+1:]...)
-			break
+	return q.record(d, func(j *qemuJournal) {
+		if i := j.diskIndex(device); i >= 0 {
+			j.Disks = slices.Delete(j.Disks, i, i+1)
 		}
-	}
-	d.mu.Unlock()
-	return q.save(d)
+	})
 }
 
 // ChangeMedium implements Backend.
 func (q *QEMU) ChangeMedium(ctx context.Context, uuid string, disk backend.Disk) error {
-	d, err := q.dom(uuid)
-	if err != nil {
-		return err
-	}
-	qmp, err := q.monitor(d)
+	d, qmp, err := q.live(uuid)
 	if err != nil {
 		return err
 	}
@@ -1178,14 +1185,11 @@ func (q *QEMU) ChangeMedium(ctx context.Context, uuid string, disk backend.Disk)
 	if err != nil {
 		return err
 	}
-	d.mu.Lock()
-	for i := range d.j.Disks {
-		if d.j.Disks[i].Device == disk.Device {
-			d.j.Disks[i] = disk
+	return q.record(d, func(j *qemuJournal) {
+		if i := j.diskIndex(disk.Device); i >= 0 {
+			j.Disks[i] = disk
 		}
-	}
-	d.mu.Unlock()
-	return q.save(d)
+	})
 }
 
 // LiveSnapshot makes the image at path (an empty overlay whose backing
@@ -1193,27 +1197,14 @@ func (q *QEMU) ChangeMedium(ctx context.Context, uuid string, disk backend.Disk)
 // blockdev-snapshot: storage calls this when it snapshots a VDI a running
 // VM writes to.
 func (q *QEMU) LiveSnapshot(ctx context.Context, uuid, device, path, format string) error {
-	d, err := q.dom(uuid)
+	d, qmp, err := q.live(uuid)
 	if err != nil {
 		return err
 	}
-	qmp, err := q.monitor(d)
-	if err != nil {
-		return err
-	}
-	d.mu.Lock()
-	idx := -1
-	for i := range d.j.Disks {
-		if d.j.Disks[i].Device == device {
-			idx = i
-		}
-	}
-	if idx < 0 {
-		d.mu.Unlock()
+	disk, ok := d.disk(device)
+	if !ok {
 		return fmt.Errorf("qemu: VM %s has no disk %s", uuid, device)
 	}
-	disk := d.j.Disks[idx]
-	d.mu.Unlock()
 	top := nodeName(device)
 	if n := len(disk.Overlays); n > 0 {
 		top = disk.Overlays[n-1]
@@ -1227,23 +1218,20 @@ func (q *QEMU) LiveSnapshot(ctx context.Context, uuid, device, path, format stri
 		return err
 	}
 	if err := qmp.Execute(ctx, "blockdev-snapshot", map[string]any{"node": top, "overlay": node}, nil); err != nil {
-		_ = qmp.Execute(context.WithoutCancel(ctx), "blockdev-del", map[string]any{"node-name": node}, nil)
+		dropBlockNode(context.WithoutCancel(ctx), qmp, node)
 		return err
 	}
-	d.mu.Lock()
-	d.j.Disks[idx].Overlays = append(d.j.Disks[idx].Overlays, node)
-	d.j.Disks[idx].Path, d.j.Disks[idx].Format = path, format
-	d.mu.Unlock()
-	return q.save(d)
+	return q.record(d, func(j *qemuJournal) {
+		if i := j.diskIndex(device); i >= 0 {
+			j.Disks[i].Overlays = append(j.Disks[i].Overlays, node)
+			j.Disks[i].Path, j.Disks[i].Format = path, format
+		}
+	})
 }
 
 // PlugNIC implements Backend.
 func (q *QEMU) PlugNIC(ctx context.Context, uuid string, n backend.NIC) error {
-	d, err := q.dom(uuid)
-	if err != nil {
-		return err
-	}
-	qmp, err := q.monitor(d)
+	d, qmp, err := q.live(uuid)
 	if err != nil {
 		return err
 	}
@@ -1273,24 +1261,12 @@ func (q *QEMU) PlugNIC(ctx context.Context, uuid string, n backend.NIC) error {
 
 // UnplugNIC implements Backend.
 func (q *QEMU) UnplugNIC(ctx context.Context, uuid, device string) error {
-	d, err := q.dom(uuid)
+	d, qmp, err := q.live(uuid)
 	if err != nil {
 		return err
 	}
-	qmp, err := q.monitor(d)
-	if err != nil {
-		return err
-	}
-	d.mu.Lock()
-	var nic *backend.NIC
-	for i := range d.j.NICs {
-		if d.j.NICs[i].Device == device {
-			x := d.j.NICs[i]
-			nic = &x
-		}
-	}
-	d.mu.Unlock()
-	if nic == nil {
+	nic, found := d.nic(device)
+	if !found {
 		return nil
 	}
 	if nic.Mode != "none" {
@@ -1333,11 +1309,7 @@ func (q *QEMU) forgetNIC(d *qemuDomain, device string) {
 // SetVCPUs implements Backend: VCPUs are hot-added from the free slots
 // QEMU offers (up to VCPUs_max); only hot-added ones can be removed.
 func (q *QEMU) SetVCPUs(ctx context.Context, uuid string, n int) error {
-	d, err := q.dom(uuid)
-	if err != nil {
-		return err
-	}
-	qmp, err := q.monitor(d)
+	d, qmp, err := q.live(uuid)
 	if err != nil {
 		return err
 	}

@@ -3,12 +3,12 @@ package qemu
 import (
 	"encoding/json"
 	"fmt"
-	"net/url"
 	"os"
 	"strconv"
 	"strings"
 	"time"
 
+	"toolstackd/internal/nbd"
 	"toolstackd/internal/xenops/backend"
 	"toolstackd/internal/xerr"
 )
@@ -52,20 +52,17 @@ func blockdevArg(d backend.Disk) map[string]any {
 
 // protocolNode is how QEMU reaches an image: a file, a block device, or
 // an NBD export given as a URI (nbd://host:port/export or
-// nbd+unix:///export?socket=PATH).
+// nbd+unix:///export?socket=PATH), read by nbd.ParseURI as storage reads
+// it. A path in an NBD scheme that does not parse (storage never hands
+// one over) goes to QEMU's nbd driver as its filename, for QEMU to refuse
+// with its own message.
 func protocolNode(path string, ro bool) map[string]any {
-	if u, err := url.Parse(path); err == nil && (u.Scheme == "nbd" || u.Scheme == "nbd+unix") {
-		n := map[string]any{"driver": "nbd", "export": strings.TrimPrefix(u.Path, "/"), "read-only": ro}
-		if u.Scheme == "nbd+unix" {
-			n["server"] = map[string]any{"type": "unix", "path": u.Query().Get("socket")}
-		} else {
-			port := u.Port()
-			if port == "" {
-				port = "10809"
-			}
-			n["server"] = map[string]any{"type": "inet", "host": u.Hostname(), "port": port}
+	if nbd.IsURI(path) {
+		u, err := nbd.ParseURI(path)
+		if err != nil {
+			return map[string]any{"driver": "nbd", "filename": path, "read-only": ro}
 		}
-		return n
+		return map[string]any{"driver": "nbd", "export": u.Export, "read-only": ro, "server": u.QEMUServer()}
 	}
 	driver := "file"
 	if st, err := os.Stat(path); err == nil && st.Mode()&os.ModeDevice != 0 {
@@ -146,8 +143,31 @@ func netdevArg(n backend.NIC) map[string]any {
 	return nil
 }
 
-// qemuArgv is the emulator's command line for a domain.
+// qemuArgv is the emulator's command line for a domain: the machine and
+// its fixed devices, what the platform keys choose, firmware and direct
+// kernel boot, then the domain's disks, NICs and hot-added VCPUs.
 func (q *QEMU) qemuArgv(j *qemuJournal) ([]string, error) {
+	s := &j.Spec
+	a := q.machineArgs(j)
+	a = append(a, platformArgs(s)...)
+	a = append(a, q.bootArgs(j)...)
+	devs, err := deviceArgs(j)
+	if err != nil {
+		return nil, err
+	}
+	a = append(a, devs...)
+	if !s.AutoStart {
+		a = append(a, "-S") // created paused: Unpause starts it
+	}
+	if s.RestoreFrom != "" {
+		a = append(a, "-incoming", "fd:3")
+	}
+	return a, nil
+}
+
+// machineArgs are the machine, its CPUs and memory, the sockets the
+// daemon talks to it through and the devices every domain has.
+func (q *QEMU) machineArgs(j *qemuJournal) []string {
 	s := &j.Spec
 	machine := q.cfg.Machine
 	if machine == "" {
@@ -161,15 +181,12 @@ func (q *QEMU) qemuArgv(j *qemuJournal) ([]string, error) {
 	if j.Accel == "kvm" && backend.PlatformTrue(s.Platform, "viridian", false) {
 		cpu += ",hv_relaxed,hv_vapic,hv_spinlocks=0x1fff,hv_time"
 	}
-	maxcpus := s.MaxCPU
-	if maxcpus < s.VCPUs {
-		maxcpus = s.VCPUs
-	}
+	maxcpus := max(s.MaxCPU, s.VCPUs)
 	smp := fmt.Sprintf("%d,maxcpus=%d", s.VCPUs, maxcpus)
 	if cps, err := strconv.Atoi(s.Platform["cores-per-socket"]); err == nil && cps > 0 && maxcpus%cps == 0 {
 		smp += fmt.Sprintf(",sockets=%d,cores=%d,threads=1", maxcpus/cps, cps)
 	}
-	a := []string{
+	return []string{
 		"-name", "guest=" + optEscape(s.Name) + ",debug-threads=on",
 		"-uuid", s.UUID,
 		"-machine", mopts,
@@ -189,12 +206,16 @@ func (q *QEMU) qemuArgv(j *qemuJournal) ([]string, error) {
 		"-device", "virtio-balloon-pci,id=balloon0,addr=0x3",
 		"-device", "pvpanic",
 	}
+}
+
+// platformArgs are what the platform keys timeoffset, vga and usb choose.
+func platformArgs(s *backend.Spec) []string {
 	// platform:timeoffset is the guest clock's offset from UTC in seconds.
 	base := "utc"
 	if off, err := strconv.ParseInt(s.Platform["timeoffset"], 10, 64); err == nil && off != 0 {
 		base = time.Now().UTC().Add(time.Duration(off) * time.Second).Format("2006-01-02T15:04:05")
 	}
-	a = append(a, "-rtc", "base="+base)
+	a := []string{"-rtc", "base=" + base}
 	switch v := s.Platform["vga"]; v {
 	case "none":
 	case "cirrus":
@@ -205,6 +226,14 @@ func (q *QEMU) qemuArgv(j *qemuJournal) ([]string, error) {
 	if backend.PlatformTrue(s.Platform, "usb", true) {
 		a = append(a, "-usb", "-device", "usb-tablet,id=tablet0")
 	}
+	return a
+}
+
+// bootArgs are the UEFI firmware and its variable store, and a direct
+// kernel boot's kernel, initrd and command line.
+func (q *QEMU) bootArgs(j *qemuJournal) []string {
+	s := &j.Spec
+	var a []string
 	if s.Firmware == "uefi" {
 		a = append(a,
 			"-drive", "if=pflash,format=raw,unit=0,readonly=on,file="+optEscape(q.cfg.OVMFCode),
@@ -219,6 +248,14 @@ func (q *QEMU) qemuArgv(j *qemuJournal) ([]string, error) {
 			a = append(a, "-append", s.Cmdline)
 		}
 	}
+	return a
+}
+
+// deviceArgs are the domain's disks, NICs and hot-added VCPUs, the disks
+// and NICs with their boot order.
+func deviceArgs(j *qemuJournal) ([]string, error) {
+	s := &j.Spec
+	var a []string
 	// Boot order by bootindex: BIOS order letters c (disk), d (CD), n
 	// (network), then whatever is left.
 	boot := bootIndexes(s.BootOrder, j.Disks, j.NICs, s.Kernel != "")
@@ -243,12 +280,6 @@ func (q *QEMU) qemuArgv(j *qemuJournal) ([]string, error) {
 	}
 	for _, c := range j.HotCPUs {
 		a = append(a, "-device", jsonArg(c.Args))
-	}
-	if !s.AutoStart {
-		a = append(a, "-S") // created paused: Unpause starts it
-	}
-	if s.RestoreFrom != "" {
-		a = append(a, "-incoming", "fd:3")
 	}
 	return a, nil
 }

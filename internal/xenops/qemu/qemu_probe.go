@@ -118,67 +118,88 @@ func probeAccel(ctx context.Context, binary, accel, cpu, machine string) error {
 		}
 		return err
 	}
-	sc := bufio.NewScanner(io.LimitReader(out, 1<<20))
-	// reply skips events and returns the next reply's "return" or error.
-	reply := func() (json.RawMessage, error) {
-		for sc.Scan() {
-			var m struct {
-				QMP    json.RawMessage
-				Return json.RawMessage
-				Error  *struct{ Desc string }
-				Event  string
-			}
-			if json.Unmarshal(sc.Bytes(), &m) != nil || m.Event != "" || m.QMP != nil {
-				continue
-			}
-			if m.Error != nil {
-				return nil, errors.New(m.Error.Desc)
-			}
-			return m.Return, nil
-		}
-		return nil, errors.New("the emulator exited")
-	}
-	exec1 := func(c string) (json.RawMessage, error) {
-		if _, err := fmt.Fprintf(in, `{"execute":%q}`+"\n", c); err != nil {
-			return nil, errors.New("the emulator exited")
-		}
-		return reply()
-	}
-	if _, err := exec1("qmp_capabilities"); err != nil {
+	if err := probeVCPU(ctx, &stdioQMP{in: in, sc: bufio.NewScanner(io.LimitReader(out, 1<<20))}, accel); err != nil {
 		return fail(err)
 	}
-	if accel == "kvm" {
-		r, err := exec1("query-kvm")
-		if err != nil {
-			return fail(err)
-		}
-		var k struct{ Enabled, Present bool }
-		if json.Unmarshal(r, &k) != nil || !k.Enabled {
-			return fail(errors.New("KVM not enabled in the emulator"))
-		}
-	}
-	if _, err := exec1("cont"); err != nil {
-		return fail(err)
-	}
-	select {
-	case <-ctx.Done():
-		return fail(ctx.Err())
-	case <-time.After(300 * time.Millisecond):
-	}
-	r, err := exec1("query-status")
-	if err != nil {
-		return fail(err)
-	}
-	var st struct{ Status string }
-	_ = json.Unmarshal(r, &st) // an unreadable status is not "running": the check below fails
-	if st.Status != "running" {
-		return fail(fmt.Errorf("the VCPU stopped: status %q", st.Status))
-	}
-	_, _ = exec1("quit")
 	_ = in.Close()
 	_ = cmd.Wait()
 	waited = true
 	return nil
+}
+
+// probeVCPU is the probe's conversation with the emulator: it checks that
+// KVM is enabled (under kvm), lets the VCPU run for a moment and checks it
+// still runs, then asks the emulator to quit.
+func probeVCPU(ctx context.Context, qmp *stdioQMP, accel string) error {
+	if _, err := qmp.execute("qmp_capabilities"); err != nil {
+		return err
+	}
+	if accel == "kvm" {
+		r, err := qmp.execute("query-kvm")
+		if err != nil {
+			return err
+		}
+		var k struct{ Enabled, Present bool }
+		if json.Unmarshal(r, &k) != nil || !k.Enabled {
+			return errors.New("KVM not enabled in the emulator")
+		}
+	}
+	if _, err := qmp.execute("cont"); err != nil {
+		return err
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(300 * time.Millisecond):
+	}
+	r, err := qmp.execute("query-status")
+	if err != nil {
+		return err
+	}
+	var st struct{ Status string }
+	_ = json.Unmarshal(r, &st) // an unreadable status is not "running": the check below fails
+	if st.Status != "running" {
+		return fmt.Errorf("the VCPU stopped: status %q", st.Status)
+	}
+	_, _ = qmp.execute("quit")
+	return nil
+}
+
+// stdioQMP is a QMP conversation over an emulator's stdin and stdout
+// (-qmp stdio), one command at a time, for the probe.
+type stdioQMP struct {
+	in io.Writer
+	sc *bufio.Scanner
+}
+
+// execute sends a command without arguments and returns its reply's
+// "return" or its error.
+func (q *stdioQMP) execute(cmd string) (json.RawMessage, error) {
+	if _, err := fmt.Fprintf(q.in, `{"execute":%q}`+"\n", cmd); err != nil {
+		return nil, errors.New("the emulator exited")
+	}
+	return q.reply()
+}
+
+// reply skips the greeting and events and returns the next reply's
+// "return" or its error.
+func (q *stdioQMP) reply() (json.RawMessage, error) {
+	for q.sc.Scan() {
+		var m struct {
+			QMP    json.RawMessage
+			Return json.RawMessage
+			Error  *struct{ Desc string }
+			Event  string
+		}
+		if json.Unmarshal(q.sc.Bytes(), &m) != nil || m.Event != "" || m.QMP != nil {
+			continue
+		}
+		if m.Error != nil {
+			return nil, errors.New(m.Error.Desc)
+		}
+		return m.Return, nil
+	}
+	return nil, errors.New("the emulator exited")
 }
 
 // lastLines is the last n non-empty lines of s, joined by "; ".

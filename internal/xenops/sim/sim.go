@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -43,7 +44,7 @@ type Simulator struct {
 	doms      map[string]*simDomain
 	nextDomid int64
 	fail      map[string]error
-	notify    func(string)
+	notifier  backend.Notifier
 	delays    map[string]time.Duration
 }
 
@@ -134,20 +135,7 @@ func (s *Simulator) step(ctx context.Context, op string) error {
 }
 
 // SetNotify implements Backend.
-func (s *Simulator) SetNotify(f func(string)) {
-	s.mu.Lock()
-	s.notify = f
-	s.mu.Unlock()
-}
-
-func (s *Simulator) tell(uuid string) {
-	s.mu.Lock()
-	f := s.notify
-	s.mu.Unlock()
-	if f != nil {
-		f(uuid)
-	}
-}
+func (s *Simulator) SetNotify(f func(string)) { s.notifier.Set(f) }
 
 // snapshotFile returns what save writes for a domain (under s.mu).
 func (s *Simulator) snapshotFile(d *simDomain) []byte {
@@ -282,34 +270,26 @@ func (s *Simulator) MarkComplete(uuid string) error {
 	return nil
 }
 
-func simStopped(d *simDomain) error {
-	switch d.Info.State {
-	case backend.DomainShutdown, backend.DomainReboot, backend.DomainCrashed, backend.DomainGone:
-		return xerr.New(xerr.VMBadPowerState, d.Spec.VMRef, "running", "halted")
+// setRunState moves a domain whose guest has not stopped to state to
+// (backend.RefuseStopped otherwise).
+func setRunState(to backend.DomainState) func(d *simDomain) error {
+	return func(d *simDomain) error {
+		if err := backend.RefuseStopped(d.Info.State, d.Spec.VMRef); err != nil {
+			return err
+		}
+		d.Info.State = to
+		return nil
 	}
-	return nil
 }
 
 // Pause implements Backend.
 func (s *Simulator) Pause(ctx context.Context, uuid string) error {
-	return s.modify(ctx, "pause", uuid, func(d *simDomain) error {
-		if err := simStopped(d); err != nil {
-			return err
-		}
-		d.Info.State = backend.DomainPaused
-		return nil
-	}, true)
+	return s.modify(ctx, "pause", uuid, setRunState(backend.DomainPaused), true)
 }
 
 // Unpause implements Backend.
 func (s *Simulator) Unpause(ctx context.Context, uuid string) error {
-	return s.modify(ctx, "unpause", uuid, func(d *simDomain) error {
-		if err := simStopped(d); err != nil {
-			return err
-		}
-		d.Info.State = backend.DomainRunning
-		return nil
-	}, true)
+	return s.modify(ctx, "unpause", uuid, setRunState(backend.DomainRunning), true)
 }
 
 // RequestShutdown implements Backend: unless NoACPI, the guest powers
@@ -413,12 +393,7 @@ func (s *Simulator) PlugDisk(ctx context.Context, uuid string, disk backend.Disk
 // UnplugDisk implements Backend.
 func (s *Simulator) UnplugDisk(ctx context.Context, uuid, device string, force bool) error {
 	return s.modify(ctx, "unplug", uuid, func(d *simDomain) error {
-		for i, x := range d.Info.Disks {
-			if x.Device == device {
-				d.Info.Disks = append(d.Info.Disks[:i:i], d.Info.Disks[i+1:]...)
-				return nil
-			}
-		}
+		d.Info.Disks = slices.DeleteFunc(d.Info.Disks, func(x backend.Disk) bool { return x.Device == device })
 		return nil
 	})
 }
@@ -448,12 +423,7 @@ func (s *Simulator) PlugNIC(ctx context.Context, uuid string, n backend.NIC) err
 // UnplugNIC implements Backend.
 func (s *Simulator) UnplugNIC(ctx context.Context, uuid, device string) error {
 	return s.modify(ctx, "unplug", uuid, func(d *simDomain) error {
-		for i, x := range d.Info.NICs {
-			if x.Device == device {
-				d.Info.NICs = append(d.Info.NICs[:i:i], d.Info.NICs[i+1:]...)
-				return nil
-			}
-		}
+		d.Info.NICs = slices.DeleteFunc(d.Info.NICs, func(x backend.NIC) bool { return x.Device == device })
 		return nil
 	})
 }
@@ -539,7 +509,7 @@ func (s *Simulator) change(uuid string, fn func(d *simDomain)) bool {
 	s.mu.Unlock()
 	s.save(uuid, b)
 	if d != nil {
-		s.tell(uuid)
+		s.notifier.Tell(uuid)
 	}
 	return d != nil
 }
