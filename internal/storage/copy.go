@@ -10,6 +10,7 @@ import (
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"
+	"toolstackd/internal/storage/imageformat"
 	"toolstackd/internal/xerr"
 )
 
@@ -17,36 +18,36 @@ import (
 // content into a new VDI on sr, or into an existing VDI (into_vdi). The
 // copy is sparse: zero runs are not written. base_vdi is accepted and
 // ignored (the whole content is copied, which is always correct).
-func (s *Service) handleVDICopy(c *api.Call) (any, error) {
-	src, _, _, err := s.vdiContext(c, 0)
+func (s *Service) handleVDICopy(c *api.Call, a dm.VDICopyArgs) (dm.VDIRef, error) {
+	src, _, _, err := s.vdiContext(c, string(a.VDI))
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	snap := s.db.Snapshot()
-	into := c.String(3)
+	into := string(a.IntoVDI)
 	var dstRow, dstSR *db.Row
 	var dstB *boundSR
 	if into != "" && into != schema.NullRef {
-		if dstRow, dstSR, dstB, err = s.vdiContext(c, 3); err != nil {
-			return nil, err
+		if dstRow, dstSR, dstB, err = s.vdiContext(c, into); err != nil {
+			return "", err
 		}
 		if vdiSize(dstRow) < vdiSize(src) {
-			return nil, xerr.New(xerr.VDITooSmall, dstRow.Ref, strconv.FormatInt(vdiSize(src), 10))
+			return "", xerr.New(xerr.VDITooSmall, dstRow.Ref, strconv.FormatInt(vdiSize(src), 10))
 		}
 		if boolField(dstRow, dm.VDI.ReadOnly) {
-			return nil, xerr.New(xerr.VDIReadonly, dstRow.Ref)
+			return "", xerr.New(xerr.VDIReadonly, dstRow.Ref)
 		}
 	} else {
-		srRef := c.String(1)
+		srRef := string(a.SR)
 		var ok bool
 		if dstSR, ok = snap.Get(dm.SR.Class, srRef); !ok {
-			return nil, xerr.New(xerr.HandleInvalid, "SR", srRef)
+			return "", xerr.New(xerr.HandleInvalid, "SR", srRef)
 		}
 		if dstB, err = s.attached(srRef); err != nil {
-			return nil, err
+			return "", err
 		}
 		if err := s.requireCap(dstB, srRef, "VDI_CREATE"); err != nil {
-			return nil, err
+			return "", err
 		}
 	}
 	key := opKey(c)
@@ -56,14 +57,14 @@ func (s *Service) handleVDICopy(c *api.Call) (any, error) {
 	}
 	done, err := s.mark(c.Ctx, key, objs...)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	defer done()
 	ctx := c.Ctx
 	srcDP := "copy/" + key + "/src"
 	sdev, sdone, err := s.transferDP(ctx, srcDP, src.Ref, false)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	defer sdone()
 	var need int64
@@ -75,21 +76,21 @@ func (s *Service) handleVDICopy(c *api.Call) (any, error) {
 	// The disk reserve (see spaceGuard): the amount is known up front.
 	if l, ok := dstB.sr.(localDirer); ok {
 		if err := s.guardFor(l.localDir()).check(need); err != nil {
-			return nil, err
+			return "", err
 		}
 	}
 	fresh := dstRow == nil
 	if fresh {
 		if err := s.checkSpace(ctx, dstB, dstSR, need); err != nil {
-			return nil, err
+			return "", err
 		}
 		ref, err := s.newVDILike(ctx, dstB, dstSR.Ref, src)
 		if err != nil {
-			return nil, err
+			return "", err
 		}
 		dstRow = mustGet(s.db.Snapshot(), dm.VDI.Class, ref)
 	} else if s.vdiBusy(s.db.Snapshot(), dstRow.Ref) {
-		return nil, xerr.New(xerr.VDIInUse, dstRow.Ref, "copy")
+		return "", xerr.New(xerr.VDIInUse, dstRow.Ref, "copy")
 	}
 	err = s.copyInto(ctx, c, key, sdev, dstRow, fresh)
 	if err != nil {
@@ -97,19 +98,19 @@ func (s *Service) handleVDICopy(c *api.Call) (any, error) {
 			s.destroyQuietly(dstB, dstRow)
 		}
 		if ctx.Err() != nil {
-			return nil, xerr.New(xerr.TaskCancelled, c.Task)
+			return "", xerr.New(xerr.TaskCancelled, c.Task)
 		}
 		if xe, ok := err.(*xerr.Error); ok {
-			return nil, xe
+			return "", xe
 		}
 		if isSpaceErr(err) {
-			return nil, errSpace(err)
+			return "", errSpace(err)
 		}
-		return nil, xerr.New(xerr.VDICopyFailed)
+		return "", xerr.New(xerr.VDICopyFailed)
 	}
 	s.refreshVolume(ctx, dstRow.Ref)
 	s.updateSRStats(ctx, dstSR.Ref)
-	return dstRow.Ref, nil
+	return dm.VDIRef(dstRow.Ref), nil
 }
 
 func (s *Service) copyInto(ctx context.Context, c *api.Call, key string, sdev *device, dst *db.Row, fresh bool) error {
@@ -149,7 +150,7 @@ func (s *Service) copyInto(ctx context.Context, c *api.Call, key string, sdev *d
 
 // copyAppend copies a device's data into an empty qcow2 image in order.
 func copyAppend(ctx context.Context, src *device, path string, progress func(done, total int64)) error {
-	a, err := openAppender(path)
+	a, err := imageformat.OpenAppender(path)
 	if err != nil {
 		return err
 	}
@@ -164,9 +165,9 @@ func copyAppend(ctx context.Context, src *device, path string, progress func(don
 	err = readOrdered(ctx, src.r, ranges, func(off int64, b []byte) error {
 		done += int64(len(b))
 		progress(done, total)
-		return a.write(off, b)
+		return a.Write(off, b)
 	})
-	if cerr := a.commit(); err == nil {
+	if cerr := a.Commit(); err == nil {
 		err = cerr
 	}
 	return err

@@ -199,19 +199,7 @@ func (s *Service) apply(ctx context.Context, dp, vdiRef string, op VDIOp) (Datap
 		return Datapath{}, xerr.New(xerr.HandleInvalid, "VDI", vdiRef)
 	}
 	srRef := row.String(dm.VDI.SR)
-	s.mu.Lock()
-	cur := s.vdis[vdiRef]
-	var st vdiDPs
-	if cur != nil {
-		st = *cur
-		st.DPs = make(map[string]VDIState, len(cur.DPs))
-		for k, v := range cur.DPs {
-			st.DPs[k] = v
-		}
-	} else {
-		st = vdiDPs{SR: srRef, Key: row.String(dm.VDI.Location), DPs: map[string]VDIState{}}
-	}
-	s.mu.Unlock()
+	st := s.datapathsOf(vdiRef, srRef, row.String(dm.VDI.Location))
 
 	if op.Kind == "attach" && op.Mode == RW && boolField(row, dm.VDI.ReadOnly) {
 		return Datapath{}, xerr.New(xerr.VDIReadonly, vdiRef)
@@ -244,41 +232,8 @@ func (s *Service) apply(ctx context.Context, dp, vdiRef string, op VDIOp) (Datap
 		}
 	}
 	if b != nil {
-		key := st.Key
-		switch {
-		case super.Attached && !oldSuper.Attached:
-			p, err := b.sr.VolumeAttach(ctx, key, super.Mode == RO)
-			if err != nil {
-				return Datapath{}, asBackend(err, smVDIUnavailable)
-			}
-			st.Path = p
-		case super.Attached && oldSuper.Mode == RO && super.Mode == RW:
-			if st.Path.Kind != "file" {
-				return Datapath{}, xerr.New(xerr.VDIInUse, vdiRef, "attached read-only by "+strings.Join(keysOf(st.DPs, dp), ", "))
-			}
-			p, err := b.sr.VolumeAttach(ctx, key, false)
-			if err != nil {
-				return Datapath{}, asBackend(err, smVDIUnavailable)
-			}
-			st.Path = p
-		}
-		if super.Activated && !oldSuper.Activated {
-			if err := b.sr.VolumeActivate(ctx, key, super.Mode == RO); err != nil {
-				if !oldSuper.Attached {
-					_ = b.sr.VolumeDetach(ctx, key)
-				}
-				return Datapath{}, asBackend(err, smVDIUnavailable)
-			}
-		}
-		if !super.Activated && oldSuper.Activated {
-			if err := b.sr.VolumeDeactivate(ctx, key); err != nil {
-				return Datapath{}, asBackend(err, smVDIUnavailable)
-			}
-		}
-		if !super.Attached && oldSuper.Attached {
-			if err := b.sr.VolumeDetach(ctx, key); err != nil {
-				return Datapath{}, asBackend(err, smVDIUnavailable)
-			}
+		if err := s.followSuperstate(ctx, b.sr, &st, vdiRef, dp, oldSuper, super); err != nil {
+			return Datapath{}, err
 		}
 	}
 	st.Super = super
@@ -290,9 +245,83 @@ func (s *Service) apply(ctx context.Context, dp, vdiRef string, op VDIOp) (Datap
 	}
 	s.mu.Unlock()
 	s.saveDatapaths()
-	// The datapath has changed and its state above is what counts; the
-	// record only mirrors it, so a failure to update it is logged rather
-	// than reported as a failed attach or detach.
+	s.recordAttachment(vdiRef, super)
+	if !super.Attached && oldSuper.Attached && b != nil {
+		s.refreshVolume(ctx, vdiRef)
+	}
+	p := st.Path
+	p.DP, p.VDI, p.SR = dp, vdiRef, srRef
+	if next.Attached {
+		p.ReadOnly = next.Mode == RO
+	}
+	return p, nil
+}
+
+// datapathsOf is a copy of a VDI's datapath state, to change and store
+// back, or a fresh one for a VDI no datapath holds.
+func (s *Service) datapathsOf(vdiRef, srRef, key string) vdiDPs {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cur := s.vdis[vdiRef]
+	if cur == nil {
+		return vdiDPs{SR: srRef, Key: key, DPs: map[string]VDIState{}}
+	}
+	st := *cur
+	st.DPs = maps.Clone(cur.DPs)
+	if st.DPs == nil {
+		st.DPs = map[string]VDIState{}
+	}
+	return st
+}
+
+// followSuperstate makes the SR's volume follow the VDI's superstate
+// from oldSuper to super: attach (or re-attach read-write), activate,
+// deactivate, detach. A new attachment is in st.Path.
+func (s *Service) followSuperstate(ctx context.Context, sr SR, st *vdiDPs, vdiRef, dp string, oldSuper, super VDIState) error {
+	key := st.Key
+	switch {
+	case super.Attached && !oldSuper.Attached:
+		p, err := sr.VolumeAttach(ctx, key, super.Mode == RO)
+		if err != nil {
+			return asBackend(err, smVDIUnavailable)
+		}
+		st.Path = p
+	case super.Attached && oldSuper.Mode == RO && super.Mode == RW:
+		if st.Path.Kind != "file" {
+			return xerr.New(xerr.VDIInUse, vdiRef, "attached read-only by "+strings.Join(keysOf(st.DPs, dp), ", "))
+		}
+		p, err := sr.VolumeAttach(ctx, key, false)
+		if err != nil {
+			return asBackend(err, smVDIUnavailable)
+		}
+		st.Path = p
+	}
+	if super.Activated && !oldSuper.Activated {
+		if err := sr.VolumeActivate(ctx, key, super.Mode == RO); err != nil {
+			if !oldSuper.Attached {
+				_ = sr.VolumeDetach(ctx, key)
+			}
+			return asBackend(err, smVDIUnavailable)
+		}
+	}
+	if !super.Activated && oldSuper.Activated {
+		if err := sr.VolumeDeactivate(ctx, key); err != nil {
+			return asBackend(err, smVDIUnavailable)
+		}
+	}
+	if !super.Attached && oldSuper.Attached {
+		if err := sr.VolumeDetach(ctx, key); err != nil {
+			return asBackend(err, smVDIUnavailable)
+		}
+	}
+	return nil
+}
+
+// recordAttachment mirrors a VDI's superstate into its sm_config
+// (host_<host>: RO or RW). The datapath state is what counts; the record
+// only mirrors it, so a failure to update it is logged rather than
+// reported as a failed attach or detach.
+func (s *Service) recordAttachment(vdiRef string, super VDIState) {
 	if _, err := s.db.Update(func(tx *db.Tx) error {
 		if _, ok := tx.Get(dm.VDI.Class, vdiRef); !ok {
 			return nil
@@ -314,15 +343,6 @@ func (s *Service) apply(ctx context.Context, dp, vdiRef string, op VDIOp) (Datap
 	}); err != nil {
 		s.log.Error("cannot record a VDI's attachment in sm_config", "vdi", vdiRef, "err", err)
 	}
-	if !super.Attached && oldSuper.Attached && b != nil {
-		s.refreshVolume(ctx, vdiRef)
-	}
-	p := st.Path
-	p.DP, p.VDI, p.SR = dp, vdiRef, srRef
-	if next.Attached {
-		p.ReadOnly = next.Mode == RO
-	}
-	return p, nil
 }
 
 func keysOf(m map[string]VDIState, except string) []string {

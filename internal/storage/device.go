@@ -8,6 +8,9 @@ import (
 	"os"
 	"sort"
 	"syscall"
+
+	"toolstackd/internal/nbd"
+	"toolstackd/internal/storage/imageformat"
 )
 
 // A device is an attached VDI opened for a transfer: a file (raw), a
@@ -35,6 +38,11 @@ func (d *device) Close() error {
 	return errors.Join(errs...)
 }
 
+// vhdTarget is the device as a VHD import writes to it.
+func (d *device) vhdTarget() imageformat.Disk {
+	return imageformat.Disk{Size: d.size, Zero: d.zero, Write: func(b []byte, off int64) error { return writeChunk(d, b, off) }}
+}
+
 // extents returns the device's allocation, or one data extent when it is
 // not known.
 func (d *device) extents() []Extent {
@@ -51,11 +59,11 @@ func (d *device) extents() []Extent {
 func openDevice(ctx context.Context, dp Datapath, write bool, run string) (*device, error) {
 	switch dp.Kind {
 	case "nbd":
-		a, err := parseNBDURI(dp.URI)
+		u, err := nbd.ParseURI(dp.URI)
 		if err != nil {
 			return nil, err
 		}
-		c, err := dialNBD(ctx, a)
+		c, err := nbd.Dial(ctx, u)
 		if err != nil {
 			return nil, err
 		}
@@ -198,29 +206,34 @@ func openQcow2Read(ctx context.Context, path, run string) (*device, error) {
 		}
 		return &device{size: size, r: cr, exts: exts, chain: cr, closers: []func() error{cr.close}}, nil
 	}
-	q, err := startQemuNBD(ctx, run, path, "qcow2", true)
+	q, c, err := serveQcow2(ctx, run, path, true)
 	if err != nil {
-		return nil, err
-	}
-	c, err := dialNBD(ctx, q.addr())
-	if err != nil {
-		_ = q.stop()
 		return nil, err
 	}
 	return &device{size: size, r: c, exts: exts, closers: []func() error{q.stop, c.Close}}, nil
 }
 
 func openQcow2Write(ctx context.Context, path, run string) (*device, error) {
-	q, err := startQemuNBD(ctx, run, path, "qcow2", false)
+	q, c, err := serveQcow2(ctx, run, path, false)
 	if err != nil {
-		return nil, err
-	}
-	c, err := dialNBD(ctx, q.addr())
-	if err != nil {
-		_ = q.stop()
 		return nil, err
 	}
 	return &device{size: c.Size(), r: c, w: c, zero: c.WriteZeroes, flush: c.Flush, closers: []func() error{q.stop, c.Close}}, nil
+}
+
+// serveQcow2 serves a qcow2 image through a private qemu-nbd and connects
+// to it; the caller stops the server after closing the client.
+func serveQcow2(ctx context.Context, run, path string, readonly bool) (*qemuNBD, *nbd.Client, error) {
+	q, err := startQemuNBD(ctx, run, path, "qcow2", readonly)
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := nbd.Dial(ctx, q.uri())
+	if err != nil {
+		_ = q.stop()
+		return nil, nil, err
+	}
+	return q, c, nil
 }
 
 func mergeSame(in []Extent) []Extent {

@@ -2,9 +2,11 @@ package storage
 
 import (
 	"context"
-	"net"
 	"sync"
 	"time"
+
+	"toolstackd/internal/nbd"
+	"toolstackd/internal/storage/imageformat"
 )
 
 // A Driver implements one SR type, as an SM plugin does for xapi. The
@@ -98,10 +100,7 @@ type (
 type LiveSwitch func(ctx context.Context, dp Datapath) error
 
 // Extent is a byte range of a volume.
-type Extent struct {
-	Offset, Length int64
-	Zero           bool // the range reads as zeroes
-}
+type Extent = imageformat.Extent
 
 // DriverInfo is what an SM record says about a driver.
 type DriverInfo struct {
@@ -223,17 +222,11 @@ func (d Datapath) QEMUBlockdev(nodeName string) map[string]any {
 	var file map[string]any
 	switch d.Kind {
 	case "nbd":
-		a, err := parseNBDURI(d.URI)
+		u, err := nbd.ParseURI(d.URI)
 		if err != nil {
 			return nil
 		}
-		srv := map[string]any{"type": "inet"}
-		if a.Network == "unix" {
-			srv = map[string]any{"type": "unix", "path": a.Address}
-		} else if host, port, err := net.SplitHostPort(a.Address); err == nil {
-			srv["host"], srv["port"] = host, port
-		}
-		file = map[string]any{"driver": "nbd", "server": srv, "export": a.Export}
+		file = map[string]any{"driver": "nbd", "server": u.QEMUServer(), "export": u.Export}
 	default:
 		file = map[string]any{"driver": "file", "filename": d.Path}
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/google/uuid"
 
 	"toolstackd/internal/safepath"
+	"toolstackd/internal/storage/imageformat"
 	"toolstackd/internal/xerr"
 )
 
@@ -623,9 +624,9 @@ func keyOf(name string) string {
 type node struct {
 	name    string // file name
 	format  string
-	header  *qcowHeader // nil for raw
-	parent  string      // backing file name, if it is in this directory
-	backing string      // backing file as written
+	header  *imageformat.Qcow2Header // nil for raw
+	parent  string                   // backing file name, if it is in this directory
+	backing string                   // backing file as written
 }
 
 // graph reads every image's header: name -> node, parent -> children.
@@ -644,7 +645,7 @@ func (s *fileSR) graph() (map[string]*node, map[string][]string, error) {
 		var n *node
 		switch {
 		case strings.HasSuffix(name, ".qcow2"):
-			h, err := readQcow2Header(filepath.Join(s.dir, name))
+			h, err := imageformat.ReadQcow2Header(filepath.Join(s.dir, name))
 			if err != nil {
 				s.d.log.Warn("skipping unreadable image", "sr", s.uuid, "file", name, "err", err)
 				continue
@@ -686,7 +687,7 @@ func (s *fileSR) volume(key string, n *node, kids map[string][]string, m *srMeta
 	v := Volume{Key: key, PhysicalUtilisation: fileBlocks(p), Format: n.format}
 	if n.header != nil {
 		v.VirtualSize = int64(n.header.Size)
-	} else if st, err := os.Stat(p); err == nil {
+	} else if st, err := os.Stat(p); err == nil { //nolint:gosec // a volume file of this SR: names are checked volume keys (checkVolumeKey, safepath)
 		v.VirtualSize = st.Size()
 	}
 	// An image something is backed by must never change.
@@ -766,13 +767,13 @@ func (s *fileSR) VolumeCreate(ctx context.Context, v VolumeSpec) (Volume, error)
 	if !isUUID(key) {
 		key = uuid.NewString()
 	}
-	if v.Size < 0 || v.Size > MaxVirtualSize {
-		return Volume{}, BackendError(smVDISize, fmt.Sprintf("virtual size %d is out of range (0 to %d)", v.Size, MaxVirtualSize))
+	if v.Size < 0 || v.Size > imageformat.MaxVirtualSize {
+		return Volume{}, BackendError(smVDISize, fmt.Sprintf("virtual size %d is out of range (0 to %d)", v.Size, imageformat.MaxVirtualSize))
 	}
 	p := filepath.Join(s.dir, key+qcowSuffix)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := createQcow2(p, v.Size, "", ""); err != nil {
+	if err := imageformat.CreateQcow2(p, v.Size, "", ""); err != nil {
 		if errors.Is(err, fs.ErrExist) {
 			return Volume{}, BackendError(smVDIExists, "volume "+key+" already exists")
 		}
@@ -801,15 +802,25 @@ func (s *fileSR) statLocked(key string) (Volume, error) {
 	if err != nil {
 		return Volume{}, err
 	}
-	nodes, kids, err := s.graph()
+	n, kids, err := s.nodeOf(key, p)
 	if err != nil {
 		return Volume{}, err
 	}
+	return s.volume(key, n, kids, s.meta()), nil
+}
+
+// nodeOf is the image of volume key, at p, in the SR's backing graph,
+// and the graph's children. The caller holds s.mu.
+func (s *fileSR) nodeOf(key, p string) (*node, map[string][]string, error) {
+	nodes, kids, err := s.graph()
+	if err != nil {
+		return nil, nil, err
+	}
 	n := nodes[filepath.Base(p)]
 	if n == nil {
-		return Volume{}, BackendError(smVDIMissing, "volume "+key+" is missing")
+		return nil, nil, BackendError(smVDIMissing, "volume "+key+" is missing")
 	}
-	return s.volume(key, n, kids, s.meta()), nil
+	return n, kids, nil
 }
 
 func (s *fileSR) VolumeSetName(ctx context.Context, key, name, description string) error {
@@ -875,8 +886,8 @@ func (s *fileSR) VolumeResize(ctx context.Context, key string, size int64) (Volu
 	if err != nil {
 		return Volume{}, err
 	}
-	if size > MaxVirtualSize {
-		return Volume{}, BackendError(smVDISize, fmt.Sprintf("virtual size %d is over the maximum %d", size, MaxVirtualSize))
+	if size > imageformat.MaxVirtualSize {
+		return Volume{}, BackendError(smVDISize, fmt.Sprintf("virtual size %d is over the maximum %d", size, imageformat.MaxVirtualSize))
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -886,7 +897,7 @@ func (s *fileSR) VolumeResize(ctx context.Context, key string, size int64) (Volu
 	if s.attached[key] != nil {
 		return Volume{}, BackendError(smVDIInUse, "volume "+key+" is attached; resize it offline")
 	}
-	size = roundUp(size, 512)
+	size = imageformat.RoundUp(size, 512)
 	if _, err := qemuImg(ctx, "resize", "-f", format, p, fmt.Sprint(size)); err != nil {
 		return Volume{}, BackendError(smVDIResize, err.Error())
 	}
@@ -925,13 +936,9 @@ func (s *fileSR) branch(ctx context.Context, op, key string, meta VolumeSpec, li
 	if err := s.waitIdle(ctx, key); err != nil {
 		return Volume{}, err
 	}
-	nodes, kids, err := s.graph()
+	n, kids, err := s.nodeOf(key, p)
 	if err != nil {
 		return Volume{}, err
-	}
-	n := nodes[filepath.Base(p)]
-	if n == nil {
-		return Volume{}, BackendError(smVDIMissing, "volume "+key+" is missing")
 	}
 	fail := func(err error) (Volume, error) { return Volume{}, asBackend(err, code) }
 	a := s.attached[key]
@@ -955,58 +962,18 @@ func (s *fileSR) branch(ctx context.Context, op, key string, meta VolumeSpec, li
 	case len(kids[n.name]) > 0:
 		// Already immutable (something is backed by it): a new overlay on
 		// it is a copy.
-		if err := createQcow2(newPath, int64(n.header.Size), n.name, format); err != nil {
+		if err := imageformat.CreateQcow2(newPath, int64(n.header.Size), n.name, format); err != nil {
 			return fail(err)
 		}
 	case n.parent != "" && !writing && isEmptyImage(p):
 		// The volume has nothing of its own: share its parent.
-		if err := createQcow2(newPath, int64(n.header.Size), n.parent, "qcow2"); err != nil {
+		if err := imageformat.CreateQcow2(newPath, int64(n.header.Size), n.parent, "qcow2"); err != nil {
 			return fail(err)
 		}
 	default:
-		base := uuid.NewString() + baseSuffix
-		basePath := filepath.Join(s.dir, base)
-		j, _ := json.Marshal(journal{Op: op, Key: key, Path: n.name, Base: base, New: newName})
-		if err := writeFileAtomic(filepath.Join(s.dir, srJournal), j); err != nil {
+		if err := s.splitUnderBase(ctx, op, key, p, n, newName, writing, live); err != nil {
 			return fail(err)
 		}
-		undo := func() {
-			_ = os.Remove(newPath)
-			_ = os.Remove(p)
-			if err := os.Rename(basePath, p); err != nil {
-				// The journal stays: recovery puts the base back at the
-				// next attach.
-				s.d.log.Error("rolling back a branch: left to the journal", "sr", s.uuid, "err", err)
-				return
-			}
-			_ = os.Remove(filepath.Join(s.dir, srJournal))
-			_ = syncDir(s.dir) // the rollback is complete either way
-		}
-		if err := os.Rename(p, basePath); err != nil {
-			_ = os.Remove(filepath.Join(s.dir, srJournal))
-			return fail(err)
-		}
-		if err := createQcow2(p, int64(n.header.Size), base, "qcow2"); err != nil {
-			undo()
-			return fail(err)
-		}
-		if err := syncDir(s.dir); err != nil {
-			undo()
-			return fail(err)
-		}
-		if live != nil && writing {
-			if err := live(ctx, Datapath{Kind: "file", Path: p, Format: "qcow2"}); err != nil {
-				undo()
-				return fail(err)
-			}
-		}
-		if err := createQcow2(newPath, int64(n.header.Size), base, "qcow2"); err != nil {
-			// The VDI now runs on its new overlay: keep that, lose the new
-			// volume only.
-			_ = os.Remove(filepath.Join(s.dir, srJournal))
-			return fail(err)
-		}
-		// A reset-on-boot VDI keeps its reset point.
 	}
 	if meta.Time.IsZero() {
 		meta.Time = time.Now().UTC()
@@ -1026,14 +993,68 @@ func (s *fileSR) branch(ctx context.Context, op, key string, meta VolumeSpec, li
 	return s.statLocked(newKey)
 }
 
+// splitUnderBase branches a volume with data of its own: its image n at p
+// becomes a read-only base, a fresh overlay on the base takes its place
+// (and, when it is attached for writing, live switches the running
+// writer onto it), and a second overlay on the base, newName, is the new
+// volume. The SR journal covers the steps until the caller removes it;
+// a failure before the volume runs on its overlay puts the image back.
+// A reset-on-boot VDI keeps its reset point. The caller holds s.mu.
+func (s *fileSR) splitUnderBase(ctx context.Context, op, key, p string, n *node, newName string, writing bool, live LiveSwitch) error {
+	newPath := filepath.Join(s.dir, newName)
+	base := uuid.NewString() + baseSuffix
+	basePath := filepath.Join(s.dir, base)
+	j, _ := json.Marshal(journal{Op: op, Key: key, Path: n.name, Base: base, New: newName})
+	if err := writeFileAtomic(filepath.Join(s.dir, srJournal), j); err != nil {
+		return err
+	}
+	undo := func() {
+		_ = os.Remove(newPath)
+		_ = os.Remove(p)
+		if err := os.Rename(basePath, p); err != nil {
+			// The journal stays: recovery puts the base back at the
+			// next attach.
+			s.d.log.Error("rolling back a branch: left to the journal", "sr", s.uuid, "err", err)
+			return
+		}
+		_ = os.Remove(filepath.Join(s.dir, srJournal))
+		_ = syncDir(s.dir) // the rollback is complete either way
+	}
+	if err := os.Rename(p, basePath); err != nil {
+		_ = os.Remove(filepath.Join(s.dir, srJournal))
+		return err
+	}
+	if err := imageformat.CreateQcow2(p, int64(n.header.Size), base, "qcow2"); err != nil {
+		undo()
+		return err
+	}
+	if err := syncDir(s.dir); err != nil {
+		undo()
+		return err
+	}
+	if live != nil && writing {
+		if err := live(ctx, Datapath{Kind: "file", Path: p, Format: "qcow2"}); err != nil {
+			undo()
+			return err
+		}
+	}
+	if err := imageformat.CreateQcow2(newPath, int64(n.header.Size), base, "qcow2"); err != nil {
+		// The VDI now runs on its new overlay: keep that, lose the new
+		// volume only.
+		_ = os.Remove(filepath.Join(s.dir, srJournal))
+		return err
+	}
+	return nil
+}
+
 func isEmptyImage(p string) bool {
-	e, err := qcowIsEmpty(p)
+	e, err := imageformat.Qcow2IsEmpty(p)
 	return err == nil && e
 }
 
 // tryLock takes the attach lock of a key without waiting.
 func (s *fileSR) tryLock(key string, exclusive bool) (*os.File, error) {
-	_ = os.MkdirAll(filepath.Join(s.dir, srLocksDir), 0o700) // the OpenFile below reports a failure
+	_ = os.MkdirAll(filepath.Join(s.dir, srLocksDir), 0o700) //nolint:gosec // the SR's own lock dir; the OpenFile below reports a failure
 	lp, err := safepath.JoinName(filepath.Join(s.dir, srLocksDir), key)
 	if err != nil {
 		return nil, BackendError(smVDIUnavailable, err.Error())
@@ -1066,7 +1087,7 @@ func (s *fileSR) VolumeAttach(ctx context.Context, key string, readonly bool) (D
 	if err := s.waitIdle(ctx, key); err != nil {
 		return Datapath{}, err
 	}
-	if _, err := os.Stat(p); err != nil {
+	if _, err := os.Stat(p); err != nil { //nolint:gosec // a volume file of this SR: names are checked volume keys (checkVolumeKey, safepath)
 		return Datapath{}, BackendError(smVDIUnavailable, fmt.Sprintf("volume %s: %v", key, unwrapPathErr(err)))
 	}
 	if err := s.checkChain(p, format); err != nil {
@@ -1116,7 +1137,7 @@ func (s *fileSR) VolumeActivate(ctx context.Context, key string, readonly bool) 
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	h, err := readQcow2Header(p)
+	h, err := imageformat.ReadQcow2Header(p)
 	if err != nil {
 		return BackendError(smVDIUnavailable, err.Error())
 	}
@@ -1127,12 +1148,12 @@ func (s *fileSR) VolumeActivate(ctx context.Context, key string, readonly bool) 
 		return BackendError(smVDIUnavailable, fmt.Sprintf("volume %s: reset point %q is not a base of this SR", key, clip(vm.ResetBase, 200)))
 	}
 	tmp := filepath.Join(s.dir, tmpPrefix+filepath.Base(p))
-	_ = os.Remove(tmp)
-	if err := createQcow2(tmp, int64(h.Size), vm.ResetBase, "qcow2"); err != nil {
+	_ = os.Remove(tmp) //nolint:gosec // a volume file of this SR: names are checked volume keys (checkVolumeKey, safepath)
+	if err := imageformat.CreateQcow2(tmp, int64(h.Size), vm.ResetBase, "qcow2"); err != nil {
 		return BackendError(smVDIUnavailable, err.Error())
 	}
-	if err := os.Rename(tmp, p); err != nil {
-		_ = os.Remove(tmp)
+	if err := os.Rename(tmp, p); err != nil { //nolint:gosec // a volume file of this SR: names are checked volume keys (checkVolumeKey, safepath)
+		_ = os.Remove(tmp) //nolint:gosec // a volume file of this SR: names are checked volume keys (checkVolumeKey, safepath)
 		return BackendError(smVDIUnavailable, err.Error())
 	}
 	return syncDir(s.dir)
@@ -1172,7 +1193,7 @@ func (s *fileSR) SetResetOnBoot(ctx context.Context, key string, reset bool) err
 		})
 	}
 	// Freeze the current content as the reset point.
-	h, err := readQcow2Header(p)
+	h, err := imageformat.ReadQcow2Header(p)
 	if err != nil {
 		return BackendError(smVDIUnavailable, err.Error())
 	}
@@ -1181,7 +1202,7 @@ func (s *fileSR) SetResetOnBoot(ctx context.Context, key string, reset bool) err
 	if err := os.Rename(p, basePath); err != nil {
 		return BackendError(smVDIUnavailable, err.Error())
 	}
-	if err := createQcow2(p, int64(h.Size), base, "qcow2"); err != nil {
+	if err := imageformat.CreateQcow2(p, int64(h.Size), base, "qcow2"); err != nil {
 		if rerr := os.Rename(basePath, p); rerr != nil {
 			err = fmt.Errorf("%w; and the volume is left at %s: %v", err, basePath, rerr)
 		}
@@ -1210,7 +1231,7 @@ func (s *fileSR) checkChain(p, format string) error {
 			return fmt.Errorf("its backing file %s is outside the SR", q)
 		}
 		if formats[i] == "qcow2" {
-			h, err := readQcow2Header(q)
+			h, err := imageformat.ReadQcow2Header(q)
 			if err != nil {
 				return err
 			}
@@ -1236,7 +1257,7 @@ func chain(path, format string) ([]string, []string, error) {
 		if format != "qcow2" {
 			break
 		}
-		h, err := readQcow2Header(path)
+		h, err := imageformat.ReadQcow2Header(path)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -1317,7 +1338,7 @@ func (s *fileSR) ChangedExtents(ctx context.Context, key, baseKey string) ([]Ext
 	if hk > hb {
 		changed = append(changed, Extent{Offset: hb, Length: hk - hb})
 	}
-	return annotateZero(mergeExtents(changed), mk), nil
+	return annotateZero(imageformat.MergeExtents(changed), mk), nil
 }
 
 var errNoCommonHistory = errors.New("the volumes share no backing image")
@@ -1333,36 +1354,17 @@ func slicesIndex(list []string, x string) int {
 
 func imageSize(path, format string) (int64, error) {
 	if format == "qcow2" {
-		h, err := readQcow2Header(path)
+		h, err := imageformat.ReadQcow2Header(path)
 		if err != nil {
 			return 0, err
 		}
 		return int64(h.Size), nil
 	}
-	st, err := os.Stat(path)
+	st, err := os.Stat(path) //nolint:gosec // a volume file of this SR: names are checked volume keys (checkVolumeKey, safepath)
 	if err != nil {
 		return 0, err
 	}
 	return st.Size(), nil
-}
-
-// mergeExtents sorts extents and joins overlapping or touching ones.
-func mergeExtents(in []Extent) []Extent {
-	sort.Slice(in, func(i, j int) bool { return in[i].Offset < in[j].Offset })
-	var out []Extent
-	for _, e := range in {
-		if e.Length <= 0 {
-			continue
-		}
-		if n := len(out); n > 0 && e.Offset <= out[n-1].Offset+out[n-1].Length {
-			if end := e.Offset + e.Length; end > out[n-1].Offset+out[n-1].Length {
-				out[n-1].Length = end - out[n-1].Offset
-			}
-			continue
-		}
-		out = append(out, e)
-	}
-	return out
 }
 
 // annotateZero splits ranges at the map's boundaries and marks the parts

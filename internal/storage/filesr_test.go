@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"toolstackd/internal/storage/imageformat"
 )
 
 func qemuIO(t *testing.T, path, cmd string) {
@@ -85,7 +87,7 @@ func TestFileDriverSnapshotCloneCoalesce(t *testing.T) {
 	for _, e := range ents {
 		names = append(names, e.Name())
 	}
-	if h, _ := readQcow2Header(ap); h.BackingFile != "" {
+	if h, _ := imageformat.ReadQcow2Header(ap); h.BackingFile != "" {
 		t.Fatalf("chain not coalesced: %v, backing %q", names, h.BackingFile)
 	}
 	for _, n := range names {

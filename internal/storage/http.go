@@ -24,6 +24,7 @@ import (
 	"toolstackd/internal/db"
 	"toolstackd/internal/netguard"
 	"toolstackd/internal/schema"
+	"toolstackd/internal/storage/imageformat"
 	"toolstackd/internal/xerr"
 )
 
@@ -142,81 +143,35 @@ func writeError(w http.ResponseWriter, err error) {
 	_, _ = fmt.Fprintln(w, strings.Join(append([]string{xe.Code}, xe.Params...), " ")) //nolint:gosec // text/plain, not HTML: nothing to script; a client that is gone needs no error
 }
 
-// xferTask is the task of one transfer.
+// xferTask is the task of one transfer: the API's task facility, whose
+// context task.cancel cancels, with progress held below 1 until the
+// outcome is written.
 type xferTask struct {
-	s         *Service
-	ref       string
-	mu        sync.Mutex
-	last      time.Time
-	lastP     float64
-	cancel    context.CancelFunc
-	cancelled bool // by task.cancel (not by the client going away)
+	*api.Task
+	ref string
 }
 
-func (t *xferTask) wasCancelled() bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.cancelled
-}
-
-func (s *Service) xferTask(sess *api.Session, given, label string, cancel context.CancelFunc) (*xferTask, error) {
-	t := &xferTask{s: s, cancel: cancel}
+// xferTask starts the transfer's task, or adopts the one the client
+// made and named with task_id (only its owner, or pool-operator and
+// above, may hand it over: the transfer writes its progress and outcome).
+// The context it returns ends with the request or with task.cancel.
+func (s *Service) xferTask(ctx context.Context, sess *api.Session, given, label string) (*xferTask, context.Context, error) {
+	var t *api.Task
+	var err error
 	if given != "" {
-		row, ok := s.db.Snapshot().Get(dm.Task.Class, given)
-		if !ok {
-			return nil, xerr.New(xerr.HandleInvalid, "task", given)
-		}
-		// The transfer will write the task's progress and outcome: only
-		// its owner (or pool-operator and above) may hand it over.
-		if err := s.srv.CheckTaskOwner(sess, given); err != nil {
-			return nil, err
-		}
-		if row.String(dm.Task.Status) != string(dm.TaskStatusTypePending) {
-			return nil, xerr.New(xerr.OperationNotAllowed, "task "+given+" is not pending")
-		}
-		t.ref = given
-		return t, nil
+		t, err = s.srv.AdoptTask(ctx, sess, given)
+	} else {
+		t, err = s.srv.StartTask(ctx, sess, label, "")
 	}
-	ref, err := s.srv.CreateTask(sess, label, "")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	t.ref = ref
-	return t, nil
+	return &xferTask{Task: t, ref: t.Ref}, t.Context(), nil
 }
 
-// progress records progress now and then, and notices task.cancel.
-func (t *xferTask) progress(p float64) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	now := time.Now()
-	if p < 1 && p-t.lastP < 0.01 && now.Sub(t.last) < 500*time.Millisecond {
-		return
-	}
-	t.last, t.lastP = now, p
-	// Progress is advisory and the transfer goes on: log a failure.
-	if _, err := t.s.db.Update(func(tx *db.Tx) error {
-		row, ok := tx.Get(dm.Task.Class, t.ref)
-		if !ok {
-			return nil
-		}
-		if row.String(dm.Task.Status) == string(dm.TaskStatusTypeCancelling) {
-			t.cancelled = true
-			t.cancel()
-		}
-		return tx.Set(dm.Task.Progress, t.ref, min(p, 0.99))
-	}); err != nil {
-		t.s.log.Warn("cannot record transfer progress", "task", t.ref, "err", err)
-	}
-}
-
-func (t *xferTask) finish(err error) {
-	cancelled := err != nil && (t.wasCancelled() || xerr.HasCode(err, xerr.TaskCancelled))
-	if row, ok := t.s.db.Snapshot().Get(dm.Task.Class, t.ref); ok && row.String(dm.Task.Status) == string(dm.TaskStatusTypeCancelling) {
-		cancelled = err != nil
-	}
-	t.s.srv.FinishTask(t.ref, schema.Void, nil, err, cancelled)
-}
+func (t *xferTask) progress(p float64) { t.Progress(min(p, 0.99)) }
+func (t *xferTask) wasCancelled() bool { return t.Cancelled() }
+func (t *xferTask) finish(err error)   { t.Finish(schema.Void, nil, err) }
 
 // xferRoles are the roles allowed to move disk contents: those that may
 // create VDIs.
@@ -268,9 +223,9 @@ func (s *Service) transferDP(ctx context.Context, dp, vdiRef string, write bool)
 }
 
 // appendable reports whether a datapath is an empty qcow2 image that an
-// upload or copy can fill directly (see qcowAppender).
+// upload or copy can fill directly (see imageformat.Appender).
 func appendable(d Datapath) bool {
-	return d.Kind == "file" && d.Format == "qcow2" && !d.ReadOnly && qcowAppendable(d.Path)
+	return d.Kind == "file" && d.Format == "qcow2" && !d.ReadOnly && imageformat.Appendable(d.Path)
 }
 
 // legacyUpload reports an HTTP/1.0-style upload with neither a length nor
@@ -279,14 +234,24 @@ func legacyUpload(r *http.Request) bool {
 	return r.ContentLength == 0 && r.Header.Get("Content-Length") == "" && len(r.TransferEncoding) == 0
 }
 
-func (s *Service) serveImport(w http.ResponseWriter, r *http.Request) {
-	sess := s.srv.HTTPSession(w, r, s.xferRoles())
+// xferRequest authenticates an import or export request and reads its
+// query; when either fails, the response is written and ok is false.
+func (s *Service) xferRequest(w http.ResponseWriter, r *http.Request, export bool) (sess *api.Session, q xferQuery, ok bool) {
+	sess = s.srv.HTTPSession(w, r, s.xferRoles())
 	if sess == nil {
-		return
+		return nil, q, false
 	}
-	q, err := parseXferQuery(r.URL.Query(), false)
+	q, err := parseXferQuery(r.URL.Query(), export)
 	if err != nil {
 		writeError(w, err)
+		return nil, q, false
+	}
+	return sess, q, true
+}
+
+func (s *Service) serveImport(w http.ResponseWriter, r *http.Request) {
+	sess, q, ok := s.xferRequest(w, r, false)
+	if !ok {
 		return
 	}
 	vdi, err := resolveVDI(s.db.Snapshot(), q.VDI)
@@ -324,9 +289,7 @@ func (s *Service) serveImport(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	task, err := s.xferTask(sess, q.Task, "VDI import", cancel)
+	task, ctx, err := s.xferTask(r.Context(), sess, q.Task, "VDI import")
 	if err != nil {
 		writeError(w, err)
 		return
@@ -420,7 +383,7 @@ func (s *Service) importInto(ctx context.Context, task *xferTask, b *boundSR, vd
 	var n int64
 	if format == "raw" && appendable(d) {
 		// An empty image: write it directly.
-		a, err := openAppender(d.Path)
+		a, err := imageformat.OpenAppender(d.Path)
 		if err != nil {
 			return BackendError(smVDIUnavailable, err.Error())
 		}
@@ -446,8 +409,8 @@ func (s *Service) importInto(ctx context.Context, task *xferTask, b *boundSR, vd
 	case "qcow2":
 		n, err = s.importQcow2(ctx, body, dev, vdi, task)
 	case "vhd":
-		n, err = applyVHD(ctx, body, dev, progress)
-		if err != nil && !errors.As(err, new(errTooBig)) && !isStreamErr(err) && ctx.Err() == nil {
+		n, err = imageformat.ApplyVHD(ctx, body, dev.vhdTarget(), progress)
+		if err != nil && !errors.As(err, new(imageformat.TooBigError)) && !isStreamErr(err) && ctx.Err() == nil {
 			err = xerr.New(xerr.ImportError, "VHD: "+err.Error())
 		}
 	}
@@ -472,10 +435,10 @@ func flushDevice(d *device) error {
 // client gone before the end (IMPORT_ERROR_PREMATURE_EOF), too much data,
 // or the storage's own failure.
 func (s *Service) importError(task *xferTask, err error, vdiRef string) error {
-	var big errTooBig
+	var big imageformat.TooBigError
 	switch {
 	case errors.As(err, &big):
-		return xerr.New(xerr.VDITooSmall, vdiRef, strconv.FormatInt(big.size+1, 10))
+		return xerr.New(xerr.VDITooSmall, vdiRef, strconv.FormatInt(big.Size+1, 10))
 	case isSpaceErr(err):
 		return errSpace(err)
 	case task.wasCancelled():
@@ -529,13 +492,13 @@ func (s *Service) importQcow2Into(ctx context.Context, body io.Reader, dev *devi
 		return err
 	}
 	if n > limit {
-		return errTooBig{dev.size}
+		return imageformat.TooBigError{Size: dev.size}
 	}
 	if err := f.Sync(); err != nil {
 		return err
 	}
 	task.progress(0.5)
-	h, err := readQcow2HeaderFrom(f)
+	h, err := imageformat.ReadQcow2HeaderFrom(f)
 	if err != nil {
 		return xerr.New(xerr.ImportError, "the upload is not a qcow2 image: "+err.Error())
 	}
@@ -605,13 +568,8 @@ func (s *Service) spoolDir() string {
 }
 
 func (s *Service) serveExport(w http.ResponseWriter, r *http.Request) {
-	sess := s.srv.HTTPSession(w, r, s.xferRoles())
-	if sess == nil {
-		return
-	}
-	q, err := parseXferQuery(r.URL.Query(), true)
-	if err != nil {
-		writeError(w, err)
+	sess, q, ok := s.xferRequest(w, r, true)
+	if !ok {
 		return
 	}
 	snap := s.db.Snapshot()
@@ -632,9 +590,7 @@ func (s *Service) serveExport(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	task, err := s.xferTask(sess, q.Task, "VDI export", cancel)
+	task, ctx, err := s.xferTask(r.Context(), sess, q.Task, "VDI export")
 	if err != nil {
 		writeError(w, err)
 		return
@@ -683,7 +639,7 @@ func (s *Service) exportFrom(ctx context.Context, rw http.ResponseWriter, r *htt
 	defer done()
 	var plan interface {
 		Length() int64
-		WriteTo(ctx context.Context, w io.Writer, r io.ReaderAt, progress func(int64)) error
+		WriteTo(ctx context.Context, w io.Writer, r io.ReaderAt, readRanges imageformat.RangeReader, progress func(int64)) error
 	}
 	exts := dev.extents()
 	if base != nil {
@@ -696,14 +652,14 @@ func (s *Service) exportFrom(ctx context.Context, rw http.ResponseWriter, r *htt
 	case "raw":
 		length = dev.size
 	case "qcow2":
-		plan = planQcow2(dev.size, exts, base != nil)
+		plan = imageformat.PlanQcow2(dev.size, exts, base != nil)
 	case "vhd":
 		var parent uuid.UUID
 		if base != nil {
 			parent, _ = uuid.Parse(base.UUID())
 		}
 		id, _ := uuid.Parse(vdi.UUID())
-		plan = planVHD(dev.size, exts, base != nil, id, parent)
+		plan = imageformat.PlanVHD(dev.size, exts, base != nil, id, parent)
 	}
 	if plan != nil {
 		length = plan.Length()
@@ -719,7 +675,7 @@ func (s *Service) exportFrom(ctx context.Context, rw http.ResponseWriter, r *htt
 	}
 	progress := func(n int64) { task.progress(float64(n) / float64(max(length, 1))) }
 	if plan != nil {
-		err = plan.WriteTo(ctx, w, dev.r, progress)
+		err = plan.WriteTo(ctx, w, dev.r, readOrdered, progress)
 	} else {
 		err = exportRaw(ctx, w, dev, progress)
 	}
@@ -775,7 +731,7 @@ func compareDevices(ctx context.Context, a, base *device) ([]Extent, error) {
 			ranges = append(ranges, Extent{Offset: e.Offset, Length: min(e.Length, a.size-e.Offset)})
 		}
 	}
-	ranges = mergeExtents(ranges)
+	ranges = imageformat.MergeExtents(ranges)
 	bbuf := make([]byte, xferChunk)
 	err := readOrdered(ctx, a.r, ranges, func(off int64, chunk []byte) error {
 		n := int64(len(chunk))
@@ -790,7 +746,7 @@ func compareDevices(ctx context.Context, a, base *device) ([]Extent, error) {
 		for i := int64(0); i < n; i += blk {
 			j := min(i+blk, n)
 			if string(chunk[i:j]) != string(bb[i:j]) {
-				add(off+i, j-i, isZero(chunk[i:j]))
+				add(off+i, j-i, imageformat.IsZero(chunk[i:j]))
 			}
 		}
 		return nil

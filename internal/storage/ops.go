@@ -156,30 +156,23 @@ func srPlugged(tx db.Reader, srRef string) bool {
 }
 
 func pbdsOf(tx db.Reader, srRef string) []*db.Row {
-	var out []*db.Row
-	for _, p := range tx.All(dm.PBD.Class) {
-		if p.String(dm.PBD.SR) == srRef {
-			out = append(out, p)
-		}
-	}
-	return out
+	return rowsWhere(tx, dm.PBD.Class, dm.PBD.SR, srRef)
 }
 
 func vdisOf(tx db.Reader, srRef string) []*db.Row {
-	var out []*db.Row
-	for _, v := range tx.All(dm.VDI.Class) {
-		if v.String(dm.VDI.SR) == srRef {
-			out = append(out, v)
-		}
-	}
-	return out
+	return rowsWhere(tx, dm.VDI.Class, dm.VDI.SR, srRef)
 }
 
 func vbdsOf(tx db.Reader, vdiRef string) []*db.Row {
+	return rowsWhere(tx, dm.VBD.Class, dm.VBD.VDI, vdiRef)
+}
+
+// rowsWhere is the rows of class whose reference field points at ref.
+func rowsWhere(tx db.Reader, class *schema.Class, field *schema.Field, ref string) []*db.Row {
 	var out []*db.Row
-	for _, v := range tx.All(dm.VBD.Class) {
-		if v.String(dm.VBD.VDI) == vdiRef {
-			out = append(out, v)
+	for _, r := range tx.All(class) {
+		if r.String(field) == ref {
+			out = append(out, r)
 		}
 	}
 	return out
@@ -226,17 +219,7 @@ func (s *Service) refreshSR(tx *db.Tx, ref string) error {
 	} else {
 		ops = []string{"plug", "forget", "destroy", "pbd_create", "pbd_destroy"}
 	}
-	cur := mapField(row, dm.SR.CurrentOperations)
-	ops = slices.DeleteFunc(ops, func(op string) bool {
-		for _, running := range cur {
-			if !srCompatible(running, op) {
-				return true
-			}
-		}
-		return false
-	})
-	slices.Sort(ops)
-	return setIfChanged(tx, dm.SR.AllowedOperations, ref, ops)
+	return setAllowed(tx, dm.SR.AllowedOperations, ref, ops, mapField(row, dm.SR.CurrentOperations), srCompatible)
 }
 
 // refreshVDI recomputes a VDI's allowed_operations.
@@ -270,17 +253,24 @@ func (s *Service) refreshVDI(tx *db.Tx, ref string) error {
 			ops = slices.DeleteFunc(ops, func(op string) bool { return op == "forget" })
 		}
 	}
-	cur := mapField(row, dm.VDI.CurrentOperations)
+	return setAllowed(tx, dm.VDI.AllowedOperations, ref, ops, mapField(row, dm.VDI.CurrentOperations), vdiCompatible)
+}
+
+// setAllowed records as an object's allowed_operations (sorted) those of
+// ops that go with every operation running on it (compatible(running,
+// op)).
+func setAllowed(tx *db.Tx, field *schema.Field, ref string, ops []string, running map[string]string,
+	compatible func(running, op string) bool) error {
 	ops = slices.DeleteFunc(ops, func(op string) bool {
-		for _, running := range cur {
-			if !vdiCompatible(running, op) {
+		for _, r := range running {
+			if !compatible(r, op) {
 				return true
 			}
 		}
 		return false
 	})
 	slices.Sort(ops)
-	return setIfChanged(tx, dm.VDI.AllowedOperations, ref, ops)
+	return setIfChanged(tx, field, ref, ops)
 }
 
 func setIfChanged(tx *db.Tx, f *schema.Field, ref string, ops []string) error {

@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"toolstackd/internal/nbd"
 	"toolstackd/internal/xerr"
 )
 
@@ -498,7 +499,7 @@ func (s *pluginSR) VolumeAttach(ctx context.Context, key string, readonly bool) 
 	}
 	switch d.Kind {
 	case "nbd":
-		if _, err := parseNBDURI(d.URI); err != nil {
+		if _, err := nbd.ParseURI(d.URI); err != nil {
 			return Datapath{}, xerr.New(xerr.SMPluginCommunicationFailure, s.p.typ+": Datapath.attach: "+err.Error())
 		}
 		d.Format = "raw"

@@ -15,6 +15,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"toolstackd/internal/nbd"
 )
 
 // qemuNBD is a qemu-nbd process serving one image on a Unix socket. It is
@@ -97,7 +99,8 @@ func startQemuNBD(ctx context.Context, dir, path, format string, readonly bool) 
 	}
 }
 
-func (q *qemuNBD) addr() nbdAddr { return nbdAddr{"unix", q.sock, "vdi"} }
+// uri is where the server's one export is.
+func (q *qemuNBD) uri() nbd.URI { return nbd.URI{Network: "unix", Socket: q.sock, Export: "vdi"} }
 
 // stop ends the server (it flushes the image as it closes) and removes
 // its socket.

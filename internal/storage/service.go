@@ -8,6 +8,20 @@
 // images in a local directory), "sharedfs" (the same on a directory every
 // host mounts) and plugin drivers (executables per operation, JSON in and
 // out, documented in PLUGINS.md), found in Config.PluginDirs.
+//
+// Two jobs live in packages of their own: the image formats toolstackd
+// reads and writes without QEMU (qcow2 headers, creation and filling,
+// streamed qcow2 and VHD export, VHD import) in
+// internal/storage/imageformat, and NBD (export URIs and the protocol
+// client that reads and writes qemu-nbd and plugin exports) in
+// internal/nbd. Where the files of this package stand:
+//
+//	service.go, ops.go, errors.go, guard.go   the mux, operation marks, errors, disk reserve
+//	sr_api.go, vdi_api.go, copy.go            the XenAPI handlers
+//	driver.go, filesr.go, plugin.go, gc.go    the driver interface and the drivers
+//	automaton.go, datapath.go                 VDI attach states and datapaths
+//	device.go, qemunbd.go, qemuimg.go         attached VDIs opened for a transfer
+//	http.go, transfer.go                      /import_raw_vdi, /export_raw_vdi and copying
 package storage
 
 import (

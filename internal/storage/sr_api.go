@@ -19,34 +19,44 @@ import (
 )
 
 func (s *Service) registerHandlers() {
-	h := s.srv.Handle
-	h("SR.create", s.handleSRCreate)
-	h("SR.introduce", s.handleSRIntroduce)
-	h("SR.forget", s.handleSRForget)
-	h("SR.destroy", s.handleSRDestroy)
-	h("SR.scan", s.handleSRScan)
-	h("SR.probe", s.handleSRProbe)
-	h("SR.update", s.handleSRUpdate)
-	h("SR.set_name_label", s.handleSRSetName)
-	h("SR.set_name_description", s.handleSRSetName)
-	h("SR.get_supported_types", func(c *api.Call) (any, error) { return s.driverTypes(), nil })
-	h("PBD.create", s.handlePBDCreate)
-	h("PBD.plug", s.handlePBDPlug)
-	h("PBD.unplug", s.handlePBDUnplug)
-	h("PBD.destroy", s.handlePBDDestroy)
-	h("VDI.create", s.handleVDICreate)
-	h("VDI.destroy", s.handleVDIDestroy)
-	h("VDI.snapshot", s.handleVDISnapshot)
-	h("VDI.clone", s.handleVDIClone)
-	h("VDI.copy", s.handleVDICopy)
-	h("VDI.resize", s.handleVDIResize)
-	h("VDI.introduce", s.handleVDIIntroduce)
-	h("VDI.forget", s.handleVDIForget)
-	h("VDI.update", s.handleVDIUpdate)
-	h("VDI.set_on_boot", s.handleVDISetOnBoot)
-	h("VDI.set_allow_caching", s.handleVDISetAllowCaching)
-	h("VDI.set_name_label", s.handleVDISetName)
-	h("VDI.set_name_description", s.handleVDISetName)
+	srv := s.srv
+	api.Register(srv, s.handleSRCreate)
+	api.Register(srv, s.handleSRIntroduce)
+	api.Register(srv, s.handleSRForget)
+	api.Register(srv, s.handleSRDestroy)
+	api.Register(srv, s.handleSRScan)
+	api.Register(srv, s.handleSRProbe)
+	api.Register(srv, s.handleSRUpdate)
+	api.Register(srv, func(c *api.Call, a dm.SRSetNameLabelArgs) (dm.Void, error) {
+		return s.handleSRSetName(c, a.SR, dm.SR.NameLabel, a.Value)
+	})
+	api.Register(srv, func(c *api.Call, a dm.SRSetNameDescriptionArgs) (dm.Void, error) {
+		return s.handleSRSetName(c, a.SR, dm.SR.NameDescription, a.Value)
+	})
+	api.Register(srv, func(c *api.Call, _ dm.SRGetSupportedTypesArgs) ([]string, error) { return s.driverTypes(), nil })
+	// PBD.create and destroy, VDI.create and destroy are the implicit
+	// constructor and destructor with storage's checks.
+	srv.Handle("PBD.create", s.handlePBDCreate)
+	api.Register(srv, s.handlePBDPlug)
+	api.Register(srv, s.handlePBDUnplug)
+	srv.Handle("PBD.destroy", s.handlePBDDestroy)
+	srv.Handle("VDI.create", s.handleVDICreate)
+	srv.Handle("VDI.destroy", s.handleVDIDestroy)
+	api.Register(srv, func(c *api.Call, a dm.VDISnapshotArgs) (dm.VDIRef, error) { return s.branch(c, a.VDI, "snapshot") })
+	api.Register(srv, func(c *api.Call, a dm.VDICloneArgs) (dm.VDIRef, error) { return s.branch(c, a.VDI, "clone") })
+	api.Register(srv, s.handleVDICopy)
+	api.Register(srv, s.handleVDIResize)
+	api.Register(srv, s.handleVDIIntroduce)
+	api.Register(srv, s.handleVDIForget)
+	api.Register(srv, s.handleVDIUpdate)
+	api.Register(srv, s.handleVDISetOnBoot)
+	api.Register(srv, s.handleVDISetAllowCaching)
+	api.Register(srv, func(c *api.Call, a dm.VDISetNameLabelArgs) (dm.Void, error) {
+		return s.handleVDISetName(c, a.Self, dm.VDI.NameLabel, a.Value)
+	})
+	api.Register(srv, func(c *api.Call, a dm.VDISetNameDescriptionArgs) (dm.Void, error) {
+		return s.handleVDISetName(c, a.Self, dm.VDI.NameDescription, a.Value)
+	})
 }
 
 // syncSMRecords keeps one SM record per driver type.
@@ -105,39 +115,16 @@ func orEmpty(m map[string]string) map[string]string {
 	return maps.Clone(m)
 }
 
-func mapArg(c *api.Call, i int) map[string]string {
-	if i >= len(c.Args) {
-		return map[string]string{}
-	}
-	m, _ := c.Args[i].(map[string]string)
-	return orEmpty(m)
-}
-
-func intArg(c *api.Call, i int) int64 {
-	if i >= len(c.Args) {
-		return 0
-	}
-	n, _ := c.Args[i].(int64)
-	return n
-}
-
-func boolArg(c *api.Call, i int) bool {
-	if i >= len(c.Args) {
-		return false
-	}
-	b, _ := c.Args[i].(bool)
-	return b
-}
-
 // handleSRCreate: SR.create(host, device_config, physical_size, name_label,
 // name_description, type, content_type, shared, sm_config).
-func (s *Service) handleSRCreate(c *api.Call) (any, error) {
-	host, err := c.Row(0, dm.Host.Class)
+func (s *Service) handleSRCreate(c *api.Call, a dm.SRCreateArgs) (dm.SRRef, error) {
+	host, err := c.Lookup(dm.Host.Class, string(a.Host))
 	if err != nil {
-		return nil, err
+		return "", err
 	}
-	return s.createSR(c.Ctx, host.Ref, mapArg(c, 1), intArg(c, 2), c.String(3), c.String(4), c.String(5), c.String(6),
-		boolArg(c, 7), mapArg(c, 8), map[string]string{})
+	ref, err := s.createSR(c.Ctx, host.Ref, orEmpty(a.DeviceConfig), a.PhysicalSize, a.NameLabel, a.NameDescription, a.Type, a.ContentType,
+		a.Shared, orEmpty(a.SMConfig), map[string]string{})
+	return dm.SRRef(ref), err
 }
 
 func (s *Service) createSR(ctx context.Context, hostRef string, dc map[string]string, physSize int64, name, desc, typ, ctype string,
@@ -211,16 +198,16 @@ func (s *Service) createSR(ctx context.Context, hostRef string, dc map[string]st
 // handleSRIntroduce: SR.introduce(uuid, name_label, name_description, type,
 // content_type, shared, sm_config) makes the record of an SR that exists;
 // PBD.create and PBD.plug then attach it.
-func (s *Service) handleSRIntroduce(c *api.Call) (any, error) {
-	id, name, desc, typ, ctype := c.String(0), c.String(1), c.String(2), c.String(3), c.String(4)
+func (s *Service) handleSRIntroduce(c *api.Call, a dm.SRIntroduceArgs) (dm.SRRef, error) {
+	id, name, desc, typ, ctype := a.UUID, a.NameLabel, a.NameDescription, a.Type, a.ContentType
 	info, ok := s.driverInfo(typ)
 	if !ok {
-		return nil, xerr.New(xerr.SRUnknownDriver, typ)
+		return "", xerr.New(xerr.SRUnknownDriver, typ)
 	}
 	if id == "" {
 		id = newUUID()
 	} else if !isUUID(id) {
-		return nil, xerr.New(xerr.UUIDInvalid, "SR", id)
+		return "", xerr.New(xerr.UUIDInvalid, "SR", id)
 	}
 	var ref string
 	err := c.Update(func(tx *db.Tx) (err error) {
@@ -228,14 +215,14 @@ func (s *Service) handleSRIntroduce(c *api.Call) (any, error) {
 			return xerr.New(xerr.SRUUIDExists, id)
 		}
 		rec := &dm.SRRecord{UUID: id, NameLabel: name, NameDescription: desc, Type: typ, ContentType: ctype,
-			Shared: boolArg(c, 5) || info.Shared, SMConfig: mapArg(c, 6), OtherConfig: map[string]string{}, Tags: []string{},
+			Shared: a.Shared || info.Shared, SMConfig: orEmpty(a.SMConfig), OtherConfig: map[string]string{}, Tags: []string{},
 			Blobs: map[string]dm.BlobRef{}, CurrentOperations: map[string]dm.StorageOperations{}, AllowedOperations: []dm.StorageOperations{}}
 		if ref, err = tx.Insert(dm.SR.Class, "", rec.Row()); err != nil {
 			return err
 		}
 		return s.refreshSR(tx, ref)
 	})
-	return ref, err
+	return dm.SRRef(ref), err
 }
 
 // assertNoPlugged fails with SR_HAS_PBD when any PBD of the SR is plugged.
@@ -297,42 +284,42 @@ func (s *Service) dropVDIRecord(tx *db.Tx, ref string) error {
 	return tx.Delete(dm.VDI.Class, ref)
 }
 
-func (s *Service) handleSRForget(c *api.Call) (any, error) {
-	sr, err := c.Row(0, dm.SR.Class)
+func (s *Service) handleSRForget(c *api.Call, a dm.SRForgetArgs) (dm.Void, error) {
+	sr, err := c.Lookup(dm.SR.Class, string(a.SR))
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
 	done, err := s.mark(c.Ctx, opKey(c), marked{dm.SR.Class, sr.Ref, "forget"})
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
 	defer done()
 	if err := assertNoPlugged(s.db.Snapshot(), sr.Ref); err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
-	return nil, s.dropSRRecords(sr.Ref)
+	return dm.Void{}, s.dropSRRecords(sr.Ref)
 }
 
-func (s *Service) handleSRDestroy(c *api.Call) (any, error) {
-	sr, err := c.Row(0, dm.SR.Class)
+func (s *Service) handleSRDestroy(c *api.Call, a dm.SRDestroyArgs) (dm.Void, error) {
+	sr, err := c.Lookup(dm.SR.Class, string(a.SR))
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
 	done, err := s.mark(c.Ctx, opKey(c), marked{dm.SR.Class, sr.Ref, "destroy"})
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
 	defer done()
 	snap := s.db.Snapshot()
 	if err := assertNoPlugged(snap, sr.Ref); err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
 	if sr.Get(dm.SR.IsToolsSR) == true {
-		return nil, xerr.New(xerr.SRIndestructible, sr.Ref)
+		return dm.Void{}, xerr.New(xerr.SRIndestructible, sr.Ref)
 	}
 	drv := s.driver(sr.String(dm.SR.Type))
 	if drv == nil {
-		return nil, xerr.New(xerr.SRUnknownDriver, sr.String(dm.SR.Type))
+		return dm.Void{}, xerr.New(xerr.SRUnknownDriver, sr.String(dm.SR.Type))
 	}
 	var pbd *db.Row
 	for _, p := range pbdsOf(snap, sr.Ref) {
@@ -341,17 +328,17 @@ func (s *Service) handleSRDestroy(c *api.Call) (any, error) {
 		}
 	}
 	if pbd == nil {
-		return nil, xerr.New(xerr.SRHasNoPBDs, sr.Ref)
+		return dm.Void{}, xerr.New(xerr.SRHasNoPBDs, sr.Ref)
 	}
 	h, err := drv.Attach(c.Ctx, s.specOf(sr, pbd))
 	if err != nil {
-		return nil, asBackend(err, smSRUnavailable)
+		return dm.Void{}, asBackend(err, smSRUnavailable)
 	}
 	if err := h.Destroy(c.Ctx); err != nil {
-		return nil, asBackend(err, smFileSRDelete)
+		return dm.Void{}, asBackend(err, smFileSRDelete)
 	}
 	s.log.Info("SR destroyed", "sr", sr.UUID())
-	return nil, s.dropSRRecords(sr.Ref)
+	return dm.Void{}, s.dropSRRecords(sr.Ref)
 }
 
 func (s *Service) specOf(sr, pbd *db.Row) SRSpec {
@@ -379,20 +366,20 @@ func (s *Service) attached(srRef string) (*boundSR, error) {
 	return nil, xerr.New(xerr.SRNotAttached, srRef)
 }
 
-func (s *Service) handleSRScan(c *api.Call) (any, error) {
-	sr, err := c.Row(0, dm.SR.Class)
+func (s *Service) handleSRScan(c *api.Call, a dm.SRScanArgs) (dm.Void, error) {
+	sr, err := c.Lookup(dm.SR.Class, string(a.SR))
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
 	if _, err := s.attached(sr.Ref); err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
 	done, err := s.mark(c.Ctx, opKey(c), marked{dm.SR.Class, sr.Ref, "scan"})
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
 	defer done()
-	return nil, s.scan(c.Ctx, sr.Ref)
+	return dm.Void{}, s.scan(c.Ctx, sr.Ref)
 }
 
 func inflightKey(srRef, key string) string { return srRef + "/" + key }
@@ -543,20 +530,20 @@ type probeXML struct {
 }
 
 // handleSRProbe: SR.probe(host, device_config, type, sm_config).
-func (s *Service) handleSRProbe(c *api.Call) (any, error) {
-	if _, err := c.Row(0, dm.Host.Class); err != nil {
-		return nil, err
+func (s *Service) handleSRProbe(c *api.Call, a dm.SRProbeArgs) (string, error) {
+	if _, err := c.Lookup(dm.Host.Class, string(a.Host)); err != nil {
+		return "", err
 	}
-	drv := s.driver(c.String(2))
+	drv := s.driver(a.Type)
 	if drv == nil {
-		return nil, xerr.New(xerr.SRUnknownDriver, c.String(2))
+		return "", xerr.New(xerr.SRUnknownDriver, a.Type)
 	}
 	if !drv.Info().Has("SR_PROBE") {
-		return nil, xerr.New(xerr.SROperationNotSupported, c.String(2))
+		return "", xerr.New(xerr.SROperationNotSupported, a.Type)
 	}
-	res, err := drv.Probe(c.Ctx, mapArg(c, 1))
+	res, err := drv.Probe(c.Ctx, orEmpty(a.DeviceConfig))
 	if err != nil {
-		return nil, asBackend(err, smGeneral)
+		return "", asBackend(err, smGeneral)
 	}
 	var out probeXML
 	for _, r := range res {
@@ -568,46 +555,42 @@ func (s *Service) handleSRProbe(c *api.Call) (any, error) {
 	}
 	b, err := xml.MarshalIndent(out, "", "  ")
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	return xml.Header + string(b) + "\n", nil
 }
 
-func (s *Service) handleSRUpdate(c *api.Call) (any, error) {
-	sr, err := c.Row(0, dm.SR.Class)
+func (s *Service) handleSRUpdate(c *api.Call, a dm.SRUpdateArgs) (dm.Void, error) {
+	sr, err := c.Lookup(dm.SR.Class, string(a.SR))
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
 	b, err := s.attached(sr.Ref)
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
 	done, err := s.mark(c.Ctx, opKey(c), marked{dm.SR.Class, sr.Ref, "update"})
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
 	defer done()
 	st, err := b.sr.Stat(c.Ctx)
 	if err != nil {
-		return nil, asBackend(err, smSRUnavailable)
+		return dm.Void{}, asBackend(err, smSRUnavailable)
 	}
 	_, err = s.db.Update(func(tx *db.Tx) error { return s.applyStat(tx, sr.Ref, st) })
-	return nil, err
+	return dm.Void{}, err
 }
 
 // handleSRSetName serves set_name_label and set_name_description: the
 // record, and the storage when the driver keeps the names.
-func (s *Service) handleSRSetName(c *api.Call) (any, error) {
-	sr, err := c.Row(0, dm.SR.Class)
+func (s *Service) handleSRSetName(c *api.Call, ref dm.SRRef, f *schema.Field, value string) (dm.Void, error) {
+	sr, err := c.Lookup(dm.SR.Class, string(ref))
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
-	f := dm.SR.NameLabel
-	if strings.HasSuffix(c.Msg.Name, "description") {
-		f = dm.SR.NameDescription
-	}
-	if err := c.Update(func(tx *db.Tx) error { return tx.Set(f, sr.Ref, c.String(1)) }); err != nil {
-		return nil, err
+	if err := c.Update(func(tx *db.Tx) error { return tx.Set(f, sr.Ref, value) }); err != nil {
+		return dm.Void{}, err
 	}
 	if b := s.boundSR(sr.Ref); b != nil {
 		row := mustGet(s.db.Snapshot(), dm.SR.Class, sr.Ref)
@@ -615,7 +598,7 @@ func (s *Service) handleSRSetName(c *api.Call) (any, error) {
 			s.log.Warn("recording SR name with its storage", "sr", sr.UUID(), "err", err)
 		}
 	}
-	return nil, nil
+	return dm.Void{}, nil
 }
 
 // handlePBDCreate: PBD.create({host, SR, device_config, other_config}).
@@ -651,18 +634,18 @@ func (s *Service) handlePBDCreate(c *api.Call) (any, error) {
 	return ref, err
 }
 
-func (s *Service) handlePBDPlug(c *api.Call) (any, error) {
-	pbd, err := c.Row(0, dm.PBD.Class)
+func (s *Service) handlePBDPlug(c *api.Call, a dm.PBDPlugArgs) (dm.Void, error) {
+	pbd, err := c.Lookup(dm.PBD.Class, string(a.Self))
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
 	srRef := pbd.String(dm.PBD.SR)
 	done, err := s.mark(c.Ctx, opKey(c), marked{dm.SR.Class, srRef, "plug"})
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
 	defer done()
-	return nil, s.plugPBD(c.Ctx, pbd.Ref)
+	return dm.Void{}, s.plugPBD(c.Ctx, pbd.Ref)
 }
 
 // plugPBD attaches a PBD's SR on this host and binds it in the mux.
@@ -717,36 +700,36 @@ func (s *Service) setPlugged(pbdRef string, on bool) error {
 	return err
 }
 
-func (s *Service) handlePBDUnplug(c *api.Call) (any, error) {
-	pbd, err := c.Row(0, dm.PBD.Class)
+func (s *Service) handlePBDUnplug(c *api.Call, a dm.PBDUnplugArgs) (dm.Void, error) {
+	pbd, err := c.Lookup(dm.PBD.Class, string(a.Self))
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
 	srRef := pbd.String(dm.PBD.SR)
 	done, err := s.mark(c.Ctx, opKey(c), marked{dm.SR.Class, srRef, "unplug"})
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
 	defer done()
 	if !boolField(pbd, dm.PBD.CurrentlyAttached) {
-		return nil, nil
+		return dm.Void{}, nil
 	}
 	if pbd.String(dm.PBD.Host) != s.host {
-		return nil, xerr.New(xerr.HostOffline, pbd.String(dm.PBD.Host))
+		return dm.Void{}, xerr.New(xerr.HostOffline, pbd.String(dm.PBD.Host))
 	}
 	snap := s.db.Snapshot()
 	for _, v := range vdisOf(snap, srRef) {
 		if s.vdiBusy(snap, v.Ref) {
-			return nil, xerr.New(xerr.VDIInUse, v.Ref, "unplug")
+			return dm.Void{}, xerr.New(xerr.VDIInUse, v.Ref, "unplug")
 		}
 	}
 	if b := s.unbind(srRef); b != nil {
 		if err := b.sr.Detach(c.Ctx); err != nil {
 			s.bind(srRef, b.uuid, b.typ, b.driver, b.sr)
-			return nil, asBackend(err, smSRUnavailable)
+			return dm.Void{}, asBackend(err, smSRUnavailable)
 		}
 	}
-	return nil, s.setPlugged(pbd.Ref, false)
+	return dm.Void{}, s.setPlugged(pbd.Ref, false)
 }
 
 func (s *Service) handlePBDDestroy(c *api.Call) (any, error) {

@@ -1,7 +1,6 @@
 package storage
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +10,7 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"toolstackd/internal/storage/imageformat"
 	"toolstackd/internal/xerr"
 )
 
@@ -25,8 +25,6 @@ const (
 )
 
 var zeroes = make([]byte, xferChunk)
-
-func isZero(b []byte) bool { return bytes.Equal(b, zeroes[:len(b)]) }
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, xferChunk); return &b }}
 
@@ -92,11 +90,11 @@ func (p *pipeline) wait() error {
 func writeChunk(d *device, b []byte, off int64) error {
 	for len(b) > 0 {
 		n := min(len(b), zeroBlock)
-		zero := isZero(b[:n])
+		zero := imageformat.IsZero(b[:n])
 		// Extend the run while blocks stay of the same kind.
 		for n < len(b) {
 			k := min(len(b)-n, zeroBlock)
-			if isZero(b[n:n+k]) != zero {
+			if imageformat.IsZero(b[n:n+k]) != zero {
 				break
 			}
 			n += k
@@ -115,46 +113,53 @@ func writeChunk(d *device, b []byte, off int64) error {
 	return nil
 }
 
-// errTooBig is an upload that does not fit the VDI.
-type errTooBig struct{ size int64 }
-
-func (e errTooBig) Error() string {
-	return "the data is larger than the VDI (" + strconv.FormatInt(e.size, 10) + " bytes)"
-}
-
 // importRaw copies a raw stream into a device from offset 0 and returns
 // the bytes written. It stops at the first error; what was written before
 // stays written.
 func importRaw(ctx context.Context, body io.Reader, d *device, progress func(int64)) (int64, error) {
 	p := newPipeline(ctx)
-	var total int64
-	var rerr error
-	for {
-		if err := p.failed(); err != nil {
-			break
+	stop := func() bool { return p.failed() != nil }
+	total, rerr := readChunks(ctx, body, d.size, stop, progress, func(bp *[]byte, n int, off int64) error {
+		if err := p.spawn(func() error {
+			defer bufPool.Put(bp)
+			return writeChunk(d, (*bp)[:n], off)
+		}); err != nil {
+			bufPool.Put(bp)
+			return err
 		}
-		if ctx.Err() != nil {
-			rerr = ctx.Err()
-			break
+		return nil
+	})
+	if werr := p.wait(); werr != nil {
+		return total, werr
+	}
+	return total, rerr
+}
+
+// readChunks reads body in buffers from bufPool until it ends and hands
+// each chunk to take with its offset; take owns the buffer from then on
+// (and puts it back in the pool). It stops early when ctx ends, when stop
+// reports true (the writer has failed: its error is the one to report),
+// when take fails, or when the data would go past size (imageformat.TooBigError). It
+// returns the bytes read and why reading stopped (nil for the end of
+// body or stop).
+func readChunks(ctx context.Context, body io.Reader, size int64, stop func() bool, progress func(int64),
+	take func(bp *[]byte, n int, off int64) error) (int64, error) {
+	var total int64
+	for !stop() {
+		if err := ctx.Err(); err != nil {
+			return total, err
 		}
 		bp := bufPool.Get().(*[]byte)
-		buf := *bp
-		n, err := fill(body, buf)
+		n, err := fill(body, *bp)
 		if n > 0 {
-			if total+int64(n) > d.size {
+			if total+int64(n) > size {
 				bufPool.Put(bp)
-				rerr = errTooBig{d.size}
-				break
+				return total, imageformat.TooBigError{Size: size}
 			}
 			off := total
 			total += int64(n)
-			if gerr := p.spawn(func() error {
-				defer bufPool.Put(bp)
-				return writeChunk(d, buf[:n], off)
-			}); gerr != nil {
-				bufPool.Put(bp)
-				rerr = gerr
-				break
+			if terr := take(bp, n, off); terr != nil {
+				return total, terr
 			}
 			if progress != nil {
 				progress(total)
@@ -163,18 +168,13 @@ func importRaw(ctx context.Context, body io.Reader, d *device, progress func(int
 			bufPool.Put(bp)
 		}
 		if err == io.EOF {
-			break
+			return total, nil
 		}
 		if err != nil {
-			rerr = err
-			break
+			return total, err
 		}
 	}
-	werr := p.wait()
-	if werr != nil {
-		return total, werr
-	}
-	return total, rerr
+	return total, nil
 }
 
 // fill reads until buf is full or the reader ends: io.EOF (with whatever
@@ -360,7 +360,7 @@ func copyDevice(ctx context.Context, src, dst *device, fresh bool, progress func
 		return p.spawn(func() error {
 			defer bufPool.Put(bp)
 			var err error
-			if fresh && isZero(c) {
+			if fresh && imageformat.IsZero(c) {
 				err = nil
 			} else {
 				err = writeChunk(dst, c, off)
@@ -391,7 +391,7 @@ func copyDevice(ctx context.Context, src, dst *device, fresh bool, progress func
 // importRawSeq copies a raw stream into a qcow2 appender: one goroutine
 // reads the body while another writes the file. The appender is always
 // committed, so the image stays consistent whatever stopped the copy.
-func importRawSeq(ctx context.Context, body io.Reader, a *qcowAppender, progress func(int64)) (int64, error) {
+func importRawSeq(ctx context.Context, body io.Reader, a *imageformat.Appender, progress func(int64)) (int64, error) {
 	type chunk struct {
 		bp  *[]byte
 		n   int
@@ -404,7 +404,7 @@ func importRawSeq(ctx context.Context, body io.Reader, a *qcowAppender, progress
 		var err error
 		for c := range ch {
 			if err == nil {
-				if err = a.write(c.off, (*c.bp)[:c.n]); err != nil {
+				if err = a.Write(c.off, (*c.bp)[:c.n]); err != nil {
 					failed.Store(true)
 				}
 			}
@@ -412,47 +412,20 @@ func importRawSeq(ctx context.Context, body io.Reader, a *qcowAppender, progress
 		}
 		errc <- err
 	}()
-	var total int64
-	var rerr error
-	for !failed.Load() {
-		if err := ctx.Err(); err != nil {
-			rerr = err
-			break
-		}
-		bp := bufPool.Get().(*[]byte)
-		n, err := fill(body, *bp)
-		if n > 0 {
-			if total+int64(n) > a.size {
-				bufPool.Put(bp)
-				rerr = errTooBig{a.size}
-				break
-			}
-			ch <- chunk{bp, n, total}
-			total += int64(n)
-			if progress != nil {
-				progress(total)
-			}
-		} else {
-			bufPool.Put(bp)
-		}
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			rerr = err
-			break
-		}
-	}
+	total, rerr := readChunks(ctx, body, a.Size(), failed.Load, progress, func(bp *[]byte, n int, off int64) error {
+		ch <- chunk{bp, n, off}
+		return nil
+	})
 	close(ch)
 	werr := <-errc
 	if isSpaceErr(werr) || isSpaceErr(rerr) {
 		// Out of room: give the space back rather than keep a part.
-		if err := a.abort(); err != nil {
+		if err := a.Abort(); err != nil {
 			return total, errors.Join(werr, rerr, err)
 		}
 		return total, errors.Join(werr, rerr)
 	}
-	cerr := a.commit()
+	cerr := a.Commit()
 	switch {
 	case werr != nil:
 		return total, werr

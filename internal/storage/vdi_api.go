@@ -10,13 +10,14 @@ import (
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"
+	"toolstackd/internal/storage/imageformat"
 	"toolstackd/internal/xerr"
 )
 
 // vdiContext resolves a VDI argument to its row, its SR's row and the
 // SR's mux entry.
-func (s *Service) vdiContext(c *api.Call, i int) (*db.Row, *db.Row, *boundSR, error) {
-	vdi, err := c.Row(i, dm.VDI.Class)
+func (s *Service) vdiContext(c *api.Call, ref string) (*db.Row, *db.Row, *boundSR, error) {
+	vdi, err := c.Lookup(dm.VDI.Class, ref)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -78,8 +79,8 @@ func (s *Service) handleVDICreate(c *api.Call) (any, error) {
 	if size < 0 {
 		return nil, xerr.New(xerr.InvalidValue, "virtual_size", strconv.FormatInt(size, 10))
 	}
-	if size > MaxVirtualSize {
-		return nil, BackendError(smVDISize, "virtual size "+strconv.FormatInt(size, 10)+" is over the maximum "+strconv.FormatInt(MaxVirtualSize, 10))
+	if size > imageformat.MaxVirtualSize {
+		return nil, BackendError(smVDISize, "virtual size "+strconv.FormatInt(size, 10)+" is over the maximum "+strconv.FormatInt(imageformat.MaxVirtualSize, 10))
 	}
 	typ := recString(rec, "type")
 	if typ == "" {
@@ -129,23 +130,18 @@ func (s *Service) handleVDICreate(c *api.Call) (any, error) {
 }
 
 func (s *Service) handleVDIDestroy(c *api.Call) (any, error) {
-	vdi, sr, b, err := s.vdiContext(c, 0)
+	vdi, sr, b, err := s.vdiContext(c, c.String(0))
 	if err != nil {
 		return nil, err
 	}
 	if err := s.requireCap(b, sr.Ref, "VDI_DELETE"); err != nil {
 		return nil, err
 	}
-	done, err := s.mark(c.Ctx, opKey(c), marked{dm.VDI.Class, vdi.Ref, "destroy"}, marked{dm.SR.Class, sr.Ref, "vdi_destroy"})
+	release, err := s.holdIdleVDI(c, vdi.Ref, sr.Ref, "destroy")
 	if err != nil {
 		return nil, err
 	}
-	defer done()
-	unlock := s.lock("vdi:" + vdi.Ref)
-	defer unlock()
-	if s.vdiBusy(s.db.Snapshot(), vdi.Ref) {
-		return nil, xerr.New(xerr.VDIInUse, vdi.Ref, "destroy")
-	}
+	defer release()
 	key := vdi.String(dm.VDI.Location)
 	if err := b.sr.VolumeDestroy(c.Ctx, key); err != nil && !xerr.HasCode(err, xerr.SRBackendFailure+"_"+strconv.Itoa(smVDIMissing)) {
 		return nil, asBackend(err, smVDIRemove)
@@ -160,33 +156,30 @@ func (s *Service) handleVDIDestroy(c *api.Call) (any, error) {
 	return nil, err
 }
 
-func (s *Service) handleVDISnapshot(c *api.Call) (any, error) { return s.branch(c, "snapshot") }
-func (s *Service) handleVDIClone(c *api.Call) (any, error)    { return s.branch(c, "clone") }
-
 // branch serves VDI.snapshot and VDI.clone: a new VDI with the content
 // this one has now, made by the driver in constant time.
-func (s *Service) branch(c *api.Call, op string) (any, error) {
-	vdi, sr, b, err := s.vdiContext(c, 0)
+func (s *Service) branch(c *api.Call, vdiRef dm.VDIRef, op string) (dm.VDIRef, error) {
+	vdi, sr, b, err := s.vdiContext(c, string(vdiRef))
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	cap, srOp := "VDI_CLONE", "vdi_clone"
 	if op == "snapshot" {
 		cap, srOp = "VDI_SNAPSHOT", "vdi_snapshot"
 	}
 	if err := s.requireCap(b, sr.Ref, cap); err != nil {
-		return nil, err
+		return "", err
 	}
 	done, err := s.mark(c.Ctx, opKey(c), marked{dm.VDI.Class, vdi.Ref, op}, marked{dm.SR.Class, sr.Ref, srOp})
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	defer done()
 	unlock := s.lock("vdi:" + vdi.Ref)
 	defer unlock()
 	live, err := s.liveSwitch(vdi.Ref, op)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	now := time.Now().UTC()
 	name, desc := vdi.String(dm.VDI.NameLabel), vdi.String(dm.VDI.NameDescription)
@@ -207,7 +200,7 @@ func (s *Service) branch(c *api.Call, op string) (any, error) {
 		if op == "snapshot" {
 			code = smVDISnapshot
 		}
-		return nil, asBackend(err, code)
+		return "", asBackend(err, code)
 	}
 	s.setInflight(sr.Ref, v.Key, true)
 	defer s.setInflight(sr.Ref, v.Key, false)
@@ -236,87 +229,82 @@ func (s *Service) branch(c *api.Call, op string) (any, error) {
 	})
 	if err != nil {
 		_ = b.sr.VolumeDestroy(context.Background(), v.Key)
-		return nil, err
+		return "", err
 	}
 	s.refreshVolume(c.Ctx, vdi.Ref)
 	s.updateSRStats(c.Ctx, sr.Ref)
-	return ref, nil
+	return dm.VDIRef(ref), nil
 }
 
 func vdiSize(r *db.Row) int64 { n, _ := r.Get(dm.VDI.VirtualSize).(int64); return n }
 
 // handleVDIResize: VDI.resize(vdi, size). Disks only grow; an attached
 // disk is resized by the VM (resize_online).
-func (s *Service) handleVDIResize(c *api.Call) (any, error) {
-	vdi, sr, b, err := s.vdiContext(c, 0)
+func (s *Service) handleVDIResize(c *api.Call, a dm.VDIResizeArgs) (dm.Void, error) {
+	vdi, sr, b, err := s.vdiContext(c, string(a.VDI))
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
 	if err := s.requireCap(b, sr.Ref, "VDI_RESIZE"); err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
-	size := intArg(c, 1)
+	size := a.Size
 	cur := vdiSize(vdi)
 	if size < cur {
-		return nil, xerr.New(xerr.VDITooSmall, vdi.Ref, strconv.FormatInt(cur, 10))
+		return dm.Void{}, xerr.New(xerr.VDITooSmall, vdi.Ref, strconv.FormatInt(cur, 10))
 	}
-	if size > MaxVirtualSize {
-		return nil, xerr.New(xerr.VDITooLarge, vdi.Ref, strconv.FormatInt(MaxVirtualSize, 10))
+	if size > imageformat.MaxVirtualSize {
+		return dm.Void{}, xerr.New(xerr.VDITooLarge, vdi.Ref, strconv.FormatInt(imageformat.MaxVirtualSize, 10))
 	}
-	done, err := s.mark(c.Ctx, opKey(c), marked{dm.VDI.Class, vdi.Ref, "resize"}, marked{dm.SR.Class, sr.Ref, "vdi_resize"})
+	release, err := s.holdIdleVDI(c, vdi.Ref, sr.Ref, "resize")
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
-	defer done()
-	unlock := s.lock("vdi:" + vdi.Ref)
-	defer unlock()
-	if s.vdiBusy(s.db.Snapshot(), vdi.Ref) {
-		return nil, xerr.New(xerr.VDIInUse, vdi.Ref, "resize")
-	}
+	defer release()
 	if size == cur {
-		return nil, nil
+		return dm.Void{}, nil
 	}
 	if err := s.checkSpace(c.Ctx, b, sr, size-cur); err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
 	v, err := b.sr.VolumeResize(c.Ctx, vdi.String(dm.VDI.Location), size)
 	if err != nil {
-		return nil, asBackend(err, smVDIResize)
+		return dm.Void{}, asBackend(err, smVDIResize)
 	}
 	_, err = s.db.Update(func(tx *db.Tx) error { return s.applyVolume(tx, vdi.Ref, v) })
 	s.updateSRStats(c.Ctx, sr.Ref)
-	return nil, err
+	return dm.Void{}, err
 }
 
 // handleVDIIntroduce: VDI.introduce(uuid, name_label, name_description, SR,
 // type, sharable, read_only, other_config, location, xenstore_data,
 // sm_config, managed, virtual_size, physical_utilisation,
 // metadata_of_pool, is_a_snapshot, snapshot_time, snapshot_of).
-func (s *Service) handleVDIIntroduce(c *api.Call) (any, error) {
-	id := c.String(0)
-	sr, err := c.Row(3, dm.SR.Class)
+func (s *Service) handleVDIIntroduce(c *api.Call, a dm.VDIIntroduceArgs) (dm.VDIRef, error) {
+	id := a.UUID
+	sr, err := c.Lookup(dm.SR.Class, string(a.SR))
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	b, err := s.attached(sr.Ref)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
-	loc := c.String(8)
+	loc := a.Location
 	if loc == "" {
-		return nil, xerr.New(xerr.VDILocationMissing, sr.Ref, loc)
+		return "", xerr.New(xerr.VDILocationMissing, sr.Ref, loc)
 	}
 	if id != "" && !isUUID(id) {
-		return nil, xerr.New(xerr.UUIDInvalid, "VDI", id)
+		return "", xerr.New(xerr.UUIDInvalid, "VDI", id)
 	}
 	// A location is a volume key, relative to its SR: nothing absolute
 	// or climbing with "..".
 	if checkVolumeKey(loc) != nil {
-		return nil, xerr.New(xerr.VDILocationMissing, sr.Ref, clip(loc, 200))
+		return "", xerr.New(xerr.VDILocationMissing, sr.Ref, clip(loc, 200))
 	}
 	done, err := s.mark(c.Ctx, opKey(c), marked{dm.SR.Class, sr.Ref, "vdi_introduce"})
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	defer done()
 	var v Volume
@@ -327,26 +315,20 @@ func (s *Service) handleVDIIntroduce(c *api.Call) (any, error) {
 	}
 	if err != nil {
 		if xerr.HasCode(err, xerr.TaskCancelled) {
-			return nil, err
+			return "", err
 		}
-		return nil, xerr.New(xerr.VDILocationMissing, sr.Ref, loc)
+		return "", xerr.New(xerr.VDILocationMissing, sr.Ref, loc)
 	}
-	name, desc := c.String(1), c.String(2)
+	name, desc := a.NameLabel, a.NameDescription
 	managed := true
-	if len(c.Args) > 11 && c.Args[11] != nil {
-		managed = boolArg(c, 11)
+	if c.Given("managed") {
+		managed = a.Managed
 	}
-	x := vdiExtra{uuid: id, name: &name, desc: &desc, typ: c.String(4), sharable: boolArg(c, 5), readOnly: boolArg(c, 6),
-		otherConfig: mapArg(c, 7), xenstoreData: mapArg(c, 9), smConfig: mapArg(c, 10), managed: &managed, isSnapshot: boolArg(c, 15)}
-	if len(c.Args) > 16 {
-		if t, ok := c.Args[16].(time.Time); ok {
-			x.snapshotTime = t
-		}
-	}
-	if len(c.Args) > 17 {
-		if r, _ := c.Args[17].(string); r != "" && r != schema.NullRef {
-			x.snapshotOf = r
-		}
+	x := vdiExtra{uuid: id, name: &name, desc: &desc, typ: string(a.Type), sharable: a.Sharable, readOnly: a.ReadOnly,
+		otherConfig: orEmpty(a.OtherConfig), xenstoreData: orEmpty(a.XenstoreData), smConfig: orEmpty(a.SMConfig), managed: &managed, isSnapshot: a.IsASnapshot,
+		snapshotTime: a.SnapshotTime}
+	if r := string(a.SnapshotOf); r != "" && r != schema.NullRef {
+		x.snapshotOf = r
 	}
 	var ref string
 	err = c.Update(func(tx *db.Tx) (err error) {
@@ -363,13 +345,13 @@ func (s *Service) handleVDIIntroduce(c *api.Call) (any, error) {
 		ref, err = s.insertVDI(tx, sr.Ref, v, x)
 		return err
 	})
-	return ref, err
+	return dm.VDIRef(ref), err
 }
 
-func (s *Service) handleVDIForget(c *api.Call) (any, error) {
-	vdi, err := c.Row(0, dm.VDI.Class)
+func (s *Service) handleVDIForget(c *api.Call, a dm.VDIForgetArgs) (dm.Void, error) {
+	vdi, err := c.Lookup(dm.VDI.Class, string(a.VDI))
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
 	srRef := vdi.String(dm.VDI.SR)
 	objs := []marked{{dm.VDI.Class, vdi.Ref, "forget"}}
@@ -378,85 +360,76 @@ func (s *Service) handleVDIForget(c *api.Call) (any, error) {
 	}
 	done, err := s.mark(c.Ctx, opKey(c), objs...)
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
 	defer done()
 	if s.vdiBusy(s.db.Snapshot(), vdi.Ref) {
-		return nil, xerr.New(xerr.VDIInUse, vdi.Ref, "forget")
+		return dm.Void{}, xerr.New(xerr.VDIInUse, vdi.Ref, "forget")
 	}
-	return nil, c.Update(func(tx *db.Tx) error { return tx.Delete(dm.VDI.Class, vdi.Ref) })
+	return dm.Void{}, c.Update(func(tx *db.Tx) error { return tx.Delete(dm.VDI.Class, vdi.Ref) })
 }
 
-func (s *Service) handleVDIUpdate(c *api.Call) (any, error) {
-	vdi, sr, b, err := s.vdiContext(c, 0)
+func (s *Service) handleVDIUpdate(c *api.Call, a dm.VDIUpdateArgs) (dm.Void, error) {
+	vdi, sr, b, err := s.vdiContext(c, string(a.VDI))
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
 	done, err := s.mark(c.Ctx, opKey(c), marked{dm.VDI.Class, vdi.Ref, "update"}, marked{dm.SR.Class, sr.Ref, "vdi_update"})
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
 	defer done()
 	v, err := b.sr.VolumeStat(c.Ctx, vdi.String(dm.VDI.Location))
 	if err != nil {
-		return nil, asBackend(err, smVDIUnavailable)
+		return dm.Void{}, asBackend(err, smVDIUnavailable)
 	}
-	return nil, c.Update(func(tx *db.Tx) error { return s.applyVolume(tx, vdi.Ref, v) })
+	return dm.Void{}, c.Update(func(tx *db.Tx) error { return s.applyVolume(tx, vdi.Ref, v) })
 }
 
 // handleVDISetOnBoot: VDI.set_on_boot(vdi, persist|reset).
-func (s *Service) handleVDISetOnBoot(c *api.Call) (any, error) {
-	vdi, sr, b, err := s.vdiContext(c, 0)
+func (s *Service) handleVDISetOnBoot(c *api.Call, a dm.VDISetOnBootArgs) (dm.Void, error) {
+	vdi, sr, b, err := s.vdiContext(c, string(a.Self))
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
-	value := c.String(1)
+	value := string(a.Value)
 	if value != "persist" && value != "reset" {
-		return nil, xerr.New(xerr.InvalidValue, "on_boot", value)
+		return dm.Void{}, xerr.New(xerr.InvalidValue, "on_boot", value)
 	}
 	if value == vdi.String(dm.VDI.OnBoot) {
-		return nil, nil
+		return dm.Void{}, nil
 	}
 	rs, ok := b.sr.(Resetter)
 	if !ok || !b.driver.Info().Has("VDI_RESET_ON_BOOT") {
-		return nil, xerr.New(xerr.SROperationNotSupported, sr.Ref)
+		return dm.Void{}, xerr.New(xerr.SROperationNotSupported, sr.Ref)
 	}
-	done, err := s.mark(c.Ctx, opKey(c), marked{dm.VDI.Class, vdi.Ref, "set_on_boot"}, marked{dm.SR.Class, sr.Ref, "vdi_set_on_boot"})
+	release, err := s.holdIdleVDI(c, vdi.Ref, sr.Ref, "set_on_boot")
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
-	defer done()
-	unlock := s.lock("vdi:" + vdi.Ref)
-	defer unlock()
-	if s.vdiBusy(s.db.Snapshot(), vdi.Ref) {
-		return nil, xerr.New(xerr.VDIInUse, vdi.Ref, "set_on_boot")
-	}
+	defer release()
 	if err := rs.SetResetOnBoot(c.Ctx, vdi.String(dm.VDI.Location), value == "reset"); err != nil {
-		return nil, asBackend(err, smGeneral)
+		return dm.Void{}, asBackend(err, smGeneral)
 	}
-	return nil, c.Update(func(tx *db.Tx) error { return tx.Set(dm.VDI.OnBoot, vdi.Ref, value) })
+	return dm.Void{}, c.Update(func(tx *db.Tx) error { return tx.Set(dm.VDI.OnBoot, vdi.Ref, value) })
 }
 
-func (s *Service) handleVDISetAllowCaching(c *api.Call) (any, error) {
-	vdi, err := c.Row(0, dm.VDI.Class)
+func (s *Service) handleVDISetAllowCaching(c *api.Call, a dm.VDISetAllowCachingArgs) (dm.Void, error) {
+	vdi, err := c.Lookup(dm.VDI.Class, string(a.Self))
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
-	return nil, c.Update(func(tx *db.Tx) error { return tx.Set(dm.VDI.AllowCaching, vdi.Ref, boolArg(c, 1)) })
+	return dm.Void{}, c.Update(func(tx *db.Tx) error { return tx.Set(dm.VDI.AllowCaching, vdi.Ref, a.Value) })
 }
 
 // handleVDISetName keeps the driver's copy of a VDI's name in step.
-func (s *Service) handleVDISetName(c *api.Call) (any, error) {
-	vdi, err := c.Row(0, dm.VDI.Class)
+func (s *Service) handleVDISetName(c *api.Call, ref dm.VDIRef, f *schema.Field, value string) (dm.Void, error) {
+	vdi, err := c.Lookup(dm.VDI.Class, string(ref))
 	if err != nil {
-		return nil, err
+		return dm.Void{}, err
 	}
-	f := dm.VDI.NameLabel
-	if strings.HasSuffix(c.Msg.Name, "description") {
-		f = dm.VDI.NameDescription
-	}
-	if err := c.Update(func(tx *db.Tx) error { return tx.Set(f, vdi.Ref, c.String(1)) }); err != nil {
-		return nil, err
+	if err := c.Update(func(tx *db.Tx) error { return tx.Set(f, vdi.Ref, value) }); err != nil {
+		return dm.Void{}, err
 	}
 	if b := s.boundSR(vdi.String(dm.VDI.SR)); b != nil {
 		row := mustGet(s.db.Snapshot(), dm.VDI.Class, vdi.Ref)
@@ -464,5 +437,23 @@ func (s *Service) handleVDISetName(c *api.Call) (any, error) {
 			s.log.Debug("recording VDI name with its storage", "vdi", vdi.UUID(), "err", err)
 		}
 	}
-	return nil, nil
+	return dm.Void{}, nil
+}
+
+// holdIdleVDI readies a VDI for an operation that needs it idle: the VDI
+// is marked with op and its SR with vdi_<op>, the VDI's lock is taken,
+// and no datapath of this host or plugged VBD may hold it (VDI_IN_USE).
+// release gives the lock and the marks back.
+func (s *Service) holdIdleVDI(c *api.Call, vdiRef, srRef, op string) (release func(), err error) {
+	done, err := s.mark(c.Ctx, opKey(c), marked{dm.VDI.Class, vdiRef, op}, marked{dm.SR.Class, srRef, "vdi_" + op})
+	if err != nil {
+		return nil, err
+	}
+	unlock := s.lock("vdi:" + vdiRef)
+	if s.vdiBusy(s.db.Snapshot(), vdiRef) {
+		unlock()
+		done()
+		return nil, xerr.New(xerr.VDIInUse, vdiRef, op)
+	}
+	return func() { unlock(); done() }, nil
 }

@@ -1,4 +1,4 @@
-package storage
+package nbd
 
 import (
 	"bufio"
@@ -8,88 +8,49 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/url"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 )
 
-// A minimal NBD client (the protocol of github.com/NetworkBlockDevice/nbd,
-// doc/proto.md): fixed newstyle negotiation with NBD_OPT_GO, then simple
-// replies. Requests may be issued from several goroutines at once; they
-// are pipelined on the one connection and matched to replies by handle.
-
+// Protocol constants (doc/proto.md).
 const (
-	nbdMagic         = 0x4e42444d41474943 // "NBDMAGIC"
-	nbdOptMagic      = 0x49484156454f5054 // "IHAVEOPT"
-	nbdOptReplyMagic = 0x0003e889045565a9
-	nbdRequestMagic  = 0x25609513
-	nbdReplyMagic    = 0x67446698
+	magic         = 0x4e42444d41474943 // "NBDMAGIC"
+	optMagic      = 0x49484156454f5054 // "IHAVEOPT"
+	optReplyMagic = 0x0003e889045565a9
+	requestMagic  = 0x25609513
+	replyMagic    = 0x67446698
 
-	nbdFlagFixedNewstyle = 1 << 0
-	nbdFlagNoZeroes      = 1 << 1
+	flagFixedNewstyle = 1 << 0
+	flagNoZeroes      = 1 << 1
 
-	nbdOptExportName = 1
-	nbdOptAbort      = 2
-	nbdOptGo         = 7
+	optGo = 7
 
-	nbdRepAck  = 1
-	nbdRepInfo = 3
-	nbdRepErr  = 1 << 31
+	repAck  = 1
+	repInfo = 3
+	repErr  = 1 << 31
 
-	nbdInfoExport = 0
+	infoExport = 0
 
-	nbdTFlagReadOnly    = 1 << 1
-	nbdTFlagSendFlush   = 1 << 2
-	nbdTFlagWriteZeroes = 1 << 6
+	tflagReadOnly    = 1 << 1
+	tflagSendFlush   = 1 << 2
+	tflagWriteZeroes = 1 << 6
 
-	nbdCmdRead        = 0
-	nbdCmdWrite       = 1
-	nbdCmdDisc        = 2
-	nbdCmdFlush       = 3
-	nbdCmdWriteZeroes = 6
+	cmdRead        = 0
+	cmdWrite       = 1
+	cmdDisc        = 2
+	cmdFlush       = 3
+	cmdWriteZeroes = 6
 
-	// nbdMaxRequest is the largest read or write sent in one request.
-	nbdMaxRequest = 4 << 20
+	// MaxRequest is the largest read or write the client sends in one
+	// request; longer ones are split.
+	MaxRequest = 4 << 20
 )
 
-// nbdAddr is where an NBD export is: a network and address for net.Dial,
-// and the export name.
-type nbdAddr struct {
-	Network, Address, Export string
-}
-
-// parseNBDURI reads an NBD URI as QEMU writes them:
-// nbd+unix:///export?socket=/path, nbd://host[:port]/export.
-func parseNBDURI(s string) (nbdAddr, error) {
-	u, err := url.Parse(s)
-	if err != nil {
-		return nbdAddr{}, fmt.Errorf("NBD URI %q: %w", s, err)
-	}
-	export := strings.TrimPrefix(u.Path, "/")
-	switch u.Scheme {
-	case "nbd+unix":
-		sock := u.Query().Get("socket")
-		if sock == "" || u.Host != "" {
-			return nbdAddr{}, fmt.Errorf("NBD URI %q: nbd+unix needs ?socket= and no host", s)
-		}
-		return nbdAddr{"unix", sock, export}, nil
-	case "nbd":
-		if u.Host == "" {
-			return nbdAddr{}, fmt.Errorf("NBD URI %q has no host", s)
-		}
-		host := u.Host
-		if u.Port() == "" {
-			host = net.JoinHostPort(u.Hostname(), "10809")
-		}
-		return nbdAddr{"tcp", host, export}, nil
-	}
-	return nbdAddr{}, fmt.Errorf("NBD URI %q: scheme must be nbd or nbd+unix", s)
-}
-
-// nbdClient is one connection to an export.
-type nbdClient struct {
+// Client is one connection to an export. Its methods are safe to call
+// from several goroutines at once.
+type Client struct {
 	conn   net.Conn
 	size   int64
 	tflags uint16
@@ -98,31 +59,36 @@ type nbdClient struct {
 	bw  *bufio.Writer
 
 	mu      sync.Mutex
-	pending map[uint64]*nbdReq
+	pending map[uint64]*request
 	handle  uint64
 	err     error // set once the connection failed
 	done    chan struct{}
 }
 
-type nbdReq struct {
+type request struct {
 	buf  []byte // read destination
 	done chan error
 }
 
-// nbdError is an error an NBD server returned for one request.
-type nbdError uint32
+// ServerError is the error number an NBD server returned for one
+// request (the protocol's errno values: 1 EPERM, 5 EIO, 12 ENOMEM,
+// 22 EINVAL, 28 ENOSPC, ...).
+type ServerError uint32
 
-func (e nbdError) Error() string { return fmt.Sprintf("NBD server error %d", uint32(e)) }
+func (e ServerError) Error() string { return fmt.Sprintf("NBD server error %d", uint32(e)) }
 
-// nbdENOSPC is the NBD protocol's "no space left" error.
-const nbdENOSPC = 28
+// errENOSPC is the NBD protocol's "no space left" error.
+const errENOSPC = 28
 
 // Is lets errors.Is(err, syscall.ENOSPC) see the server's "no space".
-func (e nbdError) Is(target error) bool { return e == nbdENOSPC && target == syscall.ENOSPC }
+func (e ServerError) Is(target error) bool { return e == errENOSPC && target == syscall.ENOSPC }
 
-func dialNBD(ctx context.Context, a nbdAddr) (*nbdClient, error) {
+// Dial connects to the export u names and negotiates it. The handshake
+// must finish by ctx's deadline, or within 30 seconds when it has none;
+// after that the connection has no deadline (Close ends it).
+func Dial(ctx context.Context, u URI) (*Client, error) {
 	var d net.Dialer
-	conn, err := d.DialContext(ctx, a.Network, a.Address)
+	conn, err := d.DialContext(ctx, u.Network, u.Address())
 	if err != nil {
 		return nil, err
 	}
@@ -131,48 +97,48 @@ func dialNBD(ctx context.Context, a nbdAddr) (*nbdClient, error) {
 	} else {
 		conn.SetDeadline(time.Now().Add(30 * time.Second))
 	}
-	size, tflags, err := nbdHandshake(conn, a.Export)
+	size, tflags, err := handshake(conn, u.Export)
 	if err != nil {
 		_ = conn.Close()
 		return nil, err
 	}
 	conn.SetDeadline(time.Time{})
-	c := &nbdClient{conn: conn, size: size, tflags: tflags, bw: bufio.NewWriterSize(conn, 64<<10),
-		pending: map[uint64]*nbdReq{}, done: make(chan struct{})}
+	c := &Client{conn: conn, size: size, tflags: tflags, bw: bufio.NewWriterSize(conn, 64<<10),
+		pending: map[uint64]*request{}, done: make(chan struct{})}
 	go c.readLoop()
 	return c, nil
 }
 
-// nbdHandshake negotiates an export over rw and returns its size and
+// handshake negotiates an export over rw and returns its size and
 // transmission flags. Everything the server sends is checked.
-func nbdHandshake(rw io.ReadWriter, export string) (int64, uint16, error) {
+func handshake(rw io.ReadWriter, export string) (int64, uint16, error) {
 	be := binary.BigEndian
 	var hello [18]byte
 	if _, err := io.ReadFull(rw, hello[:]); err != nil {
 		return 0, 0, fmt.Errorf("NBD handshake: %w", err)
 	}
-	if be.Uint64(hello[0:]) != nbdMagic {
+	if be.Uint64(hello[0:]) != magic {
 		return 0, 0, errors.New("NBD handshake: not an NBD server")
 	}
-	if be.Uint64(hello[8:]) != nbdOptMagic {
+	if be.Uint64(hello[8:]) != optMagic {
 		return 0, 0, errors.New("NBD handshake: oldstyle servers are not supported")
 	}
 	sflags := be.Uint16(hello[16:])
-	if sflags&nbdFlagFixedNewstyle == 0 {
+	if sflags&flagFixedNewstyle == 0 {
 		return 0, 0, errors.New("NBD handshake: server lacks fixed newstyle negotiation")
 	}
-	cflags := uint32(nbdFlagFixedNewstyle)
-	noZeroes := sflags&nbdFlagNoZeroes != 0
+	cflags := uint32(flagFixedNewstyle)
+	noZeroes := sflags&flagNoZeroes != 0
 	if noZeroes {
-		cflags |= nbdFlagNoZeroes
+		cflags |= flagNoZeroes
 	}
-	if len(export) > 4096 {
+	if len(export) > MaxExportName {
 		return 0, 0, errors.New("NBD handshake: export name too long")
 	}
 	// NBD_OPT_GO with no information requests.
 	opt := be.AppendUint32(nil, cflags)
-	opt = be.AppendUint64(opt, nbdOptMagic)
-	opt = be.AppendUint32(opt, nbdOptGo)
+	opt = be.AppendUint64(opt, optMagic)
+	opt = be.AppendUint32(opt, optGo)
 	opt = be.AppendUint32(opt, uint32(4+len(export)+2))
 	opt = be.AppendUint32(opt, uint32(len(export)))
 	opt = append(opt, export...)
@@ -187,7 +153,7 @@ func nbdHandshake(rw io.ReadWriter, export string) (int64, uint16, error) {
 		if _, err := io.ReadFull(rw, rh[:]); err != nil {
 			return 0, 0, fmt.Errorf("NBD handshake: %w", err)
 		}
-		if be.Uint64(rh[0:]) != nbdOptReplyMagic || be.Uint32(rh[8:]) != nbdOptGo {
+		if be.Uint64(rh[0:]) != optReplyMagic || be.Uint32(rh[8:]) != optGo {
 			return 0, 0, errors.New("NBD handshake: bad option reply")
 		}
 		typ, n := be.Uint32(rh[12:]), be.Uint32(rh[16:])
@@ -199,13 +165,13 @@ func nbdHandshake(rw io.ReadWriter, export string) (int64, uint16, error) {
 			return 0, 0, fmt.Errorf("NBD handshake: %w", err)
 		}
 		switch {
-		case typ == nbdRepAck:
+		case typ == repAck:
 			if size < 0 {
 				return 0, 0, errors.New("NBD handshake: server sent no export information")
 			}
 			return size, tflags, nil
-		case typ == nbdRepInfo:
-			if len(data) >= 2 && be.Uint16(data) == nbdInfoExport {
+		case typ == repInfo:
+			if len(data) >= 2 && be.Uint16(data) == infoExport {
 				if len(data) != 12 {
 					return 0, 0, errors.New("NBD handshake: bad export information")
 				}
@@ -215,7 +181,7 @@ func nbdHandshake(rw io.ReadWriter, export string) (int64, uint16, error) {
 				}
 				size, tflags = int64(s), be.Uint16(data[10:])
 			}
-		case typ&nbdRepErr != 0:
+		case typ&repErr != 0:
 			msg := strings.ToValidUTF8(string(data), "?")
 			return 0, 0, fmt.Errorf("NBD handshake: export %q refused (%#x) %s", export, typ, msg)
 		default:
@@ -225,24 +191,27 @@ func nbdHandshake(rw io.ReadWriter, export string) (int64, uint16, error) {
 	return 0, 0, errors.New("NBD handshake: too many option replies")
 }
 
-func (c *nbdClient) Size() int64    { return c.size }
-func (c *nbdClient) ReadOnly() bool { return c.tflags&nbdTFlagReadOnly != 0 }
+// Size is the export's size in bytes.
+func (c *Client) Size() int64 { return c.size }
 
-func (c *nbdClient) fail(err error) {
+// ReadOnly reports whether the server refuses writes to the export.
+func (c *Client) ReadOnly() bool { return c.tflags&tflagReadOnly != 0 }
+
+func (c *Client) fail(err error) {
 	c.mu.Lock()
 	if c.err == nil {
 		c.err = err
 		close(c.done)
 	}
 	pend := c.pending
-	c.pending = map[uint64]*nbdReq{}
+	c.pending = map[uint64]*request{}
 	c.mu.Unlock()
 	for _, r := range pend {
 		r.done <- err
 	}
 }
 
-func (c *nbdClient) readLoop() {
+func (c *Client) readLoop() {
 	br := bufio.NewReaderSize(c.conn, 256<<10)
 	be := binary.BigEndian
 	var h [16]byte
@@ -251,7 +220,7 @@ func (c *nbdClient) readLoop() {
 			c.fail(fmt.Errorf("NBD connection: %w", err))
 			return
 		}
-		if be.Uint32(h[0:]) != nbdReplyMagic {
+		if be.Uint32(h[0:]) != replyMagic {
 			c.fail(errors.New("NBD connection: bad reply magic"))
 			return
 		}
@@ -265,7 +234,7 @@ func (c *nbdClient) readLoop() {
 			return
 		}
 		if errno != 0 {
-			r.done <- nbdError(errno)
+			r.done <- ServerError(errno)
 			continue
 		}
 		if r.buf != nil {
@@ -280,8 +249,8 @@ func (c *nbdClient) readLoop() {
 }
 
 // do sends one request and waits for its reply.
-func (c *nbdClient) do(typ uint16, flags uint16, off int64, length uint32, payload, readBuf []byte) error {
-	r := &nbdReq{buf: readBuf, done: make(chan error, 1)}
+func (c *Client) do(typ uint16, flags uint16, off int64, length uint32, payload, readBuf []byte) error {
+	r := &request{buf: readBuf, done: make(chan error, 1)}
 	c.mu.Lock()
 	if c.err != nil {
 		c.mu.Unlock()
@@ -294,7 +263,7 @@ func (c *nbdClient) do(typ uint16, flags uint16, off int64, length uint32, paylo
 
 	var hdr [28]byte
 	be := binary.BigEndian
-	be.PutUint32(hdr[0:], nbdRequestMagic)
+	be.PutUint32(hdr[0:], requestMagic)
 	be.PutUint16(hdr[4:], flags)
 	be.PutUint16(hdr[6:], typ)
 	be.PutUint64(hdr[8:], h)
@@ -315,21 +284,23 @@ func (c *nbdClient) do(typ uint16, flags uint16, off int64, length uint32, paylo
 	return <-r.done
 }
 
-func (c *nbdClient) check(off int64, n int) error {
+func (c *Client) check(off int64, n int) error {
 	if off < 0 || off+int64(n) > c.size {
 		return fmt.Errorf("NBD: range %d+%d beyond the end of the export (%d)", off, n, c.size)
 	}
 	return nil
 }
 
-func (c *nbdClient) ReadAt(p []byte, off int64) (int, error) {
+// ReadAt reads len(p) bytes at off, in requests of at most MaxRequest
+// bytes; a range beyond the end of the export is an error.
+func (c *Client) ReadAt(p []byte, off int64) (int, error) {
 	if err := c.check(off, len(p)); err != nil {
 		return 0, err
 	}
 	done := 0
 	for done < len(p) {
-		n := min(len(p)-done, nbdMaxRequest)
-		if err := c.do(nbdCmdRead, 0, off+int64(done), uint32(n), nil, p[done:done+n]); err != nil {
+		n := min(len(p)-done, MaxRequest)
+		if err := c.do(cmdRead, 0, off+int64(done), uint32(n), nil, p[done:done+n]); err != nil {
 			return done, err
 		}
 		done += n
@@ -337,14 +308,15 @@ func (c *nbdClient) ReadAt(p []byte, off int64) (int, error) {
 	return done, nil
 }
 
-func (c *nbdClient) WriteAt(p []byte, off int64) (int, error) {
+// WriteAt writes p at off, in requests of at most MaxRequest bytes.
+func (c *Client) WriteAt(p []byte, off int64) (int, error) {
 	if err := c.check(off, len(p)); err != nil {
 		return 0, err
 	}
 	done := 0
 	for done < len(p) {
-		n := min(len(p)-done, nbdMaxRequest)
-		if err := c.do(nbdCmdWrite, 0, off+int64(done), uint32(n), p[done:done+n], nil); err != nil {
+		n := min(len(p)-done, MaxRequest)
+		if err := c.do(cmdWrite, 0, off+int64(done), uint32(n), p[done:done+n], nil); err != nil {
 			return done, err
 		}
 		done += n
@@ -353,12 +325,12 @@ func (c *nbdClient) WriteAt(p []byte, off int64) (int, error) {
 }
 
 // WriteZeroes makes a range read as zeroes, letting the server punch holes.
-func (c *nbdClient) WriteZeroes(off, n int64) error {
+func (c *Client) WriteZeroes(off, n int64) error {
 	if err := c.check(off, 0); err != nil || off+n > c.size {
 		return fmt.Errorf("NBD: zero range beyond the end of the export")
 	}
-	if c.tflags&nbdTFlagWriteZeroes == 0 {
-		buf := make([]byte, min(n, nbdMaxRequest))
+	if c.tflags&tflagWriteZeroes == 0 {
+		buf := make([]byte, min(n, MaxRequest))
 		for n > 0 {
 			k := min(n, int64(len(buf)))
 			if _, err := c.WriteAt(buf[:k], off); err != nil {
@@ -370,7 +342,7 @@ func (c *nbdClient) WriteZeroes(off, n int64) error {
 	}
 	for n > 0 {
 		k := min(n, 1<<30)
-		if err := c.do(nbdCmdWriteZeroes, 0, off, uint32(k), nil, nil); err != nil {
+		if err := c.do(cmdWriteZeroes, 0, off, uint32(k), nil, nil); err != nil {
 			return err
 		}
 		off, n = off+k, n-k
@@ -378,23 +350,25 @@ func (c *nbdClient) WriteZeroes(off, n int64) error {
 	return nil
 }
 
-func (c *nbdClient) Flush() error {
-	if c.tflags&nbdTFlagSendFlush == 0 {
+// Flush asks the server to make every completed write durable (a no-op
+// when the server does not take flushes).
+func (c *Client) Flush() error {
+	if c.tflags&tflagSendFlush == 0 {
 		return nil
 	}
-	return c.do(nbdCmdFlush, 0, 0, 0, nil, nil)
+	return c.do(cmdFlush, 0, 0, 0, nil, nil)
 }
 
 // Close disconnects politely and closes the connection.
-func (c *nbdClient) Close() error {
+func (c *Client) Close() error {
 	c.mu.Lock()
 	failed := c.err != nil
 	c.mu.Unlock()
 	if !failed {
 		var hdr [28]byte
 		be := binary.BigEndian
-		be.PutUint32(hdr[0:], nbdRequestMagic)
-		be.PutUint16(hdr[6:], nbdCmdDisc)
+		be.PutUint32(hdr[0:], requestMagic)
+		be.PutUint16(hdr[6:], cmdDisc)
 		c.wmu.Lock()
 		_, _ = c.bw.Write(hdr[:]) // a courtesy before closing: the close is what counts
 		_ = c.bw.Flush()

@@ -1,4 +1,4 @@
-package storage
+package imageformat
 
 import (
 	"context"
@@ -8,12 +8,12 @@ import (
 	"sort"
 )
 
-// qcowPlan lays out a qcow2 image holding given clusters of a disk, so
+// Qcow2Plan lays out a qcow2 image holding given clusters of a disk, so
 // that it can be streamed front to back: header, refcount table and
 // blocks, L1, L2 tables, then the data clusters in guest order. Clusters
 // not listed are unallocated (they read as zero, or on import leave the
 // target as it is); zero clusters are recorded as such.
-type qcowPlan struct {
+type Qcow2Plan struct {
 	size       int64
 	data       []crun // runs of guest clusters with data, ascending
 	zero       []crun // runs of guest clusters that read as zero, ascending
@@ -44,18 +44,18 @@ func addRun(runs []crun, first, n int64) []crun {
 	return append(runs, crun{first, n})
 }
 
-const qcowL2Entries = qcowClusterSize / 8
+const qcowL2Entries = ClusterSize / 8
 
-// planQcow2 plans an image of a disk of size bytes from its extents:
+// PlanQcow2 plans an image of a disk of size bytes from its extents:
 // non-zero extents become data clusters, zero extents that cover whole
 // clusters become zero clusters (when keepZero; otherwise they are left
 // unallocated, which reads the same in an image without a backing file).
 // Memory is proportional to the number of extents, not to the disk.
-func planQcow2(size int64, exts []Extent, keepZero bool) *qcowPlan {
-	const cs = qcowClusterSize
+func PlanQcow2(size int64, exts []Extent, keepZero bool) *Qcow2Plan {
+	const cs = ClusterSize
 	exts = slices.Clone(exts)
 	sort.Slice(exts, func(i, j int) bool { return exts[i].Offset < exts[j].Offset })
-	p := &qcowPlan{size: size}
+	p := &Qcow2Plan{size: size}
 	clusters := (size + cs - 1) / cs
 	for _, e := range exts {
 		if e.Zero || e.Length <= 0 || e.Offset >= size {
@@ -126,12 +126,12 @@ func planQcow2(size int64, exts []Extent, keepZero bool) *qcowPlan {
 }
 
 // Length is the size of the image file.
-func (p *qcowPlan) Length() int64 { return p.nClusters * qcowClusterSize }
+func (p *Qcow2Plan) Length() int64 { return p.nClusters * ClusterSize }
 
 // DataBytes is how many bytes of guest data the image carries.
-func (p *qcowPlan) DataBytes() int64 { return p.nData * qcowClusterSize }
+func (p *Qcow2Plan) DataBytes() int64 { return p.nData * ClusterSize }
 
-func (p *qcowPlan) offsets() (rt, rb, l1, l2, data int64) {
+func (p *Qcow2Plan) offsets() (rt, rb, l1, l2, data int64) {
 	rt = 1
 	rb = rt + p.rtClusters
 	l1 = rb + p.rbClusters
@@ -141,73 +141,60 @@ func (p *qcowPlan) offsets() (rt, rb, l1, l2, data int64) {
 }
 
 // WriteTo streams the image, reading data clusters from r (a reader of
-// the disk's guest content).
-func (p *qcowPlan) WriteTo(ctx context.Context, w io.Writer, r io.ReaderAt, progress func(int64)) error {
-	const cs = qcowClusterSize
+// the disk's guest content): the header, the refcount table and blocks,
+// L1, the L2 tables, then the data clusters in order.
+func (p *Qcow2Plan) WriteTo(ctx context.Context, w io.Writer, r io.ReaderAt, readRanges RangeReader, progress func(int64)) error {
+	const cs = ClusterSize
 	be := binary.BigEndian
-	rtC, rbC, l1C, l2C, dataC := p.offsets()
-	var written int64
-	put := func(b []byte) error {
-		_, err := w.Write(b)
-		written += int64(len(b))
-		if progress != nil {
-			progress(written)
-		}
-		return err
-	}
+	rtC, rbC, l1C, l2C, _ := p.offsets()
+	pw := &progressWriter{w: w, progress: progress}
 	cluster := make([]byte, cs)
-	// Header.
 	hdr := qcow2Image(p.size, "", "").chunks[0].data
 	copy(cluster, hdr)
 	be.PutUint32(cluster[36:], uint32(p.l1Entries))
 	be.PutUint64(cluster[40:], uint64(l1C*cs))
 	be.PutUint64(cluster[48:], uint64(rtC*cs))
 	be.PutUint32(cluster[56:], uint32(p.rtClusters))
-	if err := put(cluster); err != nil {
+	if err := pw.put(cluster); err != nil {
 		return err
 	}
-	// Refcount table.
-	for i := int64(0); i < p.rtClusters; i++ {
-		clear(cluster)
-		for j := int64(0); j < cs/8; j++ {
-			if b := i*(cs/8) + j; b < p.rbClusters {
-				be.PutUint64(cluster[8*j:], uint64((rbC+b)*cs))
-			}
-		}
-		if err := put(cluster); err != nil {
-			return err
-		}
+	// The refcount table points at the blocks; in the blocks every
+	// cluster of the file is used once.
+	if err := pw.putTable(cluster, p.rtClusters, 8, func(k int64) (uint64, bool) {
+		return uint64((rbC + k) * cs), k < p.rbClusters
+	}); err != nil {
+		return err
 	}
-	// Refcount blocks: every cluster of the file is used once.
-	for i := int64(0); i < p.rbClusters; i++ {
-		clear(cluster)
-		for j := int64(0); j < cs/2; j++ {
-			if c := i*(cs/2) + j; c < p.nClusters {
-				be.PutUint16(cluster[2*j:], 1)
-			}
-		}
-		if err := put(cluster); err != nil {
-			return err
-		}
+	if err := pw.putTable(cluster, p.rbClusters, 2, func(k int64) (uint64, bool) { return 1, k < p.nClusters }); err != nil {
+		return err
 	}
-	// L1.
+	// L1 points at the L2 tables there are (entries come in order).
 	ti := 0
-	for i := int64(0); i < p.l1Clusters; i++ {
-		clear(cluster)
-		for j := int64(0); j < cs/8; j++ {
-			e := i*(cs/8) + j
-			for ti < len(p.l2Tables) && p.l2Tables[ti] < e {
-				ti++
-			}
-			if ti < len(p.l2Tables) && p.l2Tables[ti] == e {
-				be.PutUint64(cluster[8*j:], uint64((l2C+int64(ti))*cs)|qcowOflagCopied)
-			}
+	if err := pw.putTable(cluster, p.l1Clusters, 8, func(e int64) (uint64, bool) {
+		for ti < len(p.l2Tables) && p.l2Tables[ti] < e {
+			ti++
 		}
-		if err := put(cluster); err != nil {
-			return err
-		}
+		return uint64((l2C+int64(ti))*cs) | qcowOflagCopied, ti < len(p.l2Tables) && p.l2Tables[ti] == e
+	}); err != nil {
+		return err
 	}
-	// L2 tables.
+	if err := p.writeL2(ctx, pw, cluster); err != nil {
+		return err
+	}
+	// Data, the runs read in order.
+	ranges := make([]Extent, len(p.data))
+	for i, r := range p.data {
+		ranges[i] = Extent{Offset: r.first * cs, Length: r.n * cs}
+	}
+	return readRanges(ctx, tailReader{r, p.size}, ranges, func(off int64, b []byte) error { return pw.put(b) })
+}
+
+// writeL2 writes the L2 tables: each data cluster's place in the data
+// area (clusters in run order), and the zero flag for zero runs.
+func (p *Qcow2Plan) writeL2(ctx context.Context, pw *progressWriter, cluster []byte) error {
+	const cs = ClusterSize
+	be := binary.BigEndian
+	_, _, _, _, dataC := p.offsets()
 	di, zi := 0, 0
 	var ordinal int64 // data clusters before run di
 	for _, t := range p.l2Tables {
@@ -237,16 +224,54 @@ func (p *qcowPlan) WriteTo(ctx context.Context, w io.Writer, r io.ReaderAt, prog
 			}
 			zi++
 		}
-		if err := put(cluster); err != nil {
+		if err := pw.put(cluster); err != nil {
 			return err
 		}
 	}
-	// Data, the runs read in order.
-	ranges := make([]Extent, len(p.data))
-	for i, r := range p.data {
-		ranges[i] = Extent{Offset: r.first * cs, Length: r.n * cs}
+	return nil
+}
+
+// progressWriter writes an image stream and reports the bytes written
+// so far after each write.
+type progressWriter struct {
+	w        io.Writer
+	written  int64
+	progress func(int64) // may be nil
+}
+
+func (pw *progressWriter) put(b []byte) error {
+	_, err := pw.w.Write(b)
+	pw.written += int64(len(b))
+	if pw.progress != nil {
+		pw.progress(pw.written)
 	}
-	return readOrdered(ctx, tailReader{r, p.size}, ranges, func(off int64, b []byte) error { return put(b) })
+	return err
+}
+
+// putTable writes n clusters of big-endian entries width bytes wide (8
+// or 2), using cluster as the buffer: entry k over all n clusters is
+// entry(k), or zero when entry reports false. entry is called with k in
+// increasing order.
+func (pw *progressWriter) putTable(cluster []byte, n, width int64, entry func(k int64) (uint64, bool)) error {
+	per := int64(len(cluster)) / width
+	for i := range n {
+		clear(cluster)
+		for j := range per {
+			v, ok := entry(i*per + j)
+			if !ok {
+				continue
+			}
+			if width == 2 {
+				binary.BigEndian.PutUint16(cluster[2*j:], uint16(v))
+			} else {
+				binary.BigEndian.PutUint64(cluster[8*j:], v)
+			}
+		}
+		if err := pw.put(cluster); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // tailReader reads past the end of a disk as zeroes (the last cluster of

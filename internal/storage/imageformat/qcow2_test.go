@@ -1,4 +1,4 @@
-package storage
+package imageformat
 
 import (
 	"encoding/json"
@@ -21,7 +21,7 @@ func TestCreateQcow2MatchesQemu(t *testing.T) {
 	for _, size := range []int64{0, 1, 512, 1 << 20, 1 << 30, 100 << 30, 3<<40 + 12345, MaxVirtualSize} {
 		p := filepath.Join(dir, "a.qcow2")
 		os.Remove(p)
-		if err := createQcow2(p, size, "", ""); err != nil {
+		if err := CreateQcow2(p, size, "", ""); err != nil {
 			t.Fatal(err)
 		}
 		if out, err := exec.Command("qemu-img", "check", "-f", "qcow2", p).CombinedOutput(); err != nil {
@@ -35,25 +35,25 @@ func TestCreateQcow2MatchesQemu(t *testing.T) {
 			VirtualSize int64 `json:"virtual-size"`
 		}
 		json.Unmarshal(out, &info)
-		size = roundUp(size, 512)
+		size = RoundUp(size, 512)
 		if info.VirtualSize != size {
 			t.Fatalf("virtual size %d, want %d", info.VirtualSize, size)
 		}
-		h, err := readQcow2Header(p)
+		h, err := ReadQcow2Header(p)
 		if err != nil || int64(h.Size) != size || h.BackingFile != "" {
 			t.Fatalf("header %+v %v", h, err)
 		}
-		if empty, err := qcowIsEmpty(p); err != nil || !empty {
+		if empty, err := Qcow2IsEmpty(p); err != nil || !empty {
 			t.Fatalf("empty %v %v", empty, err)
 		}
 	}
 	// An overlay, written to by QEMU afterwards.
 	base := filepath.Join(dir, "b.base.qcow2")
-	if err := createQcow2(base, 1<<30, "", ""); err != nil {
+	if err := CreateQcow2(base, 1<<30, "", ""); err != nil {
 		t.Fatal(err)
 	}
 	top := filepath.Join(dir, "t.qcow2")
-	if err := createQcow2(top, 1<<30, "b.base.qcow2", "qcow2"); err != nil {
+	if err := CreateQcow2(top, 1<<30, "b.base.qcow2", "qcow2"); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := exec.Command("qemu-io", "-f", "qcow2", "-c", "write -P 0x5a 1M 3M", top).CombinedOutput(); err != nil {
@@ -62,15 +62,15 @@ func TestCreateQcow2MatchesQemu(t *testing.T) {
 	if out, err := exec.Command("qemu-img", "check", "-f", "qcow2", top).CombinedOutput(); err != nil {
 		t.Fatalf("qemu-img check: %v\n%s", err, out)
 	}
-	h, err := readQcow2Header(top)
+	h, err := ReadQcow2Header(top)
 	if err != nil || h.BackingFile != "b.base.qcow2" || h.BackingFormat != "qcow2" {
 		t.Fatalf("header %+v %v", h, err)
 	}
-	if empty, _ := qcowIsEmpty(top); empty {
+	if empty, _ := Qcow2IsEmpty(top); empty {
 		t.Fatal("written overlay reads as empty")
 	}
-	if err := createQcow2(top, 1, "", ""); err == nil {
-		t.Fatal("createQcow2 replaced an existing file")
+	if err := CreateQcow2(top, 1, "", ""); err == nil {
+		t.Fatal("CreateQcow2 replaced an existing file")
 	}
 }
 
@@ -79,7 +79,7 @@ func FuzzParseQcow2Header(f *testing.F) {
 	f.Add(img.chunks[0].data)
 	f.Add(qcow2Image(0, "", "").chunks[0].data)
 	f.Fuzz(func(t *testing.T, b []byte) {
-		h, err := parseQcow2Header(b)
+		h, err := ParseQcow2Header(b)
 		if err == nil && h == nil {
 			t.Fatal("nil header without error")
 		}

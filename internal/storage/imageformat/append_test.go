@@ -1,4 +1,4 @@
-package storage
+package imageformat
 
 import (
 	"bytes"
@@ -19,18 +19,18 @@ func TestAppender(t *testing.T) {
 	for round, size := range []int64{1 << 20, 100<<20 + 4096, 3<<30 + 512} {
 		p := filepath.Join(dir, "a.qcow2")
 		os.Remove(p)
-		if err := createQcow2(p, size, "", ""); err != nil {
+		if err := CreateQcow2(p, size, "", ""); err != nil {
 			t.Fatal(err)
 		}
-		if !qcowAppendable(p) {
+		if !Appendable(p) {
 			t.Fatal("a new image is not appendable")
 		}
 		if round == 2 {
 			// Start near the end of what the first refcount block covers,
 			// so that new blocks are needed.
-			os.Truncate(p, (qcowClusterSize/2-10)*qcowClusterSize)
+			os.Truncate(p, (ClusterSize/2-10)*ClusterSize)
 		}
-		a, err := openAppender(p)
+		a, err := OpenAppender(p)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -52,13 +52,13 @@ func TestAppender(t *testing.T) {
 			if rng.IntN(4) == 0 {
 				clear(b[:n/2]) // a zero run inside
 			}
-			if err := a.write(off, b); err != nil {
+			if err := a.Write(off, b); err != nil {
 				t.Fatal(err)
 			}
 			ws = append(ws, w{off, b})
 			off += n
 		}
-		if err := a.commit(); err != nil {
+		if err := a.Commit(); err != nil {
 			t.Fatal(err)
 		}
 		if out, err := exec.Command("qemu-img", "check", p).CombinedOutput(); err != nil {
@@ -77,7 +77,7 @@ func TestAppender(t *testing.T) {
 			}
 		}
 		f.Close()
-		if qcowAppendable(p) && len(ws) > 0 {
+		if Appendable(p) && len(ws) > 0 {
 			t.Fatal("a filled image still counts as empty")
 		}
 	}

@@ -1,4 +1,4 @@
-package storage
+package imageformat
 
 import (
 	"encoding/binary"
@@ -8,7 +8,7 @@ import (
 	"syscall"
 )
 
-// qcowAppender fills an empty, self-contained qcow2 image from data that
+// Appender fills an empty, self-contained qcow2 image from data that
 // arrives in guest order (an upload, a copy), writing clusters straight
 // to the file instead of through qemu-nbd: one copy of the data, no
 // per-request round trips. Zero clusters stay unallocated.
@@ -18,9 +18,9 @@ import (
 // visible, is written last, after a sync. An interrupted fill therefore
 // leaves either the empty image (with leaked clusters) or the data up to
 // the last L2 table committed: always a consistent image.
-type qcowAppender struct {
+type Appender struct {
 	f        *os.File
-	h        *qcowHeader
+	h        *Qcow2Header
 	size     int64
 	first    int64 // first cluster this appender allocated
 	next     int64 // next free host cluster
@@ -34,28 +34,31 @@ type qcowAppender struct {
 	origSize int64 // the file's size before the appender wrote
 }
 
+// Size is the image's virtual size: the most it takes.
+func (a *Appender) Size() int64 { return a.size }
+
 // kickWriteback starts writeback of what was appended since the last
 // kick once there is enough of it, so that the disk works while data
 // still arrives and the final sync finds little to do.
-func (a *qcowAppender) kickWriteback() {
-	end := a.next * qcowClusterSize
+func (a *Appender) kickWriteback() {
+	end := a.next * ClusterSize
 	if end-a.kicked < 32<<20 {
 		return
 	}
 	if a.kicked == 0 {
-		a.kicked = a.first * qcowClusterSize
+		a.kicked = a.first * ClusterSize
 	}
 	const syncFileRangeWrite = 2
 	_ = syscall.SyncFileRange(int(a.f.Fd()), a.kicked, end-a.kicked, syncFileRangeWrite) // a write-behind hint; the final fsync is checked
 	a.kicked = end
 }
 
-// qcowAppendable reports whether an image can be filled by an appender:
+// Appendable reports whether an image can be filled by an appender:
 // qcow2 v3 as toolstackd makes them (64 KiB clusters, 16-bit refcounts),
 // no backing file, snapshot, encryption or feature it does not know, and
 // nothing allocated yet.
-func qcowAppendable(path string) bool {
-	h, err := readQcow2Header(path)
+func Appendable(path string) bool {
+	h, err := ReadQcow2Header(path)
 	if err != nil || h.Version != 3 || h.ClusterBits != qcowClusterBits || h.RefcountOrder != qcowRefcountOrder ||
 		h.BackingFile != "" || h.ExternalDataFile || h.CryptMethod != 0 || h.NbSnapshots != 0 || h.IncompatibleFeatures != 0 {
 		return false
@@ -63,16 +66,17 @@ func qcowAppendable(path string) bool {
 	if int64(h.Size) > 8<<40 || h.RefcountTableClusters < 1 || h.RefcountTableClusters > 64 {
 		return false
 	}
-	empty, err := qcowIsEmpty(path)
+	empty, err := Qcow2IsEmpty(path)
 	return err == nil && empty
 }
 
-func openAppender(path string) (*qcowAppender, error) {
+// OpenAppender opens an image Appendable accepts for filling.
+func OpenAppender(path string) (*Appender, error) {
 	f, err := os.OpenFile(path, os.O_RDWR, 0) //nolint:gosec // volume paths come from the SR driver, inside its directory
 	if err != nil {
 		return nil, err
 	}
-	h, err := readQcow2HeaderFrom(f)
+	h, err := ReadQcow2HeaderFrom(f)
 	if err != nil {
 		_ = f.Close()
 		return nil, err
@@ -82,35 +86,35 @@ func openAppender(path string) (*qcowAppender, error) {
 		_ = f.Close()
 		return nil, err
 	}
-	rt := make([]byte, int64(h.RefcountTableClusters)*qcowClusterSize)
+	rt := make([]byte, int64(h.RefcountTableClusters)*ClusterSize)
 	if _, err := f.ReadAt(rt, int64(h.RefcountTableOffset)); err != nil {
 		_ = f.Close()
 		return nil, fmt.Errorf("reading the refcount table: %w", err)
 	}
-	a := &qcowAppender{f: f, h: h, size: int64(h.Size), l1: map[int64]int64{}, cur: -1, origSize: st.Size()}
+	a := &Appender{f: f, h: h, size: int64(h.Size), l1: map[int64]int64{}, cur: -1, origSize: st.Size()}
 	for i := 0; i < len(rt); i += 8 {
 		a.refTable = append(a.refTable, binary.BigEndian.Uint64(rt[i:]))
 	}
-	a.next = (st.Size() + qcowClusterSize - 1) / qcowClusterSize
+	a.next = (st.Size() + ClusterSize - 1) / ClusterSize
 	a.first = a.next
 	return a, nil
 }
 
-func (a *qcowAppender) alloc(n int64) int64 {
+func (a *Appender) alloc(n int64) int64 {
 	c := a.next
 	a.next += n
 	return c
 }
 
-// write takes the guest bytes at off, which must not be before what was
+// Write takes the guest bytes at off, which must not be before what was
 // written already; a gap reads as zeroes.
-func (a *qcowAppender) write(off int64, p []byte) error {
-	const cs = qcowClusterSize
+func (a *Appender) Write(off int64, p []byte) error {
+	const cs = ClusterSize
 	if off < a.pos {
 		return errors.New("qcow2 appender: writes must come in order")
 	}
 	if off+int64(len(p)) > a.size {
-		return errTooBig{a.size}
+		return TooBigError{Size: a.size}
 	}
 	if off > a.pos {
 		// Zeroes up to off: finish the partial cluster, skip the rest.
@@ -161,15 +165,15 @@ func (a *qcowAppender) write(off int64, p []byte) error {
 
 // clusters stores whole clusters at a cluster-aligned guest offset: runs
 // of non-zero clusters each in one write.
-func (a *qcowAppender) clusters(off int64, p []byte) error {
-	const cs = qcowClusterSize
+func (a *Appender) clusters(off int64, p []byte) error {
+	const cs = ClusterSize
 	for i := 0; i < len(p); {
-		if isZero(p[i : i+cs]) {
+		if IsZero(p[i : i+cs]) {
 			i += cs
 			continue
 		}
 		j := i + cs
-		for j < len(p) && !isZero(p[j:j+cs]) && (off+int64(j))/cs/qcowL2Entries == (off+int64(i))/cs/qcowL2Entries {
+		for j < len(p) && !IsZero(p[j:j+cs]) && (off+int64(j))/cs/qcowL2Entries == (off+int64(i))/cs/qcowL2Entries {
 			j += cs
 		}
 		g := (off + int64(i)) / cs
@@ -190,7 +194,7 @@ func (a *qcowAppender) clusters(off int64, p []byte) error {
 }
 
 // table makes guest L2 table t the current one, writing out the previous.
-func (a *qcowAppender) table(t int64) error {
+func (a *Appender) table(t int64) error {
 	if t == a.cur {
 		return nil
 	}
@@ -201,28 +205,28 @@ func (a *qcowAppender) table(t int64) error {
 	return nil
 }
 
-func (a *qcowAppender) flushTable() error {
+func (a *Appender) flushTable() error {
 	if a.cur < 0 {
 		return nil
 	}
-	buf := make([]byte, qcowClusterSize)
+	buf := make([]byte, ClusterSize)
 	for i, e := range a.l2 {
 		binary.BigEndian.PutUint64(buf[8*i:], e)
 	}
 	host := a.alloc(1)
-	if _, err := a.f.WriteAt(buf, host*qcowClusterSize); err != nil {
+	if _, err := a.f.WriteAt(buf, host*ClusterSize); err != nil {
 		return err
 	}
-	a.l1[a.cur] = host * qcowClusterSize
+	a.l1[a.cur] = host * ClusterSize
 	a.cur, a.l2 = -1, nil
 	return nil
 }
 
-// abort drops everything the appender wrote and closes the file. Until
+// Abort drops everything the appender wrote and closes the file. Until
 // commit, the appender only writes past the image's original end, so
 // cutting the file back to its old size leaves the image exactly as it
 // was (empty).
-func (a *qcowAppender) abort() error {
+func (a *Appender) Abort() error {
 	err := a.f.Truncate(a.origSize)
 	if err == nil {
 		err = a.f.Sync()
@@ -233,10 +237,10 @@ func (a *qcowAppender) abort() error {
 	return err
 }
 
-// commit writes what is pending, the refcounts and then the L1 table,
+// Commit writes what is pending, the refcounts and then the L1 table,
 // syncing in between, and closes the file.
-func (a *qcowAppender) commit() (err error) {
-	const cs = qcowClusterSize
+func (a *Appender) Commit() (err error) {
+	const cs = ClusterSize
 	defer func() {
 		if cerr := a.f.Close(); err == nil {
 			err = cerr

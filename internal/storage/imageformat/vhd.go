@@ -1,4 +1,4 @@
-package storage
+package imageformat
 
 import (
 	"bytes"
@@ -100,8 +100,8 @@ func vhdFooter(size int64, diskType uint32, id uuid.UUID, now time.Time) []byte 
 	return b
 }
 
-// vhdPlan lays out a streamed VHD.
-type vhdPlan struct {
+// VHDPlan lays out a streamed VHD.
+type VHDPlan struct {
 	size      int64
 	blocks    []int64          // allocated block numbers, ascending
 	bitmaps   map[int64][]byte // differencing: which sectors each block carries
@@ -115,12 +115,12 @@ type vhdPlan struct {
 	blocksOff int64
 }
 
-// planVHD plans a dynamic VHD of the non-zero extents, or (diff) a
+// PlanVHD plans a dynamic VHD of the non-zero extents, or (diff) a
 // differencing VHD of the given changed extents, zero ones included.
-func planVHD(size int64, exts []Extent, diff bool, id, parent uuid.UUID) *vhdPlan {
-	p := &vhdPlan{size: size, diff: diff, id: id, parent: parent, parentTS: time.Now().UTC()}
+func PlanVHD(size int64, exts []Extent, diff bool, id, parent uuid.UUID) *VHDPlan {
+	p := &VHDPlan{size: size, diff: diff, id: id, parent: parent, parentTS: time.Now().UTC()}
 	p.entries = (size + vhdBlockSize - 1) / vhdBlockSize
-	p.batBytes = roundUp(p.entries*4, vhdSector)
+	p.batBytes = RoundUp(p.entries*4, vhdSector)
 	if diff {
 		p.bitmaps = map[int64][]byte{}
 	}
@@ -164,11 +164,12 @@ func planVHD(size int64, exts []Extent, diff bool, id, parent uuid.UUID) *vhdPla
 	return p
 }
 
-func (p *vhdPlan) Length() int64 {
+// Length is the size of the VHD file.
+func (p *VHDPlan) Length() int64 {
 	return p.blocksOff + int64(len(p.blocks))*(vhdBitmapSize+vhdBlockSize) + vhdSector
 }
 
-func (p *vhdPlan) header() []byte {
+func (p *VHDPlan) header() []byte {
 	b := make([]byte, 1024)
 	be := binary.BigEndian
 	copy(b[0:], "cxsparse")
@@ -193,16 +194,8 @@ func (p *vhdPlan) header() []byte {
 }
 
 // WriteTo streams the VHD, reading block data from r.
-func (p *vhdPlan) WriteTo(ctx context.Context, w io.Writer, r io.ReaderAt, progress func(int64)) error {
-	var written int64
-	put := func(b []byte) error {
-		_, err := w.Write(b)
-		written += int64(len(b))
-		if progress != nil {
-			progress(written)
-		}
-		return err
-	}
+func (p *VHDPlan) WriteTo(ctx context.Context, w io.Writer, r io.ReaderAt, readRanges RangeReader, progress func(int64)) error {
+	put := (&progressWriter{w: w, progress: progress}).put
 	typ := uint32(vhdDynamic)
 	if p.diff {
 		typ = vhdDiff
@@ -237,13 +230,17 @@ func (p *vhdPlan) WriteTo(ctx context.Context, w io.Writer, r io.ReaderAt, progr
 	for i, blk := range p.blocks {
 		ranges[i] = Extent{Offset: blk * vhdBlockSize, Length: vhdBlockSize}
 	}
-	err := readOrdered(ctx, tailReader{r, p.size}, ranges, func(off int64, b []byte) error {
-		bm := full
-		if p.diff {
-			bm = p.bitmaps[off/vhdBlockSize]
-		}
-		if err := put(bm); err != nil {
-			return err
+	// Each block is its sector bitmap, then its data (which may come in
+	// several chunks).
+	err := readRanges(ctx, tailReader{r, p.size}, ranges, func(off int64, b []byte) error {
+		if off%vhdBlockSize == 0 {
+			bm := full
+			if p.diff {
+				bm = p.bitmaps[off/vhdBlockSize]
+			}
+			if err := put(bm); err != nil {
+				return err
+			}
 		}
 		return put(b)
 	})
@@ -332,10 +329,10 @@ func (s *streamPos) skipTo(off int64) error {
 	return err
 }
 
-// applyVHD reads a VHD from a stream and writes what its blocks carry
-// into a device (of at least the VHD's size). Blocks must come after the
+// ApplyVHD reads a VHD from a stream and writes what its blocks carry
+// into d (of at least the VHD's size). Blocks must come after the
 // block table, in any order of guest offsets, without overlapping.
-func applyVHD(ctx context.Context, r io.Reader, d *device, progress func(int64)) (int64, error) {
+func ApplyVHD(ctx context.Context, r io.Reader, d Disk, progress func(int64)) (int64, error) {
 	s := &streamPos{r: r}
 	foot := make([]byte, vhdSector)
 	if err := s.read(foot); err != nil {
@@ -345,8 +342,8 @@ func applyVHD(ctx context.Context, r io.Reader, d *device, progress func(int64))
 	if err != nil {
 		return 0, err
 	}
-	if size > d.size {
-		return 0, errTooBig{d.size}
+	if size > d.Size {
+		return 0, TooBigError{Size: d.Size}
 	}
 	if err := s.skipTo(dataOff); err != nil {
 		return 0, err
@@ -379,7 +376,7 @@ func applyVHD(ctx context.Context, r io.Reader, d *device, progress func(int64))
 		i += k
 	}
 	sort.Slice(blocks, func(i, j int) bool { return blocks[i].off < blocks[j].off })
-	bitmapSize := roundUp(blockSize/vhdSector/8, vhdSector)
+	bitmapSize := RoundUp(blockSize/vhdSector/8, vhdSector)
 	bm := make([]byte, bitmapSize)
 	data := make([]byte, blockSize)
 	var written int64
@@ -412,11 +409,11 @@ func applyVHD(ctx context.Context, r io.Reader, d *device, progress func(int64))
 			lo, hi := sct*vhdSector, end*vhdSector
 			switch {
 			case set:
-				if err := writeChunk(d, data[lo:hi], base+lo); err != nil {
+				if err := d.Write(data[lo:hi], base+lo); err != nil {
 					return written, err
 				}
-			case diskType == vhdDynamic && d.zero != nil:
-				if err := d.zero(base+lo, hi-lo); err != nil {
+			case diskType == vhdDynamic && d.Zero != nil:
+				if err := d.Zero(base+lo, hi-lo); err != nil {
 					return written, err
 				}
 			}

@@ -1,4 +1,4 @@
-package storage
+package imageformat
 
 import (
 	"bytes"
@@ -12,20 +12,20 @@ import (
 	"github.com/google/uuid"
 )
 
-// memDevice is a device in memory.
+// memDevice is a disk in memory.
 type memDevice struct{ b []byte }
 
 func (m *memDevice) WriteAt(p []byte, off int64) (int, error) {
 	if off < 0 || off+int64(len(p)) > int64(len(m.b)) {
-		return 0, errTooBig{int64(len(m.b))}
+		return 0, TooBigError{Size: int64(len(m.b))}
 	}
 	return copy(m.b[off:], p), nil
 }
 
-func (m *memDevice) dev() *device {
-	return &device{size: int64(len(m.b)), r: bytes.NewReader(m.b), w: m, zero: func(off, n int64) error {
+func (m *memDevice) dev() Disk {
+	return Disk{Size: int64(len(m.b)), Write: func(b []byte, off int64) error { _, err := m.WriteAt(b, off); return err }, Zero: func(off, n int64) error {
 		if off < 0 || off+n > int64(len(m.b)) {
-			return errTooBig{int64(len(m.b))}
+			return TooBigError{Size: int64(len(m.b))}
 		}
 		clear(m.b[off : off+n])
 		return nil
@@ -53,9 +53,9 @@ func TestVHDDynamicWithQemu(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	size := int64(37<<20 + 3*512)
 	disk, exts := randomDisk(rng, size)
-	plan := planVHD(size, exts, false, uuid.New(), uuid.Nil)
+	plan := PlanVHD(size, exts, false, uuid.New(), uuid.Nil)
 	var buf bytes.Buffer
-	if err := plan.WriteTo(context.Background(), &buf, bytes.NewReader(disk), nil); err != nil {
+	if err := plan.WriteTo(context.Background(), &buf, bytes.NewReader(disk), SequentialReader, nil); err != nil {
 		t.Fatal(err)
 	}
 	if int64(buf.Len()) != plan.Length() {
@@ -81,7 +81,7 @@ func TestVHDDynamicWithQemu(t *testing.T) {
 	f, _ := os.Open(q)
 	defer f.Close()
 	m := &memDevice{b: make([]byte, size)} // a fresh VDI
-	if _, err := applyVHD(context.Background(), f, m.dev(), nil); err != nil {
+	if _, err := ApplyVHD(context.Background(), f, m.dev(), nil); err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(m.b, disk) {
@@ -110,13 +110,13 @@ func TestVHDDifferencing(t *testing.T) {
 		}
 		changed = append(changed, Extent{Offset: off, Length: n, Zero: zero})
 	}
-	plan := planVHD(size, mergeExtents(changed), true, uuid.New(), uuid.New())
+	plan := PlanVHD(size, MergeExtents(changed), true, uuid.New(), uuid.New())
 	var buf bytes.Buffer
-	if err := plan.WriteTo(context.Background(), &buf, bytes.NewReader(now), nil); err != nil {
+	if err := plan.WriteTo(context.Background(), &buf, bytes.NewReader(now), SequentialReader, nil); err != nil {
 		t.Fatal(err)
 	}
 	m := &memDevice{b: append([]byte(nil), base...)}
-	if _, err := applyVHD(context.Background(), bytes.NewReader(buf.Bytes()), m.dev(), nil); err != nil {
+	if _, err := ApplyVHD(context.Background(), bytes.NewReader(buf.Bytes()), m.dev(), nil); err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(m.b, now) {
@@ -128,13 +128,13 @@ func FuzzApplyVHD(f *testing.F) {
 	rng := rand.New(rand.NewPCG(1, 1))
 	disk, exts := randomDisk(rng, 1<<20)
 	var buf bytes.Buffer
-	planVHD(1<<20, exts, false, uuid.New(), uuid.Nil).WriteTo(context.Background(), &buf, bytes.NewReader(disk), nil)
+	PlanVHD(1<<20, exts, false, uuid.New(), uuid.Nil).WriteTo(context.Background(), &buf, bytes.NewReader(disk), SequentialReader, nil)
 	f.Add(buf.Bytes()[:8192])
 	buf.Reset()
-	planVHD(1<<20, exts[:min(2, len(exts))], true, uuid.New(), uuid.New()).WriteTo(context.Background(), &buf, bytes.NewReader(disk), nil)
+	PlanVHD(1<<20, exts[:min(2, len(exts))], true, uuid.New(), uuid.New()).WriteTo(context.Background(), &buf, bytes.NewReader(disk), SequentialReader, nil)
 	f.Add(buf.Bytes()[:8192])
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m := &memDevice{b: make([]byte, 1<<20)}
-		applyVHD(context.Background(), bytes.NewReader(b), m.dev(), nil)
+		ApplyVHD(context.Background(), bytes.NewReader(b), m.dev(), nil)
 	})
 }

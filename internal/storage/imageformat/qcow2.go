@@ -1,4 +1,4 @@
-package storage
+package imageformat
 
 import (
 	"encoding/binary"
@@ -12,7 +12,7 @@ import (
 const (
 	qcowMagic          = 0x514649fb // "QFI\xfb"
 	qcowClusterBits    = 16         // 64 KiB clusters, QEMU's default
-	qcowClusterSize    = 1 << qcowClusterBits
+	ClusterSize        = 1 << qcowClusterBits
 	qcowRefcountOrder  = 4 // 16-bit refcounts
 	qcowV3HeaderLength = 104
 	qcowExtEnd         = 0x00000000
@@ -28,8 +28,8 @@ const (
 	MaxVirtualSize = int64(64) << 40
 )
 
-// qcowHeader is the part of a qcow2 header toolstackd needs.
-type qcowHeader struct {
+// Qcow2Header is the part of a qcow2 header toolstackd needs.
+type Qcow2Header struct {
 	Version               uint32
 	ClusterBits           uint32
 	Size                  uint64
@@ -49,11 +49,11 @@ type qcowHeader struct {
 
 var errNotQcow2 = errors.New("not a qcow2 image")
 
-// parseQcow2Header decodes a qcow2 header from the first bytes of an image
+// ParseQcow2Header decodes a qcow2 header from the first bytes of an image
 // (at least the header, its extensions and the backing file name, which
 // QEMU always keeps in the first cluster). It never trusts the input: every
 // offset is checked against the buffer.
-func parseQcow2Header(b []byte) (*qcowHeader, error) {
+func ParseQcow2Header(b []byte) (*Qcow2Header, error) {
 	if len(b) < 72 {
 		return nil, errNotQcow2
 	}
@@ -61,7 +61,7 @@ func parseQcow2Header(b []byte) (*qcowHeader, error) {
 	if be.Uint32(b[0:]) != qcowMagic {
 		return nil, errNotQcow2
 	}
-	h := &qcowHeader{
+	h := &Qcow2Header{
 		Version:               be.Uint32(b[4:]),
 		ClusterBits:           be.Uint32(b[20:]),
 		Size:                  be.Uint64(b[24:]),
@@ -131,34 +131,35 @@ func parseQcow2Header(b []byte) (*qcowHeader, error) {
 	return h, nil
 }
 
-// readQcow2Header reads and decodes the header of an image file.
-func readQcow2Header(path string) (*qcowHeader, error) {
+// ReadQcow2Header reads and decodes the header of an image file.
+func ReadQcow2Header(path string) (*Qcow2Header, error) {
 	f, err := os.Open(path) //nolint:gosec // volume paths come from the SR driver, inside its directory
 	if err != nil {
 		return nil, err
 	}
 	defer func(c func() error) { _ = c() }(f.Close)
-	return readQcow2HeaderFrom(f)
+	return ReadQcow2HeaderFrom(f)
 }
 
-func readQcow2HeaderFrom(r io.ReaderAt) (*qcowHeader, error) {
+// ReadQcow2HeaderFrom reads the header at the start of r.
+func ReadQcow2HeaderFrom(r io.ReaderAt) (*Qcow2Header, error) {
 	buf := make([]byte, 4096)
 	n, err := r.ReadAt(buf, 0)
 	if err != nil && err != io.EOF {
 		return nil, err
 	}
-	return parseQcow2Header(buf[:n])
+	return ParseQcow2Header(buf[:n])
 }
 
-// qcowIsEmpty reports whether an image has no cluster of its own (its L1
+// Qcow2IsEmpty reports whether an image has no cluster of its own (its L1
 // table is all zero), so that it reads exactly as its backing file does.
-func qcowIsEmpty(path string) (bool, error) {
+func Qcow2IsEmpty(path string) (bool, error) {
 	f, err := os.Open(path) //nolint:gosec // volume paths come from the SR driver, inside its directory
 	if err != nil {
 		return false, err
 	}
 	defer func(c func() error) { _ = c() }(f.Close)
-	h, err := readQcow2HeaderFrom(f)
+	h, err := ReadQcow2HeaderFrom(f)
 	if err != nil {
 		return false, err
 	}
@@ -180,20 +181,20 @@ func qcowIsEmpty(path string) (bool, error) {
 	return true, nil
 }
 
-// createQcow2 writes a new, empty qcow2 v3 image of the given virtual size,
+// CreateQcow2 writes a new, empty qcow2 v3 image of the given virtual size,
 // optionally over a backing file (a name relative to the image's
 // directory, as QEMU resolves it). It is what `qemu-img create -f qcow2
 // [-b backing -F fmt]` makes, without starting a process: a header
 // cluster, a refcount table, one refcount block and a zeroed L1 table. The
 // file is synced before it is returned; it never replaces an existing file.
-func createQcow2(path string, size int64, backing, backingFmt string) (err error) {
+func CreateQcow2(path string, size int64, backing, backingFmt string) (err error) {
 	if size < 0 || size > MaxVirtualSize {
 		return fmt.Errorf("virtual size %d out of range", size)
 	}
 	if len(backing) > 1023 {
 		return errors.New("backing file name too long")
 	}
-	size = roundUp(size, 512)
+	size = RoundUp(size, 512)
 	img := qcow2Image(size, backing, backingFmt)
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600) //nolint:gosec // os.O_CREATE|os.O_EXCL, 0o600)|volume paths come from the SR driver, inside its directory
 	if err != nil {
@@ -218,7 +219,8 @@ func createQcow2(path string, size int64, backing, backingFmt string) (err error
 	return f.Sync()
 }
 
-func roundUp(n, to int64) int64 { return (n + to - 1) / to * to }
+// RoundUp is n rounded up to a multiple of to.
+func RoundUp(n, to int64) int64 { return (n + to - 1) / to * to }
 
 type imgChunk struct {
 	off  int64
@@ -233,7 +235,7 @@ type emptyQcow2 struct {
 // qcow2Image lays out an empty image: cluster 0 the header, 1 the refcount
 // table, 2 the refcount block, 3.. the L1 table.
 func qcow2Image(size int64, backing, backingFmt string) emptyQcow2 {
-	const cs = qcowClusterSize
+	const cs = ClusterSize
 	l2Entries := int64(cs / 8)
 	l1Entries := (size + cs*l2Entries - 1) / (cs * l2Entries)
 	l1Clusters := (l1Entries*8 + cs - 1) / cs
