@@ -16,6 +16,25 @@ import (
 	"toolstackd/internal/xerr"
 )
 
+// startOn runs VM.start or VM.resume (op) on a VM with --force, or its
+// _on form when on=<host> chooses where.
+func (c *Ctx) startOn(vm *db.Row, op string, paused bool) error {
+	force, err := c.boolParam("force")
+	if err != nil {
+		return err
+	}
+	if on, ok := c.param("on"); ok {
+		host, err := c.hostRef(on)
+		if err != nil {
+			return err
+		}
+		_, err = c.call(op+"_on", vm.Ref, host, paused, force)
+		return err
+	}
+	_, err = c.call(op, vm.Ref, paused, force)
+	return err
+}
+
 // addCommands registers the commands written by hand.
 func (s *Server) addCommands() {
 	s.register("help", "Shows how to use xe: with a command name, that command's parameters; "+
@@ -36,20 +55,7 @@ func (s *Server) addCommands() {
 			if err != nil {
 				return err
 			}
-			force, err := c.boolParam("force")
-			if err != nil {
-				return err
-			}
-			if on, ok := c.param("on"); ok {
-				host, err := c.hostRef(on)
-				if err != nil {
-					return err
-				}
-				_, err = c.call("VM.start_on", vm.Ref, host, paused, force)
-				return err
-			}
-			_, err = c.call("VM.start", vm.Ref, paused, force)
-			return err
+			return c.startOn(vm, "VM.start", paused)
 		})
 	vmOp("vm-shutdown", "Shuts the selected VMs down: cleanly, or at once with --force.", selectOpts{},
 		func(c *Ctx, vm *db.Row) error { return c.forced(vm, "VM.hard_shutdown", "VM.clean_shutdown") })
@@ -59,20 +65,7 @@ func (s *Server) addCommands() {
 		func(c *Ctx, vm *db.Row) error { _, err := c.call("VM.suspend", vm.Ref); return err })
 	vmOp("vm-resume", "Resumes the selected suspended VMs (on=<host> to choose where).", selectOpts{},
 		func(c *Ctx, vm *db.Row) error {
-			force, err := c.boolParam("force")
-			if err != nil {
-				return err
-			}
-			if on, ok := c.param("on"); ok {
-				host, err := c.hostRef(on)
-				if err != nil {
-					return err
-				}
-				_, err = c.call("VM.resume_on", vm.Ref, host, false, force)
-				return err
-			}
-			_, err = c.call("VM.resume", vm.Ref, false, force)
-			return err
+			return c.startOn(vm, "VM.resume", false)
 		})
 	vmOp("vm-pause", "Pauses the selected running VMs.", selectOpts{},
 		func(c *Ctx, vm *db.Row) error { _, err := c.call("VM.pause", vm.Ref); return err })
@@ -135,11 +128,9 @@ func (s *Server) addCommands() {
 		if err != nil {
 			return err
 		}
-		managed := true
-		if _, ok := c.param("managed"); ok {
-			if managed, err = c.boolParam("managed"); err != nil {
-				return err
-			}
+		managed, err := c.boolParamOr("managed", true)
+		if err != nil {
+			return err
 		}
 		rec := map[string]any{
 			"name_label": c.require("name-label"), "name_description": c.paramOr("name-description", ""),
@@ -567,11 +558,9 @@ func (s *Server) vbdCreate(c *Ctx) error {
 	if err != nil {
 		return err
 	}
-	unpluggable := true
-	if _, ok := c.param("unpluggable"); ok {
-		if unpluggable, err = c.boolParam("unpluggable"); err != nil {
-			return err
-		}
+	unpluggable, err := c.boolParamOr("unpluggable", true)
+	if err != nil {
+		return err
 	}
 	rec := map[string]any{
 		"VM": vm, "VDI": vdi, "userdevice": c.require("device"), "bootable": bootable, "mode": mode, "type": typ,

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"slices"
 	"strings"
 
 	"toolstackd/internal/db"
@@ -264,12 +265,10 @@ func fieldOf(v *classView, name string) (*fieldView, error) {
 	return fv, nil
 }
 
-// paramGetCmd is <class>-param-get.
-func paramGetCmd(v *classView) func(*Ctx) error {
+// onField makes a <class>-param-get/add/remove/clear command: run works
+// on the object named by uuid= and its field named by param-name=.
+func onField(v *classView, run func(c *Ctx, row *db.Row, fm formatter, fv *fieldView) error) func(*Ctx) error {
 	return func(c *Ctx) error {
-		if err := c.noOtherDatabase(); err != nil {
-			return err
-		}
 		row, fm, err := c.rowByUUID(v, c.require("uuid"))
 		if err != nil {
 			return err
@@ -278,18 +277,33 @@ func paramGetCmd(v *classView) func(*Ctx) error {
 		if err != nil {
 			return err
 		}
-		if key, ok := c.param("param-key"); ok && fv.isMap() {
-			for _, e := range fm.entries(fv.f.Type, fm.snap.Value(row, fv.f)) {
-				if e.k == key {
-					c.out.list(e.v)
-					return nil
-				}
-			}
-			return failf("Key %s not found in map", key)
-		}
-		c.out.list(fm.get(row, fv))
-		return nil
+		return run(c, row, fm, fv)
 	}
+}
+
+// paramGetCmd is <class>-param-get.
+func paramGetCmd(v *classView) func(*Ctx) error {
+	get := onField(v, (*Ctx).paramGet)
+	return func(c *Ctx) error {
+		if err := c.noOtherDatabase(); err != nil {
+			return err
+		}
+		return get(c)
+	}
+}
+
+func (c *Ctx) paramGet(row *db.Row, fm formatter, fv *fieldView) error {
+	if key, ok := c.param("param-key"); ok && fv.isMap() {
+		for _, e := range fm.entries(fv.f.Type, fm.snap.Value(row, fv.f)) {
+			if e.k == key {
+				c.out.list(e.v)
+				return nil
+			}
+		}
+		return failf("Key %s not found in map", key)
+	}
+	c.out.list(fm.get(row, fv))
+	return nil
 }
 
 // mapKey reads a map key typed on the command line.
@@ -379,146 +393,116 @@ func (c *Ctx) setOne(v *classView, fm formatter, row *db.Row, k, val string) err
 
 // paramAddCmd is <class>-param-add: param-key to a set, or key=value
 // pairs to a map.
-func paramAddCmd(v *classView) func(*Ctx) error {
-	return func(c *Ctx) error {
-		row, _, err := c.rowByUUID(v, c.require("uuid"))
+func paramAddCmd(v *classView) func(*Ctx) error { return onField(v, (*Ctx).paramAdd) }
+
+func (c *Ctx) paramAdd(row *db.Row, _ formatter, fv *fieldView) error {
+	switch {
+	case fv.isSet() && fv.adder != "":
+		key, ok := c.param("param-key")
+		if !ok {
+			return failf("When adding a key to a set, use the syntax: *-param-add param-name=<name> param-key=<key>")
+		}
+		x, err := c.parseValue(fv.f.Type.Elem, key, fv.name)
 		if err != nil {
 			return err
 		}
-		fv, err := fieldOf(v, c.require("param-name"))
-		if err != nil {
-			return err
-		}
-		switch {
-		case fv.isSet() && fv.adder != "":
-			key, ok := c.param("param-key")
-			if !ok {
-				return failf("When adding a key to a set, use the syntax: *-param-add param-name=<name> param-key=<key>")
+		_, err = c.call(fv.adder, row.Ref, x)
+		return err
+	case fv.isMap() && fv.adder != "":
+		for _, p := range c.params {
+			switch p.k {
+			case "uuid", "param-name", "param-key":
+				continue
 			}
-			x, err := c.parseValue(fv.f.Type.Elem, key, fv.name)
+			if standardParams[p.k] {
+				continue
+			}
+			key, err := c.mapKey(fv, p.k)
 			if err != nil {
 				return err
 			}
-			_, err = c.call(fv.adder, row.Ref, x)
-			return err
-		case fv.isMap() && fv.adder != "":
-			for _, p := range c.params {
-				switch p.k {
-				case "uuid", "param-name", "param-key":
-					continue
-				}
-				if standardParams[p.k] {
-					continue
-				}
-				key, err := c.mapKey(fv, p.k)
-				if err != nil {
-					return err
-				}
-				elem, err := c.parseValue(fv.f.Type.Elem, p.v, fv.name)
-				if err != nil {
-					return err
-				}
-				if _, err := c.call(fv.adder, row.Ref, key, elem); err != nil {
-					return err
-				}
+			elem, err := c.parseValue(fv.f.Type.Elem, p.v, fv.name)
+			if err != nil {
+				return err
 			}
-			return nil
-		case fv.isSet() || fv.isMap():
-			return failf("Parameter is read-only")
+			if _, err := c.call(fv.adder, row.Ref, key, elem); err != nil {
+				return err
+			}
 		}
-		return failf("Can only add to parameters of type Set or Map")
+		return nil
+	case fv.isSet() || fv.isMap():
+		return failf("Parameter is read-only")
 	}
+	return failf("Can only add to parameters of type Set or Map")
 }
 
 // paramRemoveCmd is <class>-param-remove: a member of a set or a key of
 // a map.
-func paramRemoveCmd(v *classView) func(*Ctx) error {
-	return func(c *Ctx) error {
-		row, fm, err := c.rowByUUID(v, c.require("uuid"))
+func paramRemoveCmd(v *classView) func(*Ctx) error { return onField(v, (*Ctx).paramRemove) }
+
+func (c *Ctx) paramRemove(row *db.Row, fm formatter, fv *fieldView) error {
+	key := c.require("param-key")
+	switch {
+	case fv.isSet() && fv.remover != "":
+		if !slices.Contains(fm.items(fv.f.Type, fm.snap.Value(row, fv.f)), key) {
+			return failf("Key %s is not in the set", key)
+		}
+		x, err := c.parseValue(fv.f.Type.Elem, key, fv.name)
 		if err != nil {
 			return err
 		}
-		fv, err := fieldOf(v, c.require("param-name"))
+		_, err = c.call(fv.remover, row.Ref, x)
+		return err
+	case fv.isMap() && fv.remover != "":
+		k, err := c.mapKey(fv, key)
 		if err != nil {
 			return err
 		}
-		key := c.require("param-key")
-		switch {
-		case fv.isSet() && fv.remover != "":
-			found := false
-			for _, it := range fm.items(fv.f.Type, fm.snap.Value(row, fv.f)) {
-				if it == key {
-					found = true
-				}
-			}
-			if !found {
-				return failf("Key %s is not in the set", key)
-			}
-			x, err := c.parseValue(fv.f.Type.Elem, key, fv.name)
-			if err != nil {
-				return err
-			}
-			_, err = c.call(fv.remover, row.Ref, x)
-			return err
-		case fv.isMap() && fv.remover != "":
-			k, err := c.mapKey(fv, key)
-			if err != nil {
-				return err
-			}
-			if !hasKey(fm, row, fv, k.(string)) {
-				return failf("Key %s is not in map", key)
-			}
-			_, err = c.call(fv.remover, row.Ref, k)
-			return err
-		case fv.isSet() || fv.isMap():
-			return failf("Cannot remove parameters from read-only map")
+		if !hasKey(fm, row, fv, k.(string)) {
+			return failf("Key %s is not in map", key)
 		}
-		return failf("Can only remove from parameters of type Set or Map")
+		_, err = c.call(fv.remover, row.Ref, k)
+		return err
+	case fv.isSet() || fv.isMap():
+		return failf("Cannot remove parameters from read-only map")
 	}
+	return failf("Can only remove from parameters of type Set or Map")
 }
 
 // paramClearCmd is <class>-param-clear: empties a set or map, or sets a
 // plain field to its empty value.
-func paramClearCmd(v *classView) func(*Ctx) error {
-	return func(c *Ctx) error {
-		row, fm, err := c.rowByUUID(v, c.require("uuid"))
+func paramClearCmd(v *classView) func(*Ctx) error { return onField(v, (*Ctx).paramClear) }
+
+func (c *Ctx) paramClear(row *db.Row, fm formatter, fv *fieldView) error {
+	val := fm.snap.Value(row, fv.f)
+	switch {
+	case fv.isSet() && fv.remover != "":
+		items := c.rawItems(val)
+		for _, it := range items {
+			if _, err := c.call(fv.remover, row.Ref, it); err != nil {
+				return err
+			}
+		}
+		return nil
+	case fv.isMap() && fv.setter != "":
+		_, err := c.call(fv.setter, row.Ref, schema.EmptyMap(fv.f.Type))
+		return err
+	case fv.isMap() && fv.remover != "":
+		for _, k := range mapKeys(val) {
+			if _, err := c.call(fv.remover, row.Ref, k); err != nil {
+				return err
+			}
+		}
+		return nil
+	case fv.setter != "" && !fv.isSet() && !fv.isMap():
+		x, err := c.parseValue(fv.f.Type, "", fv.name)
 		if err != nil {
-			return err
+			return failf("Cannot clear this parameter")
 		}
-		fv, err := fieldOf(v, c.require("param-name"))
-		if err != nil {
-			return err
-		}
-		val := fm.snap.Value(row, fv.f)
-		switch {
-		case fv.isSet() && fv.remover != "":
-			items := c.rawItems(val)
-			for _, it := range items {
-				if _, err := c.call(fv.remover, row.Ref, it); err != nil {
-					return err
-				}
-			}
-			return nil
-		case fv.isMap() && fv.setter != "":
-			_, err := c.call(fv.setter, row.Ref, schema.EmptyMap(fv.f.Type))
-			return err
-		case fv.isMap() && fv.remover != "":
-			for _, k := range mapKeys(val) {
-				if _, err := c.call(fv.remover, row.Ref, k); err != nil {
-					return err
-				}
-			}
-			return nil
-		case fv.setter != "" && !fv.isSet() && !fv.isMap():
-			x, err := c.parseValue(fv.f.Type, "", fv.name)
-			if err != nil {
-				return failf("Cannot clear this parameter")
-			}
-			_, err = c.call(fv.setter, row.Ref, x)
-			return err
-		}
-		return failf("Can only clear RW parameters")
+		_, err = c.call(fv.setter, row.Ref, x)
+		return err
 	}
+	return failf("Can only clear RW parameters")
 }
 
 // rawItems lists a canonical set's members as canonical values.

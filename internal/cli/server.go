@@ -328,10 +328,13 @@ func (c *Ctx) paramOr(k, def string) string {
 }
 
 // boolParam reads a boolean parameter (false when absent).
-func (c *Ctx) boolParam(k string) (bool, error) {
+func (c *Ctx) boolParam(k string) (bool, error) { return c.boolParamOr(k, false) }
+
+// boolParamOr is boolParam with def for a parameter not given.
+func (c *Ctx) boolParamOr(k string, def bool) (bool, error) {
 	v, ok := c.param(k)
 	if !ok {
-		return false, nil
+		return def, nil
 	}
 	b, ok := parseBool(v)
 	if !ok {

@@ -358,6 +358,12 @@ func (d *DB) prepare(tx *Tx) *Snapshot {
 // generation order) and wakes whoever waits on the previous one.
 func (d *DB) publish(snap *Snapshot, b *Batch) {
 	d.appendFeed(b) // first, so the feed never lags the current snapshot
+	d.setCurrent(snap)
+}
+
+// setCurrent makes snap the current snapshot and wakes whoever waits on
+// the one it replaces. The caller holds pubMu.
+func (d *DB) setCurrent(snap *Snapshot) {
 	old := d.cur.Load()
 	d.cur.Store(snap)
 	close(old.done)

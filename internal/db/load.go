@@ -38,9 +38,7 @@ func (d *DB) Load(gen uint64, fill func(l *Loader) error) error {
 	d.work = tx.s
 	snap := d.prepare(tx)
 	d.pubMu.Lock()
-	old := d.cur.Load()
-	d.cur.Store(snap)
-	close(old.done)
+	d.setCurrent(snap)
 	d.pubMu.Unlock()
 	return nil
 }
@@ -198,9 +196,7 @@ func (d *DB) Replace(fill func(l *Loader) error) error {
 		}
 	}
 	d.pubMu.Lock()
-	old := d.cur.Load()
-	d.cur.Store(snap)
-	close(old.done)
+	d.setCurrent(snap)
 	d.pubMu.Unlock()
 	return nil
 }

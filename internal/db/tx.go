@@ -465,31 +465,34 @@ func (tx *Tx) editSet(f *schema.Field, ref string, elem any, add bool) error {
 	var next any
 	switch set := tx.Value(row, f).(type) {
 	case []string:
-		e := elem.(string)
-		has := slices.Contains(set, e)
-		if has == add {
+		n, changed := withMember(set, elem.(string), add)
+		if !changed {
 			return nil
 		}
-		if add {
-			next = append(slices.Clone(set), e)
-		} else {
-			next = slices.DeleteFunc(slices.Clone(set), func(s string) bool { return s == e })
-		}
+		next = n
 	case []int64:
-		e := elem.(int64)
-		has := slices.Contains(set, e)
-		if has == add {
+		n, changed := withMember(set, elem.(int64), add)
+		if !changed {
 			return nil
 		}
-		if add {
-			next = append(slices.Clone(set), e)
-		} else {
-			next = slices.DeleteFunc(slices.Clone(set), func(s int64) bool { return s == e })
-		}
+		next = n
 	default:
 		return xerr.New(xerr.FieldTypeError, f.Name)
 	}
 	return tx.Set(f, ref, next)
+}
+
+// withMember is a copy of set with e added (add) or removed, and whether
+// that changes it: adding a member already there or removing one that is
+// not leaves the set as it is. set itself is never modified.
+func withMember[T comparable](set []T, e T, add bool) ([]T, bool) {
+	if slices.Contains(set, e) == add {
+		return set, false
+	}
+	if add {
+		return append(slices.Clone(set), e), true
+	}
+	return slices.DeleteFunc(slices.Clone(set), func(x T) bool { return x == e }), true
 }
 
 // AddToMap adds a key to a map field. Adding a key that is there with the

@@ -16,28 +16,33 @@ const (
 	DynamicRO                  // "RO/runtime": maintained by the server
 )
 
+// qualifierNames are the datamodel's spellings, by Qualifier.
+var qualifierNames = [...]string{RW: "RW", StaticRO: "RO/constructor", DynamicRO: "RO/runtime"}
+
 func (q Qualifier) String() string {
-	switch q {
-	case RW:
-		return "RW"
-	case StaticRO:
-		return "RO/constructor"
-	default:
-		return "RO/runtime"
+	if int(q) < len(qualifierNames) {
+		return qualifierNames[q]
 	}
+	return "RO/runtime"
 }
 
 // ParseQualifier reads the datamodel's qualifier spelling.
 func ParseQualifier(s string) (Qualifier, error) {
-	switch s {
-	case "RW":
-		return RW, nil
-	case "RO/constructor":
-		return StaticRO, nil
-	case "RO/runtime":
-		return DynamicRO, nil
+	if i, ok := nameIndex(qualifierNames[:], s); ok {
+		return Qualifier(i), nil
 	}
 	return 0, fmt.Errorf("schema: unknown qualifier %q", s)
+}
+
+// nameIndex is the position of s in names: the value of an enumeration
+// whose spellings names lists in order.
+func nameIndex(names []string, s string) (int, bool) {
+	for i, n := range names {
+		if n == s {
+			return i, true
+		}
+	}
+	return 0, false
 }
 
 // Lifecycle is the release state of a class, field or message.
@@ -51,21 +56,17 @@ const (
 	Removed
 )
 
-func (l Lifecycle) String() string {
-	return [...]string{"Published_s", "Prototyped_s", "Deprecated_s", "Removed_s"}[l]
-}
+var lifecycleNames = [...]string{Published: "Published_s", Prototyped: "Prototyped_s", Deprecated: "Deprecated_s", Removed: "Removed_s"}
+
+func (l Lifecycle) String() string { return lifecycleNames[l] }
 
 // ParseLifecycle reads "Published_s" and friends; an empty string is Published.
 func ParseLifecycle(s string) (Lifecycle, error) {
-	switch s {
-	case "Published_s", "":
+	if s == "" {
 		return Published, nil
-	case "Prototyped_s":
-		return Prototyped, nil
-	case "Deprecated_s":
-		return Deprecated, nil
-	case "Removed_s":
-		return Removed, nil
+	}
+	if i, ok := nameIndex(lifecycleNames[:], s); ok {
+		return Lifecycle(i), nil
 	}
 	return 0, fmt.Errorf("schema: unknown lifecycle %q", s)
 }

@@ -177,50 +177,24 @@ func Check(t *Type, v any) error {
 			if !t.Elem.StringLike() {
 				return bad("")
 			}
-			for k, e := range mv {
-				if err := checkKey(t.Key, k); err != nil {
-					return err
-				}
-				if err := Check(t.Elem, e); err != nil {
-					return err
-				}
-			}
+			return checkEntries(t, mv, true)
 		case map[string]int64:
 			if t.Elem.Kind != KInt {
 				return bad("")
 			}
-			for k := range mv {
-				if err := checkKey(t.Key, k); err != nil {
-					return err
-				}
-			}
+			return checkEntries(t, mv, false)
 		case map[string]float64:
 			if t.Elem.Kind != KFloat {
 				return bad("")
 			}
-			for k := range mv {
-				if err := checkKey(t.Key, k); err != nil {
-					return err
-				}
-			}
+			return checkEntries(t, mv, false)
 		case map[string][]string:
 			if t.Elem.Kind != KSet || !t.Elem.Elem.StringLike() {
 				return bad("")
 			}
-			for k := range mv {
-				if err := checkKey(t.Key, k); err != nil {
-					return err
-				}
-			}
+			return checkEntries(t, mv, false)
 		case map[string]any:
-			for k, e := range mv {
-				if err := checkKey(t.Key, k); err != nil {
-					return err
-				}
-				if err := Check(t.Elem, e); err != nil {
-					return err
-				}
-			}
+			return checkEntries(t, mv, true)
 		default:
 			return bad("")
 		}
@@ -240,6 +214,23 @@ func Check(t *Type, v any) error {
 }
 
 // checkKey checks a map key held in string form.
+// checkEntries checks every key of a map of type t and, with values,
+// every value too (the callers check the elements' kind once where the
+// Go type already fixes it).
+func checkEntries[V any](t *Type, m map[string]V, values bool) error {
+	for k, e := range m {
+		if err := checkKey(t.Key, k); err != nil {
+			return err
+		}
+		if values {
+			if err := Check(t.Elem, e); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 func checkKey(t *Type, k string) error {
 	switch t.Kind {
 	case KInt:
@@ -603,35 +594,36 @@ func fromSexpr(t *Type, n sexpr) (any, error) {
 
 // collect builds a canonical set from element texts.
 func collect(t *Type, elems []string, parse func(*Type, string) (any, error)) (any, error) {
+	var out any
+	var err error
 	switch {
 	case t.Elem.StringLike():
-		out := make([]string, 0, len(elems))
-		for _, e := range elems {
-			v, err := parse(t.Elem, e)
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, v.(string))
-		}
-		return out, nil
+		out, err = collectAs[string](t.Elem, elems, parse)
 	case t.Elem.Kind == KInt:
-		out := make([]int64, 0, len(elems))
-		for _, e := range elems {
-			v, err := parse(t.Elem, e)
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, v.(int64))
-		}
-		return out, nil
+		out, err = collectAs[int64](t.Elem, elems, parse)
+	default:
+		out, err = collectAs[any](t.Elem, elems, parse)
 	}
-	out := make([]any, 0, len(elems))
+	if err != nil {
+		return nil, err // a nil interface, not a nil slice in one
+	}
+	return out, nil
+}
+
+// collectAs parses each element text as elem, into a set of the Go type
+// T that elem's canonical values have.
+func collectAs[T any](elem *Type, elems []string, parse func(*Type, string) (any, error)) ([]T, error) {
+	out := make([]T, 0, len(elems))
 	for _, e := range elems {
-		v, err := parse(t.Elem, e)
+		v, err := parse(elem, e)
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, v)
+		x, ok := v.(T)
+		if !ok && v != nil {
+			return nil, &TypeError{Type: elem, Value: e, Msg: "element parsed to the wrong form"}
+		}
+		out = append(out, x)
 	}
 	return out, nil
 }

@@ -8,14 +8,13 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"flag"
 	"fmt"
-	"go/format"
 	"log"
-	"os"
 	"strconv"
 	"strings"
+
+	"toolstackd/internal/gen/genutil"
 )
 
 type command struct {
@@ -32,16 +31,8 @@ func main() {
 	if *in == "" || *out == "" {
 		log.Fatal("usage: gen -in cli_commands.json -out zz_table.go")
 	}
-	raw, err := os.ReadFile(*in)
-	if err != nil {
-		log.Fatal(err)
-	}
 	var cmds []command
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&cmds); err != nil {
-		log.Fatalf("%s: %v", *in, err)
-	}
+	genutil.ReadJSONStrict(*in, &cmds)
 	seen := map[string]bool{}
 	for _, c := range cmds {
 		if c.Name == "" || strings.ContainsAny(c.Name, "= \t\n") {
@@ -62,13 +53,7 @@ func main() {
 		fmt.Fprintf(&b, "\t{%s, %s, %s, %s},\n", strconv.Quote(c.Name), list(c.Reqd), list(c.Optn), flags(c.Flags))
 	}
 	b.WriteString("}\n")
-	src, err := format.Source(b.Bytes())
-	if err != nil {
-		log.Fatalf("formatting: %v", err)
-	}
-	if err := os.WriteFile(*out, src, 0o644); err != nil { //nolint:gosec // generated source in the tree is world-readable
-		log.Fatal(err)
-	}
+	genutil.WriteGo(*out, b.Bytes())
 }
 
 func list(xs []string) string {

@@ -471,7 +471,12 @@ func (d *FileDevice) ensureState() error {
 	return nil
 }
 
-func checkRecordArgs(gen uint64, marker string) error {
+// checkWrite is what WriteDB and WriteDelta check first: the device is
+// open for writing, and the generation and marker fit the record format.
+func (d *FileDevice) checkWrite(gen uint64, marker string) error {
+	if d.readOnly {
+		return ErrReadOnly
+	}
 	if gen > MaxGeneration {
 		return fmt.Errorf("redolog: generation %d exceeds 16 digits", gen)
 	}
@@ -494,10 +499,7 @@ func (d *FileDevice) buffer(n int) []byte {
 func (d *FileDevice) WriteDB(gen uint64, marker string, r io.Reader) (err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.readOnly {
-		return ErrReadOnly
-	}
-	if err := checkRecordArgs(gen, marker); err != nil {
+	if err := d.checkWrite(gen, marker); err != nil {
 		return err
 	}
 	defer func() {
@@ -612,10 +614,7 @@ func (d *FileDevice) WriteDB(gen uint64, marker string, r io.Reader) (err error)
 func (d *FileDevice) WriteDelta(gen uint64, marker string, data []byte) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.readOnly {
-		return ErrReadOnly
-	}
-	if err := checkRecordArgs(gen, marker); err != nil {
+	if err := d.checkWrite(gen, marker); err != nil {
 		return err
 	}
 	if len(data) == 0 {

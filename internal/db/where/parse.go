@@ -241,24 +241,14 @@ func (p *parser) term(context string) (Expr, error) {
 		p.advance()
 		return False{}, nil
 	case tNot:
-		if err := p.enter(); err != nil {
-			return nil, err
-		}
-		p.advance()
-		e, err := p.expr(` after "not"`)
-		p.depth--
+		e, err := p.nested(` after "not"`)
 		if err != nil {
 			return nil, err
 		}
 		return Not{e}, nil
 	case tLParen:
 		open := p.tok.pos
-		if err := p.enter(); err != nil {
-			return nil, err
-		}
-		p.advance()
-		e, err := p.expr(` after '('`)
-		p.depth--
+		e, err := p.nested(` after '('`)
 		if err != nil {
 			return nil, err
 		}
@@ -303,10 +293,16 @@ func (p *parser) operand(context string) (Operand, error) {
 	return Operand{}, p.unexpected("a literal or field" + context)
 }
 
-func (p *parser) enter() error {
+// nested reads the expression after a "not" or '(' (the current token),
+// one level deeper: past MaxDepth levels the input is refused rather than
+// read by ever deeper recursion.
+func (p *parser) nested(context string) (Expr, error) {
 	if p.depth >= MaxDepth {
-		return &SyntaxError{Pos: p.tok.pos, Msg: fmt.Sprintf("nesting of '(' and \"not\" deeper than %d", MaxDepth)}
+		return nil, &SyntaxError{Pos: p.tok.pos, Msg: fmt.Sprintf("nesting of '(' and \"not\" deeper than %d", MaxDepth)}
 	}
 	p.depth++
-	return nil
+	p.advance()
+	e, err := p.expr(context)
+	p.depth--
+	return e, err
 }

@@ -6,15 +6,14 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"flag"
 	"fmt"
-	"go/format"
 	"log"
-	"os"
 	"sort"
 	"strconv"
 	"strings"
+
+	"toolstackd/internal/gen/genutil"
 )
 
 // words spelled as Go initialisms (and the plurals of some) in constant
@@ -52,16 +51,10 @@ func main() {
 	in := flag.String("in", "", "errors.json")
 	out := flag.String("out", "", "Go file to write")
 	flag.Parse()
-	raw, err := os.ReadFile(*in)
-	if err != nil {
-		log.Fatal(err)
-	}
 	// A null parameter list is a code whose parameters the list does not
 	// document; it stays nil, unlike an empty list.
 	var codes map[string]*[]string
-	if err := json.Unmarshal(raw, &codes); err != nil {
-		log.Fatalf("%s: %v", *in, err)
-	}
+	genutil.ReadJSON(*in, &codes)
 	keys := make([]string, 0, len(codes))
 	for k := range codes {
 		keys = append(keys, k)
@@ -119,11 +112,5 @@ func main() {
 		fmt.Fprintf(&b, "\t%s,\n", goName(k))
 	}
 	b.WriteString("}\n")
-	src, err := format.Source(b.Bytes())
-	if err != nil {
-		log.Fatal(err)
-	}
-	if err := os.WriteFile(*out, src, 0o644); err != nil { //nolint:gosec // generated source in the tree is world-readable
-		log.Fatal(err)
-	}
+	genutil.WriteGo(*out, b.Bytes())
 }
