@@ -20,7 +20,9 @@ import (
 func (s *Server) registerCore() {
 	Register(s, s.login)
 	Register(s, s.logout)
-	Register(s, func(c *Call, _ dm.SessionLocalLogoutArgs) (dm.Void, error) { return s.logout(c, dm.SessionLogoutArgs{}) })
+	Register(s, func(c *Call, _ dm.SessionLocalLogoutArgs) (dm.Void, error) {
+		return s.logout(c, dm.SessionLogoutArgs{})
+	})
 	Register(s, s.changePassword)
 	Register(s, s.allSubjectIdentifiers)
 	Register(s, s.logoutSubject)

@@ -3,7 +3,6 @@ package api
 import (
 	"bufio"
 	"bytes"
-	"errors"
 	"io"
 	"net/http"
 
@@ -87,14 +86,8 @@ func (s *Server) putDump(w http.ResponseWriter, r *http.Request) {
 	if s.HTTPSession(w, r, poolAdmin) == nil {
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxRestoreBytes))
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			http.Error(w, "database too large", http.StatusRequestEntityTooLarge)
-		} else {
-			http.Error(w, "cannot read the database", http.StatusBadRequest)
-		}
+	body, ok := readLimited(w, r, MaxRestoreBytes, "database too large", "cannot read the database")
+	if !ok {
 		return
 	}
 	dump, err := xmldb.Decode(bytes.NewReader(body), s.Model)

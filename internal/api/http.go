@@ -51,13 +51,19 @@ func serveOptions(w http.ResponseWriter, r *http.Request) {
 // readBody reads a request body up to the limit; over it the client gets
 // 413 and the connection is closed.
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.Cfg.MaxBodyBytes))
+	return readLimited(w, r, s.Cfg.MaxBodyBytes, "request body too large", "cannot read request body")
+}
+
+// readLimited reads a request body of at most limit bytes, answering 413
+// (tooLarge) past it and 400 (unreadable) when reading fails.
+func readLimited(w http.ResponseWriter, r *http.Request, limit int64, tooLarge, unreadable string) ([]byte, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			http.Error(w, "request body too large", http.StatusRequestEntityTooLarge)
+			http.Error(w, tooLarge, http.StatusRequestEntityTooLarge)
 		} else {
-			http.Error(w, "cannot read request body", http.StatusBadRequest)
+			http.Error(w, unreadable, http.StatusBadRequest)
 		}
 		return nil, false
 	}

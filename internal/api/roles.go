@@ -29,7 +29,9 @@ import (
 func (s *Server) registerRoles() {
 	s.Handle("subject.create", s.subjectCreate)
 	s.Handle("subject.destroy", s.subjectDestroy)
-	Register(s, func(c *Call, a dm.SubjectAddToRolesArgs) (dm.Void, error) { return s.changeRoles(c, a.Self, a.Role, true) })
+	Register(s, func(c *Call, a dm.SubjectAddToRolesArgs) (dm.Void, error) {
+		return s.changeRoles(c, a.Self, a.Role, true)
+	})
 	Register(s, func(c *Call, a dm.SubjectRemoveFromRolesArgs) (dm.Void, error) {
 		return s.changeRoles(c, a.Self, a.Role, false)
 	})

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"strconv"
+	"strings"
 
 	"toolstackd/internal/schema"
 )
@@ -44,9 +46,7 @@ func argGo(t *schema.Type) (typ string, from func(v string) string, to func(x st
 
 func genArgs(m *schema.Model) []byte {
 	ids := idents{}
-	var b bytes.Buffer
-	b.WriteString(header)
-	b.WriteString("package datamodel\n\nimport (\n\t\"context\"\n\t\"time\"\n)\n\nvar _ time.Time\n\n")
+	b := startFile("context", "time")
 	for _, msg := range m.Messages {
 		if msg.Implicit {
 			continue
@@ -61,7 +61,7 @@ func genArgs(m *schema.Model) []byte {
 		// The methods' names are taken: a parameter named args or call
 		// becomes ArgsParam, CallParam.
 		seen := map[string]bool{"Message": true, "FromArgs": true, "Args": true, "Result": true, "ResultFrom": true, "Call": true}
-		fmt.Fprintf(&b, "// %s are the arguments of %s after the session.\ntype %s struct {\n", name, msg.Wire, name)
+		fmt.Fprintf(b, "// %s are the arguments of %s after the session.\ntype %s struct {\n", name, msg.Wire, name)
 		for i, p := range params {
 			f := goName(p.Name)
 			if seen[f] {
@@ -73,19 +73,19 @@ func genArgs(m *schema.Model) []byte {
 			seen[f] = true
 			fields[i] = f
 			typ, _, _ := argGo(p.Type)
-			fmt.Fprintf(&b, "\t%s %s // %s\n", f, typ, p.Name)
+			fmt.Fprintf(b, "\t%s %s // %s\n", f, typ, p.Name)
 		}
 		b.WriteString("}\n\n")
-		fmt.Fprintf(&b, "// Message is the wire name of the message.\nfunc (*%s) Message() string { return %q }\n\n", name, msg.Wire)
-		fmt.Fprintf(&b, "// FromArgs fills a from canonical arguments.\nfunc (a *%s) FromArgs(v []any) {\n", name)
+		fmt.Fprintf(b, "// Message is the wire name of the message.\nfunc (*%s) Message() string { return %q }\n\n", name, msg.Wire)
+		fmt.Fprintf(b, "// FromArgs fills a from canonical arguments.\nfunc (a *%s) FromArgs(v []any) {\n", name)
 		for i, p := range params {
 			_, from, _ := argGo(p.Type)
-			fmt.Fprintf(&b, "\ta.%s = %s\n", fields[i], from(fmt.Sprintf("v[%d]", i)))
+			fmt.Fprintf(b, "\ta.%s = %s\n", fields[i], from(fmt.Sprintf("v[%d]", i)))
 		}
 		if len(params) == 0 {
 			b.WriteString("\t_ = v\n")
 		}
-		fmt.Fprintf(&b, "}\n\n// Args returns a as canonical arguments.\nfunc (a *%s) Args() []any {\n\treturn []any{", name)
+		fmt.Fprintf(b, "}\n\n// Args returns a as canonical arguments.\nfunc (a *%s) Args() []any {\n\treturn []any{", name)
 		for i, p := range params {
 			_, _, to := argGo(p.Type)
 			if i > 0 {
@@ -95,11 +95,28 @@ func genArgs(m *schema.Model) []byte {
 		}
 		b.WriteString("}\n}\n\n")
 		rt, rfrom, rto := argGo(msg.Result)
-		fmt.Fprintf(&b, "// Result turns the handler's result into its canonical value.\nfunc (*%s) Result(r %s) any { return %s }\n\n", name, rt, rto("r"))
-		fmt.Fprintf(&b, "// ResultFrom turns a canonical result into its typed value.\nfunc (*%s) ResultFrom(v any) %s {\n\t_ = v\n\treturn %s\n}\n\n", name, rt, rfrom("v"))
-		fmt.Fprintf(&b, "// Call runs %s through inv with typed arguments and result.\n", msg.Wire)
-		fmt.Fprintf(&b, "func (a *%s) Call(ctx context.Context, inv Invoker) (%s, error) {\n\tv, err := inv.InvokeArgs(ctx, %q, a.Args())\n", name, rt, msg.Wire)
-		fmt.Fprintf(&b, "\tif err != nil {\n\t\tvar zero %s\n\t\treturn zero, err\n\t}\n\treturn a.ResultFrom(v), nil\n}\n\n", rt)
+		fmt.Fprintf(b, "// Result turns the handler's result into its canonical value.\nfunc (*%s) Result(r %s) any { return %s }\n\n", name, rt, rto("r"))
+		fmt.Fprintf(b, "// ResultFrom turns a canonical result into its typed value.\nfunc (*%s) ResultFrom(v any) %s {\n\t_ = v\n\treturn %s\n}\n\n", name, rt, rfrom("v"))
+		fmt.Fprintf(b, "// Call runs %s through inv with typed arguments and result.\n", msg.Wire)
+		fmt.Fprintf(b, "func (a *%s) Call(ctx context.Context, inv Invoker) (%s, error) {\n\tv, err := inv.InvokeArgs(ctx, %q, a.Args())\n", name, rt, msg.Wire)
+		fmt.Fprintf(b, "\tif err != nil {\n\t\tvar zero %s\n\t\treturn zero, err\n\t}\n\treturn a.ResultFrom(v), nil\n}\n\n", rt)
 	}
 	return b.Bytes()
+}
+
+// startFile begins a generated file of package datamodel that imports the
+// given packages (time among them: its "var _" keeps the import used when
+// no type needs it).
+func startFile(imports ...string) *bytes.Buffer {
+	var b bytes.Buffer
+	b.WriteString(header)
+	b.WriteString("package datamodel\n\nimport (\n")
+	for _, imp := range imports {
+		if strings.Contains(imp, ".") || strings.Contains(imp, "/") {
+			b.WriteString("\n")
+		}
+		b.WriteString("\t" + strconv.Quote(imp) + "\n")
+	}
+	b.WriteString(")\n\nvar _ time.Time\n\n")
+	return &b
 }

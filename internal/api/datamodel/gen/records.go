@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
 	"log"
 	"strings"
@@ -165,17 +164,15 @@ func toCanon(t *schema.Type, x string) string {
 
 func genRecords(m *schema.Model) []byte {
 	ids := idents{}
-	var b bytes.Buffer
-	b.WriteString(header)
-	b.WriteString("package datamodel\n\nimport (\n\t\"time\"\n\n\t\"toolstackd/internal/schema\"\n)\n\nvar _ time.Time\n\n")
+	b := startFile("time", "toolstackd/internal/schema")
 
 	// Enums.
 	for _, e := range m.Enums {
 		tn := ids.claim(enumGo(e.Name), "enum "+e.Name)
-		fmt.Fprintf(&b, "// %s is the enum %s.\ntype %s string\n\n// Values of %s.\nconst (\n", tn, e.Name, tn, e.Name)
+		fmt.Fprintf(b, "// %s is the enum %s.\ntype %s string\n\n// Values of %s.\nconst (\n", tn, e.Name, tn, e.Name)
 		for _, v := range e.Values {
 			cn := ids.claim(tn+goName(v), "enum value "+e.Name+"."+v)
-			fmt.Fprintf(&b, "\t%s %s = %q\n", cn, tn, v)
+			fmt.Fprintf(b, "\t%s %s = %q\n", cn, tn, v)
 		}
 		b.WriteString(")\n\n")
 	}
@@ -186,8 +183,8 @@ func genRecords(m *schema.Model) []byte {
 		tbl := ids.claim(tableGo(c.Name), "class "+c.Name)
 		cv := "class" + tbl
 		ids.claim(cv, "class var of "+c.Name)
-		fmt.Fprintf(&b, "// %s is a reference to a %s.\ntype %s string\n\n", ref, c.Name, ref)
-		fmt.Fprintf(&b, "var %s = Model.Classes[%d]\n\n", cv, c.Index)
+		fmt.Fprintf(b, "// %s is a reference to a %s.\ntype %s string\n\n", ref, c.Name, ref)
+		fmt.Fprintf(b, "var %s = Model.Classes[%d]\n\n", cv, c.Index)
 
 		// Field table: datamodel.VM.PowerState is the *schema.Field.
 		members := map[string]bool{"Class": true}
@@ -200,37 +197,37 @@ func genRecords(m *schema.Model) []byte {
 			members[n] = true
 			names[i] = n
 		}
-		fmt.Fprintf(&b, "// %s is the class %s with its fields.\nvar %s = struct {\n\tClass *schema.Class\n", tbl, c.Name, tbl)
+		fmt.Fprintf(b, "// %s is the class %s with its fields.\nvar %s = struct {\n\tClass *schema.Class\n", tbl, c.Name, tbl)
 		for i := range c.Fields {
-			fmt.Fprintf(&b, "\t%s *schema.Field\n", names[i])
+			fmt.Fprintf(b, "\t%s *schema.Field\n", names[i])
 		}
-		fmt.Fprintf(&b, "}{\n\tClass: %s,\n", cv)
+		fmt.Fprintf(b, "}{\n\tClass: %s,\n", cv)
 		for i := range c.Fields {
-			fmt.Fprintf(&b, "\t%s: %s.Fields[%d],\n", names[i], cv, i)
+			fmt.Fprintf(b, "\t%s: %s.Fields[%d],\n", names[i], cv, i)
 		}
 		b.WriteString("}\n\n")
 
 		// Typed record.
-		fmt.Fprintf(&b, "// %s is a %s as a typed Go value.\ntype %s struct {\n", rec, c.Name, rec)
+		fmt.Fprintf(b, "// %s is a %s as a typed Go value.\ntype %s struct {\n", rec, c.Name, rec)
 		for i, f := range c.Fields {
 			tag := f.Name
 			if f.Internal {
 				tag = "-"
 			}
-			fmt.Fprintf(&b, "\t%s %s `json:%q`\n", names[i], goType(f.Type), tag)
+			fmt.Fprintf(b, "\t%s %s `json:%q`\n", names[i], goType(f.Type), tag)
 		}
 		b.WriteString("}\n\n")
-		fmt.Fprintf(&b, "// FromRow fills r from a database row of canonical values.\nfunc (r *%s) FromRow(row []any) {\n", rec)
+		fmt.Fprintf(b, "// FromRow fills r from a database row of canonical values.\nfunc (r *%s) FromRow(row []any) {\n", rec)
 		for i, f := range c.Fields {
-			fmt.Fprintf(&b, "\tr.%s = %s\n", names[i], fromCanon(f.Type, fmt.Sprintf("row[%d]", i)))
+			fmt.Fprintf(b, "\tr.%s = %s\n", names[i], fromCanon(f.Type, fmt.Sprintf("row[%d]", i)))
 		}
-		fmt.Fprintf(&b, "}\n\n// Row returns r as a database row of canonical values.\nfunc (r *%s) Row() []any {\n\treturn []any{\n", rec)
+		fmt.Fprintf(b, "}\n\n// Row returns r as a database row of canonical values.\nfunc (r *%s) Row() []any {\n\treturn []any{\n", rec)
 		for i, f := range c.Fields {
-			fmt.Fprintf(&b, "\t\t%s,\n", toCanon(f.Type, "r."+names[i]))
+			fmt.Fprintf(b, "\t\t%s,\n", toCanon(f.Type, "r."+names[i]))
 		}
 		b.WriteString("\t}\n}\n\n")
-		fmt.Fprintf(&b, "// Map returns r as a canonical record (field name to value).\nfunc (r *%s) Map() map[string]any {\n\tif r == nil {\n\t\treturn nil\n\t}\n\treturn rowToMap(%s, r.Row())\n}\n\n", rec, cv)
-		fmt.Fprintf(&b, "// %sFromMap makes a record from a canonical record; missing fields take\n// their defaults.\nfunc %sFromMap(m map[string]any) *%s {\n\tif m == nil {\n\t\treturn nil\n\t}\n\tr := new(%s)\n\tr.FromRow(mapToRow(%s, m))\n\treturn r\n}\n\n", rec, rec, rec, rec, cv)
+		fmt.Fprintf(b, "// Map returns r as a canonical record (field name to value).\nfunc (r *%s) Map() map[string]any {\n\tif r == nil {\n\t\treturn nil\n\t}\n\treturn rowToMap(%s, r.Row())\n}\n\n", rec, cv)
+		fmt.Fprintf(b, "// %sFromMap makes a record from a canonical record; missing fields take\n// their defaults.\nfunc %sFromMap(m map[string]any) *%s {\n\tif m == nil {\n\t\treturn nil\n\t}\n\tr := new(%s)\n\tr.FromRow(mapToRow(%s, m))\n\treturn r\n}\n\n", rec, rec, rec, rec, cv)
 	}
 	_ = strings.TrimSpace
 	return b.Bytes()
