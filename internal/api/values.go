@@ -114,74 +114,88 @@ func decodeValue(t *schema.Type, v any, name string) (any, error) {
 		}
 		return nil, bad()
 	case schema.KSet:
-		items, ok := v.([]any)
-		if !ok {
-			if v == nil {
-				items = nil
-			} else if s, isStrs := v.([]string); isStrs {
-				for _, e := range s {
-					items = append(items, e)
-				}
-			} else {
-				return nil, bad()
-			}
-		}
-		switch {
-		case t.Elem.StringLike():
-			return decodeElems[string](t.Elem, items, name)
-		case t.Elem.Kind == schema.KInt:
-			return decodeElems[int64](t.Elem, items, name)
-		}
-		return decodeElems[any](t.Elem, items, name)
+		return decodeSet(t, v, name)
 	case schema.KMap:
-		m, ok := v.(map[string]any)
-		if !ok {
-			if v != nil {
-				return nil, bad()
-			}
-		}
-		out := schema.EmptyMap(t)
-		for k, x := range m {
-			if t.Key.Kind == schema.KInt {
-				if _, err := strconv.ParseInt(k, 10, 64); err != nil {
-					return nil, bad()
-				}
-			}
-			e, err := decodeValue(t.Elem, x, name)
-			if err != nil {
-				return nil, err
-			}
-			out = schema.MapPut(out, k, e)
-		}
-		return out, nil
+		return decodeMap(t, v, name)
 	case schema.KOption:
 		if v == nil {
 			return nil, nil
 		}
 		return decodeValue(t.Elem, v, name)
 	case schema.KRecord:
-		m, ok := v.(map[string]any)
-		if !ok {
-			return nil, bad()
-		}
-		if t.Class == nil {
-			return m, nil
-		}
-		out := make(map[string]any, len(m))
-		for k, x := range m {
-			f := t.Class.Field(k)
-			if f == nil || f.Internal {
-				continue // xapi ignores members it does not know
-			}
-			e, err := decodeValue(f.Type, x, f.Name)
-			if err != nil {
-				return nil, err
-			}
-			out[f.Name] = e
-		}
-		return out, nil
+		return decodeRecord(t, v, name)
 	}
 	return nil, bad()
+}
+
+// decodeSet decodes a set: an array (or a list of strings).
+func decodeSet(t *schema.Type, v any, name string) (any, error) {
+	items, ok := v.([]any)
+	if !ok {
+		if v == nil {
+			items = nil
+		} else if s, isStrs := v.([]string); isStrs {
+			for _, e := range s {
+				items = append(items, e)
+			}
+		} else {
+			return nil, xerr.New(xerr.FieldTypeError, name)
+		}
+	}
+	switch {
+	case t.Elem.StringLike():
+		return decodeElems[string](t.Elem, items, name)
+	case t.Elem.Kind == schema.KInt:
+		return decodeElems[int64](t.Elem, items, name)
+	}
+	return decodeElems[any](t.Elem, items, name)
+}
+
+// decodeMap decodes a map: a struct whose member names are the keys.
+func decodeMap(t *schema.Type, v any, name string) (any, error) {
+	m, ok := v.(map[string]any)
+	if !ok && v != nil {
+		return nil, xerr.New(xerr.FieldTypeError, name)
+	}
+	out := schema.EmptyMap(t)
+	for k, x := range m {
+		if t.Key.Kind == schema.KInt {
+			if _, err := strconv.ParseInt(k, 10, 64); err != nil {
+				return nil, xerr.New(xerr.FieldTypeError, name)
+			}
+		}
+		e, err := decodeValue(t.Elem, x, name)
+		if err != nil {
+			return nil, err
+		}
+		out = schema.MapPut(out, k, e)
+	}
+	return out, nil
+}
+
+// decodeRecord decodes a record: members the class does not know, or
+// keeps to itself, are ignored as xapi ignores them.
+func decodeRecord(t *schema.Type, v any, name string) (any, error) {
+	m, ok := v.(map[string]any)
+	if !ok {
+		return nil, xerr.New(xerr.FieldTypeError, name)
+	}
+	if t.Class == nil {
+		return m, nil
+	}
+	out := make(map[string]any, len(m))
+	for k, x := range m {
+		f := t.Class.Field(k)
+		if f == nil || f.Internal {
+			continue
+		}
+		e, err := decodeValue(f.Type, x, f.Name)
+		if err != nil {
+			return nil, err
+		}
+		out[f.Name] = e
+	}
+	return out, nil
 }
 
 // typed is a canonical value with its type, ready to be written by a wire
