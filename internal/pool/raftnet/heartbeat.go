@@ -1,0 +1,170 @@
+// Package raftnet carries raft traffic between the hosts of a pool.
+//
+// It has two parts.
+//
+// NoHeartbeatFastPath wraps a raft.Transport so that raft cannot install
+// its heartbeat fast path. hashicorp/raft (v1.7.3) lets a transport hand
+// heartbeats to a callback that runs outside raft's main goroutine; that
+// path is the cause of hashicorp/raft#695, where logs that were committed
+// can diverge after a partition heals. With the wrapper, heartbeats arrive
+// on the transport's consumer channel like every other RPC and are handled
+// in order by the main loop. The price: a heartbeat waits behind whatever
+// the main loop is doing, a log sync included, so the election timeout
+// must exceed the slowest fsync of the machine (keep it at 1 s or more).
+//
+// StreamLayer is a raft.StreamLayer that rides on the daemon's HTTP
+// listener instead of a port of its own, so a pool needs one port, with
+// TLS where the daemon serves HTTPS. A peer opens a connection with
+//
+//	POST /pool/raft HTTP/1.1
+//	Connection: Upgrade
+//	Upgrade: toolstackd-raft/1
+//	X-Toolstackd-Pool-Secret: <the pool secret>
+//
+// and, when the secret is one of those currently valid, is answered
+// "101 Switching Protocols"; from then on the connection carries raft's
+// own protocol (raft.NewNetworkTransportWithConfig over the StreamLayer).
+// A wrong or missing secret gets 403, a full accept queue or a closed layer
+// 503. The handler is mounted by the daemon on its router at Path; the
+// http.Server's ReadHeaderTimeout and MaxHeaderBytes bound the request,
+// Dial bounds the answer (HandshakeTimeout, MaxHeaderBytes) and the queue
+// of upgraded connections not yet accepted by raft is QueueSize long.
+package raftnet
+
+import (
+	"io"
+
+	"github.com/hashicorp/raft"
+)
+
+// NoHeartbeatFastPath returns t with SetHeartbeatHandler made a no-op and
+// everything else forwarded to t. The optional interfaces raft v1.7.3
+// looks for on a transport are kept exactly when t has them:
+// raft.WithClose (closed on shutdown), raft.WithPreVote (pre-vote is
+// used only if the transport supports it) and raft.WithPeers (the
+// in-memory transport's Connect and Disconnect, which tests use; Connect
+// accepts a wrapped peer transport and unwraps it). Wrapping twice
+// returns the first wrapper.
+func NoHeartbeatFastPath(t raft.Transport) raft.Transport {
+	if t == nil {
+		return nil
+	}
+	if _, ok := t.(noHeartbeatMarker); ok {
+		return t
+	}
+	b := base{t}
+	c, hasC := t.(raft.WithClose)
+	v, hasV := t.(raft.WithPreVote)
+	p, hasP := t.(raft.WithPeers)
+	pe := peers{p}
+	switch {
+	case hasC && hasV && hasP:
+		return struct {
+			base
+			raft.WithClose
+			raft.WithPreVote
+			peers
+		}{b, c, v, pe}
+	case hasC && hasV:
+		return struct {
+			base
+			raft.WithClose
+			raft.WithPreVote
+		}{b, c, v}
+	case hasC && hasP:
+		return struct {
+			base
+			raft.WithClose
+			peers
+		}{b, c, pe}
+	case hasV && hasP:
+		return struct {
+			base
+			raft.WithPreVote
+			peers
+		}{b, v, pe}
+	case hasC:
+		return struct {
+			base
+			raft.WithClose
+		}{b, c}
+	case hasV:
+		return struct {
+			base
+			raft.WithPreVote
+		}{b, v}
+	case hasP:
+		return struct {
+			base
+			peers
+		}{b, pe}
+	default:
+		return b
+	}
+}
+
+// Unwrap returns the transport a NoHeartbeatFastPath wrapper forwards to,
+// or t itself when it is not such a wrapper.
+func Unwrap(t raft.Transport) raft.Transport {
+	if w, ok := t.(noHeartbeatMarker); ok {
+		return w.Unwrap()
+	}
+	return t
+}
+
+type noHeartbeatMarker interface {
+	raft.Transport
+	Unwrap() raft.Transport
+	noHeartbeatFastPath()
+}
+
+// base forwards raft.Transport except SetHeartbeatHandler.
+type base struct{ raft.Transport }
+
+// SetHeartbeatHandler ignores the callback: heartbeats stay on the
+// consumer channel and so on raft's main goroutine.
+func (base) SetHeartbeatHandler(func(raft.RPC)) {}
+
+func (b base) Unwrap() raft.Transport { return b.Transport }
+
+func (base) noHeartbeatFastPath() {}
+
+// The methods below are spelled out so that the embedding structs get
+// them at depth one from base, never ambiguously: they all forward.
+
+func (b base) Consumer() <-chan raft.RPC              { return b.Transport.Consumer() }
+func (b base) LocalAddr() raft.ServerAddress          { return b.Transport.LocalAddr() }
+func (b base) DecodePeer(p []byte) raft.ServerAddress { return b.Transport.DecodePeer(p) }
+
+func (b base) EncodePeer(id raft.ServerID, addr raft.ServerAddress) []byte {
+	return b.Transport.EncodePeer(id, addr)
+}
+
+func (b base) AppendEntriesPipeline(id raft.ServerID, target raft.ServerAddress) (raft.AppendPipeline, error) {
+	return b.Transport.AppendEntriesPipeline(id, target)
+}
+
+func (b base) AppendEntries(id raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
+	return b.Transport.AppendEntries(id, target, args, resp)
+}
+
+func (b base) RequestVote(id raft.ServerID, target raft.ServerAddress, args *raft.RequestVoteRequest, resp *raft.RequestVoteResponse) error {
+	return b.Transport.RequestVote(id, target, args, resp)
+}
+
+func (b base) InstallSnapshot(id raft.ServerID, target raft.ServerAddress, args *raft.InstallSnapshotRequest, resp *raft.InstallSnapshotResponse, data io.Reader) error {
+	return b.Transport.InstallSnapshot(id, target, args, resp, data)
+}
+
+func (b base) TimeoutNow(id raft.ServerID, target raft.ServerAddress, args *raft.TimeoutNowRequest, resp *raft.TimeoutNowResponse) error {
+	return b.Transport.TimeoutNow(id, target, args, resp)
+}
+
+// peers forwards raft.WithPeers, unwrapping the transport given to
+// Connect: raft's InmemTransport only connects to another
+// *raft.InmemTransport.
+type peers struct{ p raft.WithPeers }
+
+func (p peers) Connect(peer raft.ServerAddress, t raft.Transport) { p.p.Connect(peer, Unwrap(t)) }
+func (p peers) Disconnect(peer raft.ServerAddress)                { p.p.Disconnect(peer) }
+func (p peers) DisconnectAll()                                    { p.p.DisconnectAll() }
