@@ -152,24 +152,19 @@ func keyIndex(k []byte) (uint64, error) {
 
 // FirstIndex returns the lowest index stored, 0 when the log is empty.
 func (s *Store) FirstIndex() (uint64, error) {
-	var idx uint64
-	err := s.db.View(func(tx *bolt.Tx) error {
-		k, _ := tx.Bucket(bucketLogs).Cursor().First()
-		if k == nil {
-			return nil
-		}
-		var err error
-		idx, err = keyIndex(k)
-		return err
-	})
-	return idx, err
+	return s.edgeIndex(func(c *bolt.Cursor) ([]byte, []byte) { return c.First() })
 }
 
 // LastIndex returns the highest index stored, 0 when the log is empty.
 func (s *Store) LastIndex() (uint64, error) {
+	return s.edgeIndex(func(c *bolt.Cursor) ([]byte, []byte) { return c.Last() })
+}
+
+// edgeIndex reads the index of the entry a cursor move lands on.
+func (s *Store) edgeIndex(move func(*bolt.Cursor) ([]byte, []byte)) (uint64, error) {
 	var idx uint64
 	err := s.db.View(func(tx *bolt.Tx) error {
-		k, _ := tx.Bucket(bucketLogs).Cursor().Last()
+		k, _ := move(tx.Bucket(bucketLogs).Cursor())
 		if k == nil {
 			return nil
 		}
