@@ -176,7 +176,7 @@ func (s *Server) route(r *request) error {
 	return nil
 }
 
-// run is the last stage: the call at once, or as a task whose ref is
+// execute is the run stage: the call at once, or as a task whose ref is
 // the reply. The call's marks are taken in the task, so that a refusal
 // is the task's outcome, as xapi reports it.
 func (s *Server) execute(r *request) (any, error) {
