@@ -431,3 +431,32 @@ func (s *Snapshot) Memo(key any, fn func() any) any {
 // Done is closed when a newer snapshot has been committed: waiters for
 // changes select on it, with no polling and no batching delay.
 func (s *Snapshot) Done() <-chan struct{} { return s.done }
+
+// LastPersistentChanges returns, for each row of a persistent class that
+// batches change, the last change to it, in the order the rows were
+// first changed: what a store or a replica needs to end in the state the
+// batches leave.
+func LastPersistentChanges(batches []*Batch) []*Change {
+	type rowKey struct {
+		c   *schema.Class
+		ref string
+	}
+	at := map[rowKey]int{}
+	var out []*Change
+	for _, b := range batches {
+		for i := range b.Changes {
+			ch := &b.Changes[i]
+			if !ch.Class.Persist {
+				continue
+			}
+			k := rowKey{ch.Class, ch.Ref}
+			if j, seen := at[k]; seen {
+				out[j] = ch
+				continue
+			}
+			at[k] = len(out)
+			out = append(out, ch)
+		}
+	}
+	return out
+}

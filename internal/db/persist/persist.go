@@ -435,30 +435,11 @@ func firstPersistent(group []*db.Batch) int {
 	return len(group)
 }
 
-type rowKey struct {
-	c   *schema.Class
-	ref string
-}
-
 // write stores a group of batches; it skips the sync when nothing in them
 // is persistent (sessions, tasks).
 func (s *Store) write(group []*db.Batch) error {
-	latest := map[rowKey]*db.Change{}
-	var order []rowKey
-	for _, b := range group {
-		for i := range b.Changes {
-			ch := &b.Changes[i]
-			if !ch.Class.Persist {
-				continue
-			}
-			k := rowKey{ch.Class, ch.Ref}
-			if _, seen := latest[k]; !seen {
-				order = append(order, k)
-			}
-			latest[k] = ch
-		}
-	}
-	if len(order) == 0 {
+	changes := db.LastPersistentChanges(group)
+	if len(changes) == 0 {
 		return nil
 	}
 	gen := group[len(group)-1].To
@@ -471,19 +452,18 @@ func (s *Store) write(group []*db.Batch) error {
 	s.syncs++
 	s.mu.Unlock()
 	return s.update(gen, func(tx *bolt.Tx) error {
-		for _, k := range order {
-			ch := latest[k]
-			b, err := tx.CreateBucketIfNotExists([]byte(k.c.Name))
+		for _, ch := range changes {
+			b, err := tx.CreateBucketIfNotExists([]byte(ch.Class.Name))
 			if err != nil {
 				return err
 			}
 			if ch.Op == db.OpDelete {
-				if err := b.Delete([]byte(k.ref)); err != nil {
+				if err := b.Delete([]byte(ch.Ref)); err != nil {
 					return err
 				}
 				continue
 			}
-			if err := b.Put([]byte(k.ref), encodeRow(ch.Row)); err != nil {
+			if err := b.Put([]byte(ch.Ref), encodeRow(ch.Row)); err != nil {
 				return err
 			}
 		}

@@ -66,46 +66,26 @@ type Row struct {
 	Values []any
 }
 
-type rowKey struct {
-	c   *schema.Class
-	ref string
-}
-
 // Encode makes one entry of the persistent changes in batches; ok is
 // false when they hold none (nothing to replicate).
 func Encode(batches []*db.Batch) (entry []byte, ok bool) {
-	latest := map[rowKey]*db.Change{}
-	var order []rowKey
-	for _, b := range batches {
-		for i := range b.Changes {
-			ch := &b.Changes[i]
-			if !ch.Class.Persist {
-				continue
-			}
-			k := rowKey{ch.Class, ch.Ref}
-			if _, seen := latest[k]; !seen {
-				order = append(order, k)
-			}
-			latest[k] = ch
-		}
-	}
-	if len(order) == 0 {
+	changes := db.LastPersistentChanges(batches)
+	if len(changes) == 0 {
 		return nil, false
 	}
 	buf := binary.AppendUvarint(nil, Version)
-	buf = binary.AppendUvarint(buf, uint64(len(order)))
-	for _, k := range order {
-		ch := latest[k]
+	buf = binary.AppendUvarint(buf, uint64(len(changes)))
+	for _, ch := range changes {
+		op := OpPut
 		if ch.Op == db.OpDelete {
-			buf = binary.AppendUvarint(buf, uint64(OpDelete))
-			buf = appendString(buf, k.c.Name)
-			buf = appendString(buf, k.ref)
-			continue
+			op = OpDelete
 		}
-		buf = binary.AppendUvarint(buf, uint64(OpPut))
-		buf = appendString(buf, k.c.Name)
-		buf = appendString(buf, k.ref)
-		buf = appendColumns(buf, ch.Row)
+		buf = binary.AppendUvarint(buf, uint64(op))
+		buf = appendString(buf, ch.Class.Name)
+		buf = appendString(buf, ch.Ref)
+		if op == OpPut {
+			buf = appendColumns(buf, ch.Row)
+		}
 	}
 	return buf, true
 }
