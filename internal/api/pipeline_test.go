@@ -315,16 +315,19 @@ func TestTaskProgressCoalesced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	before := s.DB.Generation()
+	before, start := s.DB.Generation(), time.Now()
 	for i := 1; i <= 1000; i++ {
 		task.Progress(float64(i) / 1000)
 	}
 	task.Finish(schema.Void, nil, nil)
+	// At most one write per interval, plus the first, the last and the
+	// outcome: however slow a loaded machine makes the loop.
+	bound := uint64(3 + time.Since(start)/progressInterval)
 	row, _ := s.DB.Snapshot().Get(dm.Task.Class, task.Ref)
 	if row.String(dm.Task.Status) != "success" || row.Get(dm.Task.Progress).(float64) != 1 {
 		t.Fatalf("task %v", row)
 	}
-	if writes := s.DB.Generation() - before; writes > 10 {
+	if writes := s.DB.Generation() - before; writes > bound {
 		t.Errorf("%d writes for 1000 progress updates", writes)
 	}
 	// The newest value is written even when the task ends before the
