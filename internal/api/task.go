@@ -41,6 +41,11 @@ type Task struct {
 	dirty     bool
 	busy      bool
 	wg        sync.WaitGroup
+	// lastWrite is when progress was last written; only the one writer
+	// running at a time (busy) touches it, and wg orders writers.
+	lastWrite  time.Time
+	finishing  chan struct{} // closed by Finish
+	finishOnce sync.Once
 }
 
 // StartTask makes a pending task owned by sess (nil: owned by no
@@ -48,7 +53,7 @@ type Task struct {
 // session may have at most Config.MaxPendingTasksPerSession tasks not yet
 // completed; past that it gets TOO_MANY_PENDING_TASKS.
 func (s *Server) StartTask(ctx context.Context, sess *Session, label, description string) (*Task, error) {
-	t := &Task{s: s}
+	t := &Task{s: s, finishing: make(chan struct{})}
 	t.ctx, t.cancel = context.WithCancel(ctx)
 	ref, err := s.newTask(sess, label, description, t.cancelByTask)
 	if err != nil {
@@ -67,7 +72,7 @@ func (s *Server) AdoptTask(ctx context.Context, sess *Session, ref string) (*Tas
 	if err := s.CheckTaskOwner(sess, ref); err != nil {
 		return nil, err
 	}
-	t := &Task{s: s, Ref: ref}
+	t := &Task{s: s, Ref: ref, finishing: make(chan struct{})}
 	t.ctx, t.cancel = context.WithCancel(ctx)
 	s.tasks.mu.Lock()
 	row, ok := s.DB.Snapshot().Get(dm.Task.Class, ref)
@@ -134,11 +139,23 @@ const progressInterval = 100 * time.Millisecond
 func (t *Task) writeProgress() {
 	defer t.wg.Done()
 	for {
+		// Writes are at least progressInterval apart, across writers
+		// too; the task ending writes the newest value at once.
+		if wait := progressInterval - time.Since(t.lastWrite); wait > 0 {
+			timer := time.NewTimer(wait)
+			select {
+			case <-timer.C:
+			case <-t.ctx.Done():
+				timer.Stop()
+			case <-t.finishing:
+				timer.Stop()
+			}
+		}
 		t.mu.Lock()
 		v := t.val
 		t.dirty = false
 		t.mu.Unlock()
-		wrote := time.Now()
+		t.lastWrite = time.Now()
 		// Progress is advisory and the work goes on: log a failure.
 		if _, err := t.s.DB.Update(func(tx *db.Tx) error {
 			if _, ok := tx.Get(dm.Task.Class, t.Ref); !ok {
@@ -155,16 +172,6 @@ func (t *Task) writeProgress() {
 			return
 		}
 		t.mu.Unlock()
-		// Newer values came meanwhile: the newest is written once the
-		// interval has passed, or at once when the task ends.
-		if wait := progressInterval - time.Since(wrote); wait > 0 {
-			timer := time.NewTimer(wait)
-			select {
-			case <-timer.C:
-			case <-t.ctx.Done():
-				timer.Stop()
-			}
-		}
 	}
 }
 
@@ -172,6 +179,7 @@ func (t *Task) writeProgress() {
 // in: its result of type resultType, or err. An error after the task was
 // cancelled, or TASK_CANCELLED itself, ends it cancelled.
 func (t *Task) Finish(resultType *schema.Type, v any, err error) {
+	t.finishOnce.Do(func() { close(t.finishing) })
 	t.wg.Wait()
 	t.cancel()
 	t.s.FinishTask(t.Ref, resultType, v, err, err != nil && t.Cancelled())
