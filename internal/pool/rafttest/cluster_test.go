@@ -242,13 +242,7 @@ func TestLeaderKill(t *testing.T) {
 		if err := c.Restart(l); err != nil {
 			t.Fatalf("round %d: restart node %d: %v", round, l, err)
 		}
-		if err := c.WaitConverged(20 * time.Second); err != nil {
-			t.Fatalf("round %d: %v", round, err)
-		}
-		h.checkAll(t, c)
-		if err := c.CheckLogs(); err != nil {
-			t.Fatalf("round %d: %v", round, err)
-		}
+		settled(t, c, h, fmt.Sprintf("round %d", round))
 	}
 	t.Logf("acknowledged writes: %d", len(h.acked))
 	report(t, "failover after leader kill (to first acknowledged write)", failover)
@@ -287,13 +281,7 @@ func TestPartitionHeal(t *testing.T) {
 		c.Heal() // while the writers are still writing
 		time.Sleep(100 * time.Millisecond)
 		stop()
-		if err := c.WaitConverged(20 * time.Second); err != nil {
-			t.Fatalf("round %d: %v", round, err)
-		}
-		h.checkAll(t, c)
-		if err := c.CheckLogs(); err != nil {
-			t.Fatalf("round %d: %v", round, err)
-		}
+		settled(t, c, h, fmt.Sprintf("round %d", round))
 	}
 	t.Logf("acknowledged writes: %d", len(h.acked))
 	report(t, "failover after leader partition (to first acknowledged write)", failover)
@@ -338,11 +326,19 @@ func TestPartition5(t *testing.T) {
 		t.Fatalf("the majority (leader %d) acknowledged no write", nl)
 	}
 	c.Heal()
+	settled(t, c, h, "after healing")
+}
+
+// settled waits for every live node to apply the same log, then checks
+// that each acknowledged write is on every node and that the stored logs
+// agree.
+func settled(t *testing.T, c *Cluster, h *history, when string) {
+	t.Helper()
 	if err := c.WaitConverged(20 * time.Second); err != nil {
-		t.Fatal(err)
+		t.Fatalf("%s: %v", when, err)
 	}
 	h.checkAll(t, c)
 	if err := c.CheckLogs(); err != nil {
-		t.Fatal(err)
+		t.Fatalf("%s: %v", when, err)
 	}
 }

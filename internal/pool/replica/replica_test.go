@@ -142,16 +142,26 @@ func TestReplicatedStateMatches(t *testing.T) {
 	sameState(t, leader, follower)
 }
 
-func TestDecodeRejectsDamage(t *testing.T) {
+// firstBootEntry is the entry of a freshly booted host's database.
+func firstBootEntry(tb testing.TB) []byte {
+	tb.Helper()
 	leader := db.New(dm.Model, db.Options{})
 	if _, err := api.FirstBoot(leader, api.ProbeHost(), api.BootOptions{}); err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	batches, _ := leader.ChangesSince(0)
+	batches, err := leader.ChangesSince(0)
+	if err != nil {
+		tb.Fatal(err)
+	}
 	entry, ok := Encode(batches)
 	if !ok {
-		t.Fatal("nothing encoded")
+		tb.Fatal("nothing encoded")
 	}
+	return entry
+}
+
+func TestDecodeRejectsDamage(t *testing.T) {
+	entry := firstBootEntry(t)
 	for cut := range len(entry) {
 		if _, err := Decode(dm.Model, entry[:cut]); !errors.Is(err, ErrCorrupt) {
 			t.Fatalf("cut at %d: %v", cut, err)
@@ -163,13 +173,7 @@ func TestDecodeRejectsDamage(t *testing.T) {
 }
 
 func FuzzDecode(f *testing.F) {
-	leader := db.New(dm.Model, db.Options{})
-	if _, err := api.FirstBoot(leader, api.ProbeHost(), api.BootOptions{}); err != nil {
-		f.Fatal(err)
-	}
-	batches, _ := leader.ChangesSince(0)
-	entry, _ := Encode(batches)
-	f.Add(entry)
+	f.Add(firstBootEntry(f))
 	f.Add([]byte{1, 1, 1, 2, 'V', 'M', 3, 'x', 'y', 'z'})
 	member := db.New(dm.Model, db.Options{})
 	f.Fuzz(func(t *testing.T, b []byte) {
