@@ -41,11 +41,9 @@ type Task struct {
 	dirty     bool
 	busy      bool
 	wg        sync.WaitGroup
-	// lastWrite is when progress was last written; only the one writer
-	// running at a time (busy) touches it, and wg orders writers.
-	lastWrite  time.Time
-	finishing  chan struct{} // closed by Finish
-	finishOnce sync.Once
+	// lastWrite is when progress was last written. Only the writer
+	// running (busy) touches it; mu hands it from one writer to the next.
+	lastWrite time.Time
 }
 
 // StartTask makes a pending task owned by sess (nil: owned by no
@@ -53,7 +51,7 @@ type Task struct {
 // session may have at most Config.MaxPendingTasksPerSession tasks not yet
 // completed; past that it gets TOO_MANY_PENDING_TASKS.
 func (s *Server) StartTask(ctx context.Context, sess *Session, label, description string) (*Task, error) {
-	t := &Task{s: s, finishing: make(chan struct{})}
+	t := &Task{s: s}
 	t.ctx, t.cancel = context.WithCancel(ctx)
 	ref, err := s.newTask(sess, label, description, t.cancelByTask)
 	if err != nil {
@@ -72,7 +70,7 @@ func (s *Server) AdoptTask(ctx context.Context, sess *Session, ref string) (*Tas
 	if err := s.CheckTaskOwner(sess, ref); err != nil {
 		return nil, err
 	}
-	t := &Task{s: s, Ref: ref, finishing: make(chan struct{})}
+	t := &Task{s: s, Ref: ref}
 	t.ctx, t.cancel = context.WithCancel(ctx)
 	s.tasks.mu.Lock()
 	row, ok := s.DB.Snapshot().Get(dm.Task.Class, ref)
@@ -145,9 +143,7 @@ func (t *Task) writeProgress() {
 			timer := time.NewTimer(wait)
 			select {
 			case <-timer.C:
-			case <-t.ctx.Done():
-				timer.Stop()
-			case <-t.finishing:
+			case <-t.ctx.Done(): // ended, or Finish: write now
 				timer.Stop()
 			}
 		}
@@ -179,9 +175,8 @@ func (t *Task) writeProgress() {
 // in: its result of type resultType, or err. An error after the task was
 // cancelled, or TASK_CANCELLED itself, ends it cancelled.
 func (t *Task) Finish(resultType *schema.Type, v any, err error) {
-	t.finishOnce.Do(func() { close(t.finishing) })
+	t.cancel() // the work is over; a writer waiting out the interval writes now
 	t.wg.Wait()
-	t.cancel()
 	t.s.FinishTask(t.Ref, resultType, v, err, err != nil && t.Cancelled())
 }
 
