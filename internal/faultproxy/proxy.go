@@ -284,10 +284,13 @@ func (p *Proxy) resetWhere(match func(netip.Addr) bool) int {
 		}
 	}
 	p.mu.Unlock()
+	n := 0
 	for _, c := range victims {
-		c.reset()
+		if c.reset() {
+			n++
+		}
 	}
-	return len(victims)
+	return n
 }
 
 // Stats returns the proxy's counters.
@@ -614,13 +617,18 @@ func (c *conn) hold() (Fault, bool) {
 }
 
 // abort tears the connection down with an orderly close of both sides.
-func (c *conn) abort() { c.teardown(false) }
+func (c *conn) abort() { _ = c.teardown(false) }
 
 // reset tears the connection down with RST on both sides.
-func (c *conn) reset() { c.teardown(true) }
+// reset tears the connection down with RST and reports whether this call
+// did it (a connection reset or closed before, still on its way out of the
+// table, does not count again).
+func (c *conn) reset() bool { return c.teardown(true) }
 
-func (c *conn) teardown(rst bool) {
+func (c *conn) teardown(rst bool) bool {
+	did := false
 	c.once.Do(func() {
+		did = true
 		if rst {
 			c.p.resets.Add(1)
 		}
@@ -638,4 +646,5 @@ func (c *conn) teardown(rst bool) {
 			_ = nc.Close()
 		}
 	})
+	return did
 }
