@@ -88,6 +88,8 @@ type Change struct {
 type Batch struct {
 	From, To uint64
 	Changes  []Change
+	// Tag is the transaction's Tx.Tag.
+	Tag any
 }
 
 type pendingCommit struct {
@@ -207,7 +209,7 @@ func (d *DB) update(fn func(tx *Tx) error) (_ uint64, persistent bool, _ error) 
 		d.mu.Unlock()
 		return tx.s.gen, false, nil
 	}
-	batch := &Batch{From: d.work.gen, To: tx.s.gen, Changes: tx.changes}
+	batch := &Batch{From: d.work.gen, To: tx.s.gen, Changes: tx.changes, Tag: tx.Tag}
 	for i := range batch.Changes {
 		persistent = persistent || batch.Changes[i].Class.Persist
 	}

@@ -21,6 +21,10 @@ type Tx struct {
 	ownKeys  bool
 	ownRels  []bool
 	changes  []Change
+	// Tag, if set, travels with the transaction's batch (Batch.Tag) to the
+	// persister: the pool marks there the batches that apply replicated
+	// entries, which must not be replicated again.
+	Tag any
 	// Lenient skips the dangling-reference check on relation fields; used
 	// when loading a database that may already hold dangling references.
 	Lenient bool

@@ -25,6 +25,7 @@
 package persist
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -52,6 +53,7 @@ var (
 	keyMajor   = []byte("schema_major")
 	keyMinor   = []byte("schema_minor")
 	keyGen     = []byte("generation")
+	keyMark    = []byte("mark")
 )
 
 // Upgrade is one step of the schema upgrade framework: it runs on a file
@@ -78,6 +80,11 @@ type Options struct {
 	// MaxRetryInterval bounds the wait between attempts to write while
 	// writes fail (default DefaultMaxRetryInterval).
 	MaxRetryInterval time.Duration
+	// Mark, if set, is asked in every write for a few bytes to record with
+	// the generation the file reaches (nil: keep the last ones); Store.Mark
+	// reads them back. The pool records there the raft index the file
+	// holds, in the same transaction as the rows.
+	Mark func(gen uint64) []byte
 }
 
 // Back-off between write attempts while the disk refuses writes: it
@@ -97,6 +104,7 @@ type Store struct {
 	d     *db.DB
 	path  string
 	bopts *bolt.Options
+	mark  func(gen uint64) []byte
 
 	// fileMu is held for every use of the file.
 	fileMu sync.Mutex
@@ -182,7 +190,7 @@ func Open(path string, m *schema.Model, opts Options) (s *Store, err error) {
 		opts.MaxRetryInterval = DefaultMaxRetryInterval
 	}
 	s = &Store{bolt: b, model: m, log: opts.Log, path: path, bopts: bopts, maxRetry: opts.MaxRetryInterval,
-		done: make(chan struct{})}
+		mark: opts.Mark, done: make(chan struct{})}
 	s.cond = sync.NewCond(&s.mu)
 	if err := s.checkSchema(path, opts.Upgrades); err != nil {
 		_ = b.Close() // the schema error is the one to report
@@ -499,8 +507,34 @@ func (s *Store) update(gen uint64, fn func(tx *bolt.Tx) error) (err error) {
 		if err := fn(tx); err != nil {
 			return err
 		}
-		return tx.Bucket(metaBucket).Put(keyGen, []byte(strconv.FormatUint(gen, 10)))
+		meta := tx.Bucket(metaBucket)
+		if s.mark != nil {
+			if m := s.mark(gen); m != nil {
+				if err := meta.Put(keyMark, m); err != nil {
+					return err
+				}
+			}
+		}
+		return meta.Put(keyGen, []byte(strconv.FormatUint(gen, 10)))
 	})
+}
+
+// Mark returns the bytes Options.Mark gave for the last write (nil if
+// none).
+func (s *Store) Mark() ([]byte, error) {
+	s.fileMu.Lock()
+	defer s.fileMu.Unlock()
+	if err := s.reopen(); err != nil {
+		return nil, err
+	}
+	var m []byte
+	err := s.bolt.View(func(tx *bolt.Tx) error {
+		if meta := tx.Bucket(metaBucket); meta != nil {
+			m = bytes.Clone(meta.Get(keyMark))
+		}
+		return nil
+	})
+	return m, err
 }
 
 // describe says what a write error means for the operator and the client.
@@ -687,7 +721,7 @@ func encodeRow(r *db.Row) []byte {
 			continue
 		}
 		buf = appendString(buf, f.Column)
-		buf = appendString(buf, schema.FormatDB(f.Type, v))
+		buf = appendString(buf, schema.FormatExact(f.Type, v))
 	}
 	return buf
 }
@@ -722,7 +756,7 @@ func decodeRow(c *schema.Class, b []byte) (created, modified uint64, values []an
 		if f == nil {
 			return 0, 0, nil, fmt.Errorf("unknown column %q", col)
 		}
-		v, perr := schema.ParseDB(f.Type, val)
+		v, perr := schema.ParseExact(f.Type, val)
 		if perr != nil {
 			return 0, 0, nil, fmt.Errorf("column %s: %w", col, perr)
 		}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -287,4 +288,35 @@ func TestReadOnlyDataDir(t *testing.T) {
 		t.Fatalf("read-only data dir: %v", err)
 	}
 	t.Log(err)
+}
+
+// Times keep every digit through the file, and Options.Mark's bytes are
+// written with the rows and read back after a reopen.
+func TestExactTimesAndMark(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	var gens []uint64
+	mark := func(gen uint64) []byte { gens = append(gens, gen); return []byte(fmt.Sprint("at ", gen)) }
+	st, d := open(t, path, persist.Options{Mark: mark})
+	when := time.Date(2026, 11, 23, 16, 39, 10, 954505943, time.UTC)
+	var vm string
+	gen, err := d.Update(func(tx *db.Tx) (err error) {
+		vm, err = tx.Insert(dm.VMMetrics.Class, "", (&dm.VMMetricsRecord{StartTime: when}).Row())
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	st, d = open(t, path, persist.Options{})
+	defer st.Close()
+	row, _ := d.Snapshot().Get(dm.VMMetrics.Class, vm)
+	if got := row.Get(dm.VMMetrics.StartTime).(time.Time); !got.Equal(when) {
+		t.Errorf("start_time %v after a reopen, want %v", got, when)
+	}
+	m, err := st.Mark()
+	if err != nil || string(m) != fmt.Sprint("at ", gen) || len(gens) == 0 {
+		t.Errorf("Mark() = %q, %v; Mark was asked for %v", m, err, gens)
+	}
 }

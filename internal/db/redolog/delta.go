@@ -35,6 +35,16 @@ func (k DeltaKind) String() string {
 	return "DeltaKind(" + strconv.Itoa(int(k)) + ")"
 }
 
+// kindOfTag is the kind whose tag is tag, or 0 if none is.
+func kindOfTag(tag []byte) DeltaKind {
+	for k := CreateRow; k <= WriteField; k++ {
+		if string(tag) == kindTags[k] {
+			return k
+		}
+	}
+	return 0
+}
+
 // Delta is one change to the database, as xapi's redo log records it:
 //
 //   - CreateRow: Table, Ref and Fields (the new row's (name, value) pairs,
@@ -206,15 +216,8 @@ func decodeOne(b []byte) (Delta, int, error) {
 	if len(b) < tagSize {
 		return Delta{}, 0, fmt.Errorf("%w: truncated tag", ErrMalformedDelta)
 	}
-	var d Delta
-	switch string(b[:tagSize]) {
-	case "CreateRow":
-		d.Kind = CreateRow
-	case "DeleteRow":
-		d.Kind = DeleteRow
-	case "WriteFiel":
-		d.Kind = WriteField
-	default:
+	d := Delta{Kind: kindOfTag(b[:tagSize])}
+	if d.Kind == 0 {
 		return Delta{}, 0, fmt.Errorf("%w: unknown tag %q", ErrMalformedDelta, b[:tagSize])
 	}
 	p := &deltaParser{b: b, off: tagSize}

@@ -74,12 +74,11 @@ const (
 	RecordDelta
 )
 
+var recordKindNames = [...]string{RecordDB: "db", RecordDelta: "delta"}
+
 func (k RecordKind) String() string {
-	switch k {
-	case RecordDB:
-		return "db"
-	case RecordDelta:
-		return "delta"
+	if k >= RecordDB && k <= RecordDelta {
+		return recordKindNames[k]
 	}
 	return fmt.Sprintf("RecordKind(%d)", uint8(k))
 }

@@ -12,8 +12,8 @@
 //
 // Layout (all integers unsigned varints, strings length-prefixed):
 //
-//	version (1), count, then per row: op (0 put, 1 delete), class name,
-//	ref, and for a put the number of columns and (column, value) pairs.
+//	version (1), count, then per row: op (0 put, 1 delete, 2 patch), class name,
+//	ref, and for a put or patch the number of columns and (column, value) pairs.
 //
 // Decode treats its input as hostile: any malformed entry is an error
 // wrapping ErrCorrupt, never a panic, and sizes are bounded.
@@ -28,7 +28,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"time"
 
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"
@@ -54,11 +53,16 @@ type Op uint8
 const (
 	OpPut Op = iota
 	OpDelete
+	// OpPatch sets the columns it carries and leaves the others alone:
+	// a member's own change, sent to the coordinator as what it changed
+	// (see EncodeDelta), so that it cannot undo a concurrent change to
+	// another field of the same row.
+	OpPatch
 )
 
 // Row is one row's change in an entry: for OpPut its whole persistent
 // state, as canonical values indexed by field (nil: the column's
-// default).
+// default); for OpPatch the columns to set (nil: leave alone).
 type Row struct {
 	Op     Op
 	Class  *schema.Class
@@ -84,19 +88,122 @@ func Encode(batches []*db.Batch) (entry []byte, ok bool) {
 		buf = appendString(buf, ch.Class.Name)
 		buf = appendString(buf, ch.Ref)
 		if op == OpPut {
-			buf = appendColumns(buf, ch.Row)
+			buf = appendColumns(buf, ch.Row, nil)
 		}
 	}
 	return buf, true
 }
 
-// appendColumns writes a row's persistent columns that differ from their
-// defaults.
-func appendColumns(buf []byte, r *db.Row) []byte {
+// EncodeDelta makes one entry of what batches changed in persistent rows:
+// a row they created travels whole (OpPut), a row they deleted as its ref,
+// and a row they modified as the columns that differ between its state
+// before the first batch and after the last (OpPatch). ok is false when
+// nothing persistent changed.
+func EncodeDelta(batches []*db.Batch) (entry []byte, ok bool) {
+	type rowKey struct {
+		c   *schema.Class
+		ref string
+	}
+	first := map[rowKey]*db.Row{} // the row before the batches; nil: created in them
+	var order []rowKey
+	for _, b := range batches {
+		for i := range b.Changes {
+			ch := &b.Changes[i]
+			if !ch.Class.Persist {
+				continue
+			}
+			k := rowKey{ch.Class, ch.Ref}
+			if _, seen := first[k]; !seen {
+				first[k] = ch.Old
+				order = append(order, k)
+			}
+		}
+	}
+	last := db.LastPersistentChanges(batches) // in the same first-changed order
+	buf := binary.AppendUvarint(nil, Version)
+	var body []byte
+	n := 0
+	for i, ch := range last {
+		old := first[order[i]]
+		switch {
+		case ch.Op == db.OpDelete && old == nil:
+			continue // made and gone within the batches
+		case ch.Op == db.OpDelete:
+			body = binary.AppendUvarint(body, uint64(OpDelete))
+			body = appendString(body, ch.Class.Name)
+			body = appendString(body, ch.Ref)
+		case old == nil:
+			body = binary.AppendUvarint(body, uint64(OpPut))
+			body = appendString(body, ch.Class.Name)
+			body = appendString(body, ch.Ref)
+			body = appendColumns(body, ch.Row, nil)
+		default:
+			if !changed(old, ch.Row) {
+				continue
+			}
+			body = binary.AppendUvarint(body, uint64(OpPatch))
+			body = appendString(body, ch.Class.Name)
+			body = appendString(body, ch.Ref)
+			body = appendColumns(body, ch.Row, old)
+		}
+		n++
+	}
+	if n == 0 {
+		return nil, false
+	}
+	buf = binary.AppendUvarint(buf, uint64(n))
+	return append(buf, body...), true
+}
+
+// EncodeState makes one entry holding every persistent row of a snapshot
+// (a raft snapshot of the database); Replace applies it.
+func EncodeState(m *schema.Model, s *db.Snapshot) []byte {
+	var body []byte
+	n := 0
+	for _, c := range m.Classes {
+		if !c.InDB || !c.Persist {
+			continue
+		}
+		s.Ascend(c, func(r *db.Row) bool {
+			body = binary.AppendUvarint(body, uint64(OpPut))
+			body = appendString(body, c.Name)
+			body = appendString(body, r.Ref)
+			body = appendColumns(body, r, nil)
+			n++
+			return true
+		})
+	}
+	buf := binary.AppendUvarint(nil, Version)
+	buf = binary.AppendUvarint(buf, uint64(n))
+	return append(buf, body...)
+}
+
+// changed reports whether a row's stored columns differ between two
+// states of it.
+func changed(old, cur *db.Row) bool {
+	for _, f := range cur.Class.Fields {
+		if f.Persist && !f.Derived && !schema.Equal(old.At(f.Index), cur.At(f.Index)) {
+			return true
+		}
+	}
+	return false
+}
+
+// appendColumns writes a row's persistent columns: with old nil those
+// that differ from their defaults (a whole row), otherwise those that
+// differ from old (a patch).
+func appendColumns(buf []byte, r *db.Row, old *db.Row) []byte {
 	c := r.Class
 	var cols []int
 	for _, f := range c.Fields {
-		if f.Persist && !f.Derived && !schema.Equal(r.At(f.Index), c.Base[f.Index]) {
+		if !f.Persist || f.Derived {
+			continue
+		}
+		base := c.Base[f.Index]
+		if old != nil {
+			base = old.At(f.Index)
+		}
+		if !schema.Equal(r.At(f.Index), base) {
 			cols = append(cols, f.Index)
 		}
 	}
@@ -104,30 +211,9 @@ func appendColumns(buf []byte, r *db.Row) []byte {
 	for _, i := range cols {
 		f := c.Fields[i]
 		buf = appendString(buf, f.Column)
-		buf = appendString(buf, formatValue(f.Type, r.At(i)))
+		buf = appendString(buf, schema.FormatExact(f.Type, r.At(i)))
 	}
 	return buf
-}
-
-// formatValue is xapi's stored form, except that times keep every digit
-// (the stored form has whole seconds, and a member must hold what the
-// coordinator holds).
-func formatValue(t *schema.Type, v any) string {
-	if tm, ok := v.(time.Time); ok && t.Kind == schema.KDateTime {
-		return tm.UTC().Format(time.RFC3339Nano)
-	}
-	return schema.FormatDB(t, v)
-}
-
-func parseValue(t *schema.Type, s string) (any, error) {
-	if t.Kind == schema.KDateTime {
-		tm, err := time.Parse(time.RFC3339Nano, s)
-		if err != nil {
-			return nil, err
-		}
-		return tm.UTC(), nil
-	}
-	return schema.ParseDB(t, s)
 }
 
 func appendString(buf []byte, s string) []byte {
@@ -203,7 +289,7 @@ func Decode(m *schema.Model, entry []byte) ([]Row, error) {
 }
 
 func decodeRow(m *schema.Model, r *reader) (Row, error) {
-	op := Op(r.uvarint("op", uint64(OpDelete)))
+	op := Op(r.uvarint("op", uint64(OpPatch)))
 	name := r.string("class")
 	ref := r.string("ref")
 	if r.err != nil {
@@ -231,7 +317,7 @@ func decodeRow(m *schema.Model, r *reader) (Row, error) {
 		if f == nil || f.Derived || !f.Persist {
 			return Row{}, fmt.Errorf("%w: %s has no stored column %q", ErrCorrupt, c.Name, col)
 		}
-		v, err := parseValue(f.Type, val)
+		v, err := schema.ParseExact(f.Type, val)
 		if err != nil {
 			return Row{}, fmt.Errorf("%w: %s.%s: %v", ErrCorrupt, c.Name, col, err)
 		}
@@ -242,25 +328,48 @@ func decodeRow(m *schema.Model, r *reader) (Row, error) {
 
 // Apply makes d hold the rows of an entry, in one transaction. A put of
 // a row d lacks inserts it; of a row it holds, rewrites the columns that
-// differ (relations kept in step); a delete of a row it lacks is a no-op.
+// differ (relations kept in step); a patch sets the columns it carries
+// on a row d holds (and is a no-op on one it lacks, deleted meanwhile); a
+// delete of a row it lacks is a no-op.
 func Apply(d *db.DB, rows []Row) error {
-	_, err := d.Update(func(tx *db.Tx) error {
-		tx.Lenient = true
-		for _, row := range rows {
-			if err := applyRow(tx, row); err != nil {
+	_, err := d.Update(func(tx *db.Tx) error { return ApplyTx(tx, rows) })
+	return err
+}
+
+// ApplyTx is Apply within a transaction the caller runs (several entries
+// in one commit).
+func ApplyTx(tx *db.Tx, rows []Row) error {
+	tx.Lenient = true
+	for _, row := range rows {
+		if err := applyRow(tx, row); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Replace makes d hold exactly the persistent rows of a state entry (see
+// EncodeState), through db.Replace: in-memory classes are left alone,
+// relations are rebuilt, and clients see every row as new.
+func Replace(d *db.DB, rows []Row) error {
+	return d.Replace(func(l *db.Loader) error {
+		for _, r := range rows {
+			if r.Op != OpPut {
+				return fmt.Errorf("%w: a state entry holds a %d of %s", ErrCorrupt, r.Op, r.Ref)
+			}
+			if err := l.Row(r.Class, r.Ref, 0, 0, r.Values); err != nil {
 				return err
 			}
 		}
 		return nil
 	})
-	return err
 }
 
 func applyRow(tx *db.Tx, row Row) error {
 	c := row.Class
 	cur, have := tx.Get(c, row.Ref)
 	switch {
-	case row.Op == OpDelete && !have:
+	case !have && row.Op != OpPut:
 		return nil
 	case row.Op == OpDelete:
 		return tx.Delete(c, row.Ref)
@@ -274,6 +383,9 @@ func applyRow(tx *db.Tx, row Row) error {
 		}
 		v := row.Values[f.Index]
 		if v == nil {
+			if row.Op == OpPatch {
+				continue
+			}
 			v = c.Base[f.Index]
 		}
 		if !schema.Equal(cur.Get(f), v) {

@@ -14,13 +14,13 @@ import (
 
 // replicate ships the leader's batches since gen to the follower through
 // an encoded entry, as the pool will through raft.
-func replicate(t *testing.T, leader, follower *db.DB, gen uint64) uint64 {
+func replicate(t *testing.T, encode func([]*db.Batch) ([]byte, bool), leader, follower *db.DB, gen uint64) uint64 {
 	t.Helper()
 	batches, err := leader.ChangesSince(gen)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if entry, ok := Encode(batches); ok {
+	if entry, ok := encode(batches); ok {
 		rows, err := Decode(dm.Model, entry)
 		if err != nil {
 			t.Fatal(err)
@@ -62,13 +62,20 @@ func sameState(t *testing.T, a, b *db.DB) {
 	}
 }
 
+// Whole rows (the coordinator's entries) and deltas (a member's changes
+// sent to the coordinator) both leave a member in sync in the same state.
 func TestReplicatedStateMatches(t *testing.T) {
+	t.Run("rows", func(t *testing.T) { testReplicatedState(t, Encode) })
+	t.Run("delta", func(t *testing.T) { testReplicatedState(t, EncodeDelta) })
+}
+
+func testReplicatedState(t *testing.T, encode func([]*db.Batch) ([]byte, bool)) {
 	leader := db.New(dm.Model, db.Options{})
 	if _, err := api.FirstBoot(leader, api.ProbeHost(), api.BootOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	follower := db.New(dm.Model, db.Options{})
-	gen := replicate(t, leader, follower, 0)
+	gen := replicate(t, encode, leader, follower, 0)
 	sameState(t, leader, follower)
 
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -109,7 +116,7 @@ func TestReplicatedStateMatches(t *testing.T) {
 		}
 		// Ship one batch at a time or several together.
 		if rng.IntN(3) == 0 {
-			gen = replicate(t, leader, follower, gen)
+			gen = replicate(t, encode, leader, follower, gen)
 			sameState(t, leader, follower)
 		}
 	}
@@ -124,14 +131,14 @@ func TestReplicatedStateMatches(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	replicate(t, leader, follower, gen)
+	replicate(t, encode, leader, follower, gen)
 	sameState(t, leader, follower)
 	if n := follower.Snapshot().Count(dm.Session.Class); n != 0 {
 		t.Errorf("%d sessions replicated", n)
 	}
 	// Applying the same entry twice leaves the state as it is.
 	batches, _ := leader.ChangesSince(0)
-	entry, _ := Encode(batches)
+	entry, _ := encode(batches)
 	rows, err := Decode(dm.Model, entry)
 	if err != nil {
 		t.Fatal(err)
@@ -187,4 +194,87 @@ func FuzzDecode(f *testing.F) {
 		// Whatever decodes applies without a panic.
 		_ = Apply(member, rows)
 	})
+}
+
+// A member's patch sets only what the member changed: a change the
+// coordinator made meanwhile to another field of the row survives.
+func TestPatchKeepsOtherFields(t *testing.T) {
+	coord := db.New(dm.Model, db.Options{})
+	ref, err := insertVM(coord, "vm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	member := db.New(dm.Model, db.Options{})
+	gen := replicate(t, Encode, coord, member, 0)
+	if _, err := coord.Update(func(tx *db.Tx) error { return tx.Set(dm.VM.NameDescription, ref, "by the coordinator") }); err != nil {
+		t.Fatal(err)
+	}
+	mgen := member.Generation()
+	if _, err := member.Update(func(tx *db.Tx) error { return tx.Set(dm.VM.NameLabel, ref, "by the member") }); err != nil {
+		t.Fatal(err)
+	}
+	replicate(t, EncodeDelta, member, coord, mgen)
+	row, _ := coord.Snapshot().Get(dm.VM.Class, ref)
+	if row.String(dm.VM.NameLabel) != "by the member" || row.String(dm.VM.NameDescription) != "by the coordinator" {
+		t.Fatalf("after the patch: %q, %q", row.String(dm.VM.NameLabel), row.String(dm.VM.NameDescription))
+	}
+	// A patch of a row the coordinator deleted meanwhile is a no-op.
+	if _, err := coord.Update(func(tx *db.Tx) error { return tx.Delete(dm.VM.Class, ref) }); err != nil {
+		t.Fatal(err)
+	}
+	mgen = member.Generation()
+	if _, err := member.Update(func(tx *db.Tx) error { return tx.Set(dm.VM.NameLabel, ref, "again") }); err != nil {
+		t.Fatal(err)
+	}
+	replicate(t, EncodeDelta, member, coord, mgen)
+	if _, ok := coord.Snapshot().Get(dm.VM.Class, ref); ok {
+		t.Fatal("a patch brought a deleted row back")
+	}
+	_ = gen
+}
+
+// A state entry replaces a member's persistent rows wholesale and leaves
+// its in-memory rows alone.
+func TestStateReplaces(t *testing.T) {
+	coord := db.New(dm.Model, db.Options{})
+	if _, err := api.FirstBoot(coord, api.ProbeHost(), api.BootOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	member := db.New(dm.Model, db.Options{})
+	if _, err := api.FirstBoot(member, api.ProbeHost(), api.BootOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	stale, err := insertVM(member, "only on the member")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var session string
+	if _, err := member.Update(func(tx *db.Tx) error {
+		session, err = tx.Insert(dm.Session.Class, "", (&dm.SessionRecord{}).Row())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := Decode(dm.Model, EncodeState(dm.Model, coord.Snapshot()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Replace(member, rows); err != nil {
+		t.Fatal(err)
+	}
+	sameState(t, coord, member)
+	if _, ok := member.Snapshot().Get(dm.VM.Class, stale); ok {
+		t.Error("a row the state lacks survived")
+	}
+	if _, ok := member.Snapshot().Get(dm.Session.Class, session); !ok {
+		t.Error("an in-memory row was dropped")
+	}
+}
+
+func insertVM(d *db.DB, name string) (ref string, err error) {
+	_, err = d.Update(func(tx *db.Tx) error {
+		ref, err = tx.Insert(dm.VM.Class, "", (&dm.VMRecord{NameLabel: name}).Row())
+		return err
+	})
+	return ref, err
 }

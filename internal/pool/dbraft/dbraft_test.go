@@ -1,0 +1,378 @@
+package dbraft
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"toolstackd/internal/api"
+	dm "toolstackd/internal/api/datamodel"
+	"toolstackd/internal/db"
+	"toolstackd/internal/db/persist"
+	"toolstackd/internal/schema"
+)
+
+// node is one host of an in-process pool: its file, database, replicator
+// and raft transport.
+type node struct {
+	id    raft.ServerID
+	dir   string
+	trans *raft.InmemTransport
+	r     *Replicator
+	store *persist.Store
+	d     *db.DB
+}
+
+type pool struct {
+	t     *testing.T
+	nodes []*node
+	mu    sync.Mutex // guards the leader lookups of Forward
+}
+
+func tune(c *raft.Config) {
+	c.HeartbeatTimeout = 300 * time.Millisecond
+	c.ElectionTimeout = 300 * time.Millisecond
+	c.LeaderLeaseTimeout = 150 * time.Millisecond
+}
+
+func (p *pool) open(n *node) {
+	t := p.t
+	n.r = New(Options{Model: dm.Model, Forward: p.forward})
+	var err error
+	n.store, err = n.r.OpenStore(filepath.Join(n.dir, "toolstackd.db"), persist.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.d = db.New(dm.Model, db.Options{Persister: n.r})
+	if err := n.store.Load(n.d); err != nil {
+		t.Fatal(err)
+	}
+	n.r.Attach(n.d)
+}
+
+func (p *pool) start(n *node, bootstrap bool) {
+	if err := n.r.Start(StartOptions{ID: n.id, Dir: filepath.Join(n.dir, "raft"), Transport: n.trans,
+		Bootstrap: bootstrap, Tune: tune, LogOutput: raftLog()}); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+// raftLog is where raft logs: nowhere, or stderr with DBRAFT_LOG=1.
+func raftLog() io.Writer {
+	if os.Getenv("DBRAFT_LOG") == "1" {
+		return os.Stderr
+	}
+	return io.Discard
+}
+
+func (p *pool) close(n *node) {
+	if err := n.r.Close(); err != nil {
+		p.t.Log(err)
+	}
+	if err := n.store.Close(); err != nil {
+		p.t.Log(err)
+	}
+}
+
+// forward is every member's Forward: to whichever node leads now.
+func (p *pool) forward(ctx context.Context, entry []byte) error {
+	for _, n := range p.live() {
+		if n.r.Mode() == Leader {
+			return n.r.ApplyRemote(ctx, entry)
+		}
+	}
+	return ErrNotLeader
+}
+
+func (p *pool) live() []*node {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]*node(nil), p.nodes...)
+}
+
+// newPool makes n hosts; the first boots a database and makes a pool of
+// itself, the others join it as voters.
+func newPool(t *testing.T, n int) *pool {
+	p := &pool{t: t}
+	for i := range n {
+		addr, trans := raft.NewInmemTransport(raft.ServerAddress(fmt.Sprint("host", i)))
+		p.nodes = append(p.nodes, &node{id: raft.ServerID(fmt.Sprint("host", i)), dir: t.TempDir(), trans: trans})
+		_ = addr
+	}
+	for _, nd := range p.nodes {
+		p.wire(nd)
+	}
+	for _, nd := range p.nodes {
+		p.open(nd)
+	}
+	t.Cleanup(func() {
+		for _, nd := range p.live() {
+			p.close(nd)
+		}
+	})
+	first := p.nodes[0]
+	if _, err := api.FirstBoot(first.d, api.ProbeHost(), api.BootOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p.start(first, true)
+	p.waitLeader(first)
+	if err := first.r.Compact(); err != nil {
+		t.Fatal(err)
+	}
+	for _, nd := range p.nodes[1:] {
+		p.start(nd, false)
+		if err := first.r.Raft().AddVoter(nd.id, nd.trans.LocalAddr(), 0, 5*time.Second).Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.converge()
+	return p
+}
+
+// wire connects a node's transport with every other's, both ways (raft
+// closing a node's transport at shutdown drops its links).
+func (p *pool) wire(n *node) {
+	for _, o := range p.nodes {
+		if o != n {
+			n.trans.Connect(o.trans.LocalAddr(), o.trans)
+			o.trans.Connect(n.trans.LocalAddr(), n.trans)
+		}
+	}
+}
+
+func (p *pool) waitLeader(nodes ...*node) *node {
+	p.t.Helper()
+	if len(nodes) == 0 {
+		nodes = p.live()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, n := range nodes {
+			if n.r.Mode() == Leader {
+				return n
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	p.t.Fatal("no leader")
+	return nil
+}
+
+// converge waits until every live node has applied what the leader has
+// and holds the same persistent state.
+func (p *pool) converge() {
+	p.t.Helper()
+	leader := p.waitLeader()
+	// A barrier applies everything committed on the leader.
+	if err := leader.r.Raft().Barrier(5 * time.Second).Error(); err != nil {
+		p.t.Fatal(err)
+	}
+	want := leader.r.AppliedIndex()
+	for _, n := range p.live() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := n.r.WaitApplied(ctx, want)
+		cancel()
+		if err != nil {
+			p.t.Fatalf("%s: %v", n.id, err)
+		}
+	}
+	// The leader's own last entries reach its visible state through the
+	// completer; give it a moment, then compare.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		diff := ""
+		for _, n := range p.live() {
+			if diff = differ(leader.d, n.d); diff != "" {
+				diff = fmt.Sprintf("%s vs %s: %s", leader.id, n.id, diff)
+				break
+			}
+		}
+		if diff == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			p.t.Fatal(diff)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// differ describes the first difference between two databases'
+// persistent rows ("" when they hold the same).
+func differ(a, b *db.DB) string {
+	sa, sb := a.Snapshot(), b.Snapshot()
+	for _, c := range dm.Model.Classes {
+		if !c.Persist || !c.InDB {
+			continue
+		}
+		if na, nb := sa.Count(c), sb.Count(c); na != nb {
+			return fmt.Sprintf("%s: %d rows and %d", c.Name, na, nb)
+		}
+		out := ""
+		sa.Ascend(c, func(ra *db.Row) bool {
+			rb, ok := sb.Get(c, ra.Ref)
+			if !ok {
+				out = fmt.Sprintf("%s %s missing", c.Name, ra.Ref)
+				return false
+			}
+			for _, f := range c.Fields {
+				if f.Derived && !f.Inverse.Class.Persist || !f.Derived && !f.Persist {
+					continue
+				}
+				if va, vb := sa.Value(ra, f), sb.Value(rb, f); !schema.Equal(va, vb) {
+					out = fmt.Sprintf("%s %s .%s: %v and %v", c.Name, ra.Ref, f.Name, va, vb)
+					return false
+				}
+			}
+			return true
+		})
+		if out != "" {
+			return out
+		}
+	}
+	return ""
+}
+
+func createVM(d *db.DB, name string) (ref string, err error) {
+	_, err = d.Update(func(tx *db.Tx) error {
+		ref, err = tx.Insert(dm.VM.Class, "", (&dm.VMRecord{NameLabel: name}).Row())
+		return err
+	})
+	return ref, err
+}
+
+func TestReplicatesLeaderAndMemberWrites(t *testing.T) {
+	p := newPool(t, 3)
+	leader := p.waitLeader()
+	var members []*node
+	for _, n := range p.nodes {
+		if n != leader {
+			members = append(members, n)
+		}
+	}
+	// 16 writers on the coordinator, 2 on each member, at once.
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	write := func(d *db.DB, who string, n int) {
+		defer wg.Done()
+		for i := range n {
+			ref, err := createVM(d, fmt.Sprintf("%s-%d", who, i))
+			if err == nil {
+				_, err = d.Update(func(tx *db.Tx) error { return tx.Set(dm.VM.NameDescription, ref, "described") })
+			}
+			if err != nil {
+				errs <- fmt.Errorf("%s: %w", who, err)
+				return
+			}
+		}
+	}
+	for w := range 16 {
+		wg.Add(1)
+		go write(leader.d, fmt.Sprint("leader", w), 20)
+	}
+	for i, m := range members {
+		for w := range 2 {
+			wg.Add(1)
+			go write(m.d, fmt.Sprintf("member%d.%d", i, w), 10)
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	p.converge()
+	if n := leader.d.Snapshot().Count(dm.VM.Class); n < 16*20+4*10 {
+		t.Fatalf("%d VMs", n)
+	}
+	// A member's write is visible on the member when its call returns.
+	ref, err := createVM(members[0].d, "read-your-write")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := members[0].d.Snapshot().Get(dm.VM.Class, ref); !ok {
+		t.Fatal("a member does not see its own acknowledged write")
+	}
+}
+
+// The coordinator is stopped under load: every acknowledged write is on
+// the new coordinator and every member; writes that failed say so with
+// a retryable error.
+func TestLeaderLossKeepsAcknowledgedWrites(t *testing.T) {
+	p := newPool(t, 3)
+	for round := range 3 {
+		leader := p.waitLeader()
+		var mu sync.Mutex
+		acked := map[string]string{}
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		for w := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					name := fmt.Sprintf("r%d-w%d-%d", round, w, i)
+					ref, err := createVM(leader.d, name)
+					if err != nil {
+						if !errors.Is(err, db.ErrNotDurable) {
+							t.Errorf("a failed write says %v", err)
+						}
+						return
+					}
+					mu.Lock()
+					acked[ref] = name
+					mu.Unlock()
+				}
+			}()
+		}
+		time.Sleep(300 * time.Millisecond)
+		// Kill: shut raft down without a transfer, then bring the host
+		// back from its files as a follower.
+		p.mu.Lock()
+		var rest []*node
+		for _, n := range p.nodes {
+			if n != leader {
+				rest = append(rest, n)
+			}
+		}
+		p.nodes = rest
+		p.mu.Unlock()
+		p.close(leader)
+		close(stop)
+		wg.Wait()
+		next := p.waitLeader(rest...)
+		for ref, name := range acked {
+			if row, ok := next.d.Snapshot().Get(dm.VM.Class, ref); !ok || row.String(dm.VM.NameLabel) != name {
+				// Give the new leader's completer a moment.
+				time.Sleep(time.Second)
+				if row, ok = next.d.Snapshot().Get(dm.VM.Class, ref); !ok || row.String(dm.VM.NameLabel) != name {
+					t.Fatalf("round %d: acknowledged VM %s (%s) lost", round, ref, name)
+				}
+			}
+		}
+		p.open(leader)
+		p.wire(leader)
+		if got := leader.r.AppliedIndex(); got == 0 {
+			t.Fatalf("round %d: a restarted host's file records no applied index", round)
+		}
+		p.start(leader, false)
+		p.mu.Lock()
+		p.nodes = append(p.nodes, leader)
+		p.mu.Unlock()
+		p.converge()
+		t.Logf("round %d: %d acknowledged writes kept; new leader %s", round, len(acked), next.id)
+	}
+}

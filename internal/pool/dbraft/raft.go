@@ -1,0 +1,219 @@
+package dbraft
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+
+	"toolstackd/internal/db"
+	"toolstackd/internal/pool/raftnet"
+	"toolstackd/internal/pool/raftstore"
+	"toolstackd/internal/pool/replica"
+)
+
+var randRead = rand.Read
+
+// StartOptions say how to run raft on this host.
+type StartOptions struct {
+	// ID is this host's raft server ID (its host uuid).
+	ID raft.ServerID
+	// Dir holds raft's log (raft.db) and snapshots.
+	Dir string
+	// Transport carries raft's messages; Start wraps it so that
+	// heartbeats go through raft's main loop (hashicorp/raft#695).
+	Transport raft.Transport
+	// Bootstrap makes a new pool of this host alone, if Dir holds no
+	// raft state yet (the first host of a pool).
+	Bootstrap bool
+	// Tune, if set, adjusts raft's configuration (tests shorten timeouts).
+	Tune func(*raft.Config)
+	// LogOutput receives raft's own log (warnings and errors); nil:
+	// standard error.
+	LogOutput io.Writer
+}
+
+// Start runs raft: the host's database is from now on the pool's. The
+// host is a follower until raft elects it.
+func (r *Replicator) Start(o StartOptions) (err error) {
+	if r.raft.Load() != nil {
+		return errors.New("dbraft: already started")
+	}
+	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
+		return err
+	}
+	store, err := raftstore.Open(o.Dir, raftstore.Options{})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			_ = store.Close()
+		}
+	}()
+	out := o.LogOutput
+	if out == nil {
+		out = os.Stderr
+	}
+	snaps, err := raft.NewFileSnapshotStore(o.Dir, 2, out)
+	if err != nil {
+		return err
+	}
+	notify := make(chan bool, 16)
+	conf := raft.DefaultConfig()
+	conf.LocalID = o.ID
+	conf.NotifyCh = notify
+	// The file holds what was applied (its mark): raft replays only
+	// what came after, instead of restoring the last snapshot over it.
+	conf.NoSnapshotRestoreOnStart = true
+	conf.Logger = hclog.New(&hclog.LoggerOptions{Name: "raft", Output: out, Level: hclog.Warn})
+	if o.Tune != nil {
+		o.Tune(conf)
+	}
+	trans := raftnet.NoHeartbeatFastPath(o.Transport)
+	if o.Bootstrap {
+		has, err := raft.HasExistingState(store, store, snaps)
+		if err != nil {
+			return err
+		}
+		if !has {
+			cfg := raft.Configuration{Servers: []raft.Server{{ID: o.ID, Address: trans.LocalAddr()}}}
+			if err := raft.BootstrapCluster(conf, store, store, snaps, trans, cfg); err != nil {
+				return err
+			}
+		}
+	}
+	r.mu.Lock()
+	r.mode = Follower
+	r.mu.Unlock()
+	rf, err := raft.NewRaft(conf, fsm{r}, store, store, snaps, trans)
+	if err != nil {
+		r.setMode(Standalone)
+		return err
+	}
+	r.raft.Store(rf)
+	r.raftStore = store
+	r.watchDone, r.stopWatch = make(chan struct{}), make(chan struct{})
+	go r.watch(rf, notify, r.stopWatch)
+	return nil
+}
+
+// watch follows leadership: a new leader applies everything committed
+// before it takes writes; a deposed one forwards them.
+func (r *Replicator) watch(rf *raft.Raft, notify <-chan bool, stop <-chan struct{}) {
+	defer close(r.watchDone)
+	for {
+		select {
+		case leader := <-notify:
+			if !leader {
+				r.setMode(Follower)
+				continue
+			}
+			if err := rf.Barrier(0).Error(); err != nil {
+				r.log.Warn("elected, but the barrier failed; staying a follower", "err", err)
+				continue
+			}
+			if rf.State() == raft.Leader {
+				r.setMode(Leader)
+				r.log.Info("this host is the pool's coordinator", "index", r.AppliedIndex())
+			}
+		case <-stop:
+			return
+		}
+	}
+}
+
+// Raft is the running raft (nil before Start): membership changes and
+// leadership transfers are the pool layer's.
+func (r *Replicator) Raft() *raft.Raft { return r.raft.Load() }
+
+// Stop shuts raft down: the host goes back to keeping its database alone.
+func (r *Replicator) Stop() error {
+	rf := r.raft.Load()
+	if rf == nil {
+		return nil
+	}
+	err := rf.Shutdown().Error()
+	close(r.stopWatch)
+	<-r.watchDone
+	r.setMode(Standalone)
+	if cerr := r.raftStore.Close(); err == nil {
+		err = cerr
+	}
+	r.raft.Store(nil)
+	r.raftStore = nil
+	return err
+}
+
+// ApplyRemote applies a member's delta (replica.EncodeDelta) on the
+// coordinator and returns once it is durable, that is committed by raft.
+func (r *Replicator) ApplyRemote(ctx context.Context, entry []byte) error {
+	if r.Mode() != Leader {
+		return ErrNotLeader
+	}
+	rows, err := replica.Decode(r.opts.Model, entry)
+	if err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	_, err = r.d.Update(func(tx *db.Tx) error { return replica.ApplyTx(tx, rows) })
+	return err
+}
+
+// LeaderAddr is the address of the pool's coordinator as raft knows it
+// ("" when there is none, or raft is not running).
+func (r *Replicator) LeaderAddr() string {
+	rf := r.raft.Load()
+	if rf == nil {
+		return ""
+	}
+	addr, _ := rf.LeaderWithID()
+	return string(addr)
+}
+
+// WaitLeader waits until raft knows a leader or ctx ends.
+func (r *Replicator) WaitLeader(ctx context.Context) (string, error) {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if a := r.LeaderAddr(); a != "" {
+			return a, nil
+		}
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return "", fmt.Errorf("dbraft: no coordinator: %w", ctx.Err())
+		}
+	}
+}
+
+// Compact makes raft take a snapshot of the whole database now and drop
+// the log before it, so that every host that joins later starts from the
+// database as it is (a pool's first host calls it once raft made it the
+// leader: what the host held before the pool is in no log entry).
+func (r *Replicator) Compact() error {
+	rf := r.raft.Load()
+	if rf == nil {
+		return ErrStopped
+	}
+	conf := rf.ReloadableConfig()
+	keep := conf.TrailingLogs
+	conf.TrailingLogs = 0
+	if err := rf.ReloadConfig(conf); err != nil {
+		return err
+	}
+	err := rf.Snapshot().Error()
+	conf.TrailingLogs = keep
+	if rerr := rf.ReloadConfig(conf); err == nil {
+		err = rerr
+	}
+	return err
+}

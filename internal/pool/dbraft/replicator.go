@@ -1,0 +1,502 @@
+// Package dbraft keeps a host's database in step with its pool's through
+// raft: the pool's replicated database.
+//
+// # Where it sits
+//
+// A Replicator is the database's persister (db.Persister). Beneath it is
+// the host's own file (persist.Store), which only the Replicator feeds.
+// On a host that is not in a pool (Standalone) it passes every batch
+// straight to the file: a single host pays nothing for the pool. Once raft
+// runs (Start), every change to a persistent class goes through the raft
+// log before the file and before the writer is released:
+//
+//   - On the leader (the pool's coordinator) the sender turns each group
+//     of queued batches into one entry (replica.Encode, whole rows) and
+//     hands it to raft without waiting; many entries are in flight at
+//     once. The completer takes them in order: when raft has committed an
+//     entry and applied it here, its batches go to the file (group commit
+//     as before) and their writers return. Batches of in-memory classes
+//     only (sessions, tasks) skip raft but keep their place in the order.
+//   - On a member, entries from the coordinator are applied by the FSM to
+//     the database (replica.ApplyTx, several entries in one transaction)
+//     and so to the file. A member's own changes (a module writing on the
+//     member) travel as deltas (replica.EncodeDelta) to the coordinator
+//     through Options.Forward, which applies them there; the member's
+//     writer returns once the coordinator has them durably, and the
+//     change comes back to every member through the log.
+//
+// When leadership is lost with entries in flight, the writers of entries
+// that raft did not apply here fail with an error wrapping ErrNotLeader
+// and db.ErrNotDurable (the change may or may not have been made: a
+// retry is safe for XenAPI's setters), and the database rolls back to its
+// last durable state; anything that did commit comes back through the log
+// as the new coordinator's. A new leader applies everything committed
+// (raft's barrier) before it takes writes.
+//
+// # Restart and snapshots
+//
+// The file records, in the same bbolt transaction as the rows, the raft
+// index it holds (persist.Options.Mark); on restart raft replays only
+// what came after (raft's NoSnapshotRestoreOnStart). A raft snapshot is
+// the whole persistent state (replica.EncodeState) with its index; a
+// member far behind gets one and replaces its rows with it (db.Replace).
+package dbraft
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+
+	"github.com/hashicorp/raft"
+
+	"toolstackd/internal/db"
+	"toolstackd/internal/db/persist"
+	"toolstackd/internal/pool/raftstore"
+	"toolstackd/internal/pool/replica"
+	"toolstackd/internal/schema"
+)
+
+// Errors.
+var (
+	// ErrNotLeader: a write reached a host that cannot take it now (the
+	// coordinator changed, or there is none); retry on the coordinator.
+	ErrNotLeader = errors.New("dbraft: this host is not the pool's coordinator")
+	// ErrStopped: the replicator is closed.
+	ErrStopped = errors.New("dbraft: stopped")
+)
+
+// Mode is what a replicator does with a batch.
+type Mode int32
+
+// Modes.
+const (
+	// Standalone: no pool; batches go straight to the file.
+	Standalone Mode = iota
+	// Leader: batches go through raft, then to the file.
+	Leader
+	// Follower: entries arrive through raft; own changes are forwarded.
+	Follower
+)
+
+func (m Mode) String() string { return [...]string{"standalone", "leader", "follower"}[m] }
+
+// maxInFlight bounds the entries between the sender and the completer.
+const maxInFlight = 256
+
+// Options configure a Replicator.
+type Options struct {
+	Model *schema.Model
+	Log   *slog.Logger
+	// Forward sends a member's delta (replica.EncodeDelta) to the
+	// coordinator, which applies it (Replicator.ApplyRemote); it returns
+	// once the coordinator has it durably. Without it a member refuses
+	// its own persistent writes with ErrNotLeader.
+	Forward func(ctx context.Context, entry []byte) error
+}
+
+// applied marks a batch that applies replicated entries: raft index.
+type applied struct{ index uint64 }
+
+// Replicator is a host's database persister in a pool. See the package
+// documentation.
+type Replicator struct {
+	opts  Options
+	log   *slog.Logger
+	store *persist.Store
+	d     *db.DB
+
+	mu    sync.Mutex
+	cond  *sync.Cond
+	queue []*db.Batch
+	mode  Mode
+	// epoch grows at every abort: flights of an older epoch are dropped.
+	epoch uint64
+	// own are this leader's entries in raft, by sequence number.
+	own     map[uint64]*flight
+	nonce   uint64 // this process's tag on its entries
+	seq     uint64
+	marks   []mark // raft indexes of batches on their way to the file
+	restore uint64 // the index of a snapshot being restored
+	closing bool
+
+	// appliedIndex is the last raft entry applied here (under mu);
+	// appliedGen the generation that makes it visible.
+	appliedIndex uint64
+	appliedGen   uint64
+	appliedCh    chan struct{} // closed and replaced when appliedIndex grows
+
+	raft      atomic.Pointer[raft.Raft]
+	raftStore *raftstore.Store
+	watchDone chan struct{}
+	stopWatch chan struct{}
+	flights   chan *flight
+	done      chan struct{}
+	wg        sync.WaitGroup
+}
+
+// mark: once the file reaches gen, it holds raft index.
+type mark struct{ gen, index uint64 }
+
+type flightKind int
+
+const (
+	kindLocal  flightKind = iota // nothing to replicate, or already replicated
+	kindRaft                     // an entry this leader gave raft
+	kindRemote                   // a member's delta sent to the coordinator
+)
+
+// flight is a group of batches on their way to the file, in order.
+type flight struct {
+	kind    flightKind
+	epoch   uint64
+	batches []*db.Batch
+	index   uint64 // raft index, when known
+	seq     uint64
+	future  raft.ApplyFuture
+	remote  chan error
+	// settled is closed once the outcome of a raft flight is known:
+	// applied here by the FSM, or failed (err, under mu).
+	settled chan struct{}
+	done    bool
+	err     error
+}
+
+func (f *flight) lastGen() uint64 { return f.batches[len(f.batches)-1].To }
+
+// New makes a replicator over a host's file; the file must have been
+// opened with persist.Options.Mark set to the replicator's Mark (use
+// OpenStore). Attach gives it the database.
+func New(opts Options) *Replicator {
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	r := &Replicator{opts: opts, log: opts.Log, own: map[uint64]*flight{},
+		appliedCh: make(chan struct{}), done: make(chan struct{})}
+	r.cond = sync.NewCond(&r.mu)
+	var b [8]byte
+	_, _ = randRead(b[:])
+	r.nonce = binary.LittleEndian.Uint64(b[:])
+	return r
+}
+
+// OpenStore opens the host's file at path with the replicator's marks.
+func (r *Replicator) OpenStore(path string, opts persist.Options) (*persist.Store, error) {
+	opts.Mark = r.markFor
+	s, err := persist.Open(path, r.opts.Model, opts)
+	if err != nil {
+		return nil, err
+	}
+	m, err := s.Mark()
+	if err != nil {
+		_ = s.Close()
+		return nil, err
+	}
+	if len(m) == 8 {
+		r.appliedIndex = binary.BigEndian.Uint64(m)
+	}
+	r.store = s
+	return s, nil
+}
+
+// Attach gives the replicator the database (made with it as persister
+// and loaded from the store) and starts its loops.
+func (r *Replicator) Attach(d *db.DB) {
+	r.d = d
+	r.flights = make(chan *flight, maxInFlight)
+	r.wg.Add(2)
+	go r.send()
+	go r.complete()
+}
+
+// AppliedIndex is the last raft index this host's database holds.
+func (r *Replicator) AppliedIndex() uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.appliedIndex
+}
+
+// WaitApplied waits until this host's database holds raft index i (a
+// call forwarded by the coordinator carries the coordinator's index, so
+// that it sees what the coordinator saw).
+func (r *Replicator) WaitApplied(ctx context.Context, i uint64) error {
+	for {
+		r.mu.Lock()
+		at, ch := r.appliedIndex, r.appliedCh
+		r.mu.Unlock()
+		if at >= i {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("dbraft: waiting for index %d (at %d): %w", i, at, ctx.Err())
+		}
+	}
+}
+
+// Mode reports what the replicator does now.
+func (r *Replicator) Mode() Mode {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.mode
+}
+
+func (r *Replicator) setMode(m Mode) {
+	r.mu.Lock()
+	r.mode = m
+	r.mu.Unlock()
+	r.cond.Broadcast()
+}
+
+// Append queues a committed batch (db.Persister). It runs under the
+// database's publication lock and never blocks.
+func (r *Replicator) Append(b *db.Batch) {
+	r.mu.Lock()
+	if r.mode == Standalone {
+		r.mu.Unlock()
+		r.store.Append(b)
+		return
+	}
+	r.queue = append(r.queue, b)
+	r.mu.Unlock()
+	r.cond.Signal()
+}
+
+// ReplaceAll rewrites the file from a snapshot (db.Replacer): a restored
+// raft snapshot, or a restored database dump.
+func (r *Replicator) ReplaceAll(snap *db.Snapshot) error { return r.store.ReplaceAll(snap) }
+
+// markFor is persist's Mark: the newest raft index among the batches up
+// to gen, if any reached the file with this write.
+func (r *Replicator) markFor(gen uint64) []byte {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var index uint64
+	if r.restore != 0 {
+		index = r.restore
+	}
+	n := 0
+	for n < len(r.marks) && r.marks[n].gen <= gen {
+		index = max(index, r.marks[n].index)
+		n++
+	}
+	r.marks = r.marks[n:]
+	if index == 0 {
+		return nil
+	}
+	return binary.BigEndian.AppendUint64(nil, index)
+}
+
+// send turns queued batches into flights, in order.
+func (r *Replicator) send() {
+	defer r.wg.Done()
+	defer close(r.flights)
+	for {
+		r.mu.Lock()
+		for len(r.queue) == 0 && !r.closing {
+			r.cond.Wait()
+		}
+		if r.closing && len(r.queue) == 0 {
+			r.mu.Unlock()
+			return
+		}
+		group := r.queue
+		r.queue = nil
+		mode, epoch := r.mode, r.epoch
+		r.mu.Unlock()
+		for len(group) > 0 {
+			n := 1
+			_, replicated := group[0].Tag.(applied)
+			for n < len(group) {
+				if _, ok := group[n].Tag.(applied); ok != replicated {
+					break
+				}
+				n++
+			}
+			f := &flight{epoch: epoch, batches: group[:n:n]}
+			if replicated {
+				f.index = group[n-1].Tag.(applied).index
+			} else {
+				r.launch(f, mode)
+			}
+			group = group[n:]
+			r.flights <- f
+		}
+	}
+}
+
+// launch starts replicating a flight of this host's own batches.
+func (r *Replicator) launch(f *flight, mode Mode) {
+	switch mode {
+	case Standalone:
+		return // raft stopped: straight to the file
+	case Leader:
+		entry, ok := replica.Encode(f.batches)
+		if !ok {
+			return
+		}
+		rf := r.raft.Load()
+		r.mu.Lock()
+		r.seq++
+		f.kind, f.seq = kindRaft, r.seq
+		r.own[f.seq] = f
+		r.mu.Unlock()
+		f.settled = make(chan struct{})
+		if rf == nil {
+			r.settle(f, 0, raft.ErrRaftShutdown)
+			return
+		}
+		f.future = rf.ApplyLog(raft.Log{Data: entry, Extensions: r.tag(f.seq)}, 0)
+		go func() {
+			err := f.future.Error()
+			if err == nil {
+				r.settle(f, f.future.Index(), nil)
+				return
+			}
+			r.settle(f, 0, err)
+		}()
+	default:
+		entry, ok := replica.EncodeDelta(f.batches)
+		if !ok {
+			return
+		}
+		f.kind, f.remote = kindRemote, make(chan error, 1)
+		if r.opts.Forward == nil {
+			f.remote <- ErrNotLeader
+			return
+		}
+		go func() { f.remote <- r.opts.Forward(context.Background(), entry) }()
+	}
+}
+
+// tag marks an entry as this process's, with its sequence number.
+func (r *Replicator) tag(seq uint64) []byte {
+	b := binary.BigEndian.AppendUint64(nil, r.nonce)
+	return binary.BigEndian.AppendUint64(b, seq)
+}
+
+// settle records a raft flight's outcome, the first one known: the FSM
+// applying it here (before raft answers the future, which may then say
+// that leadership was lost) or the future's answer.
+func (r *Replicator) settle(f *flight, index uint64, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.settleLocked(f, index, err)
+}
+
+func (r *Replicator) settleLocked(f *flight, index uint64, err error) {
+	if f.done {
+		return
+	}
+	f.done, f.err = true, err
+	if err == nil {
+		f.index = index
+	}
+	close(f.settled)
+}
+
+// ownFlight returns the live flight an entry's tag names, if it is this
+// process's.
+func (r *Replicator) ownFlight(ext []byte) *flight {
+	if len(ext) != 16 || binary.BigEndian.Uint64(ext) != r.nonce {
+		return nil
+	}
+	f := r.own[binary.BigEndian.Uint64(ext[8:])]
+	if f == nil || f.epoch != r.epoch || f.done {
+		// Failed or aborted: its writers fail and memory rolls back, so
+		// the entry is applied as anyone else's.
+		return nil
+	}
+	return f
+}
+
+// complete takes flights in order: replicated ones go to the file, a
+// failed one aborts every commit not yet durable.
+func (r *Replicator) complete() {
+	defer r.wg.Done()
+	for f := range r.flights {
+		r.mu.Lock()
+		stale := f.epoch != r.epoch
+		r.mu.Unlock()
+		var err error
+		if !stale {
+			err = r.wait(f)
+		}
+		r.mu.Lock()
+		if f.kind == kindRaft {
+			delete(r.own, f.seq)
+		}
+		if f.epoch != r.epoch {
+			// An abort failed this flight's writers already; if raft
+			// commits the entry it comes back through the FSM.
+			r.mu.Unlock()
+			continue
+		}
+		if err != nil {
+			r.epoch++
+			for seq := range r.own {
+				delete(r.own, seq) // they come back through the FSM if committed
+			}
+			r.mu.Unlock()
+			r.abort(err)
+			continue
+		}
+		if f.index != 0 {
+			r.marks = append(r.marks, mark{f.lastGen(), f.index})
+		}
+		r.mu.Unlock()
+		for _, b := range f.batches {
+			r.store.Append(b)
+		}
+	}
+	close(r.done)
+}
+
+// wait waits for a flight's replication and reports its outcome.
+func (r *Replicator) wait(f *flight) error {
+	switch f.kind {
+	case kindRaft:
+		<-f.settled
+		r.mu.Lock()
+		err := f.err
+		r.mu.Unlock()
+		if err == nil {
+			return nil
+		}
+		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) ||
+			errors.Is(err, raft.ErrLeadershipTransferInProgress) || errors.Is(err, raft.ErrRaftShutdown) {
+			return fmt.Errorf("%w: %w", ErrNotLeader, err)
+		}
+		return err
+	case kindRemote:
+		return <-f.remote
+	}
+	return nil
+}
+
+// abort fails every commit not yet durable and drops the queue (each
+// queued batch was built on the failed one).
+func (r *Replicator) abort(err error) {
+	r.d.Abort(err, func() {
+		r.mu.Lock()
+		clear(r.queue)
+		r.queue = nil
+		r.epoch++
+		r.mu.Unlock()
+	})
+}
+
+// Close stops raft (if running) and the loops; the store is the caller's.
+func (r *Replicator) Close() error {
+	err := r.Stop()
+	r.mu.Lock()
+	r.closing = true
+	r.mu.Unlock()
+	r.cond.Broadcast()
+	r.wg.Wait()
+	return err
+}
