@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -13,6 +14,8 @@ import (
 	"toolstackd/internal/cli"
 	"toolstackd/internal/db"
 	"toolstackd/internal/db/persist"
+	"toolstackd/internal/pool"
+	"toolstackd/internal/pool/dbraft"
 	"toolstackd/internal/storage"
 	"toolstackd/internal/xenops"
 )
@@ -25,6 +28,8 @@ import (
 type host struct {
 	log    *slog.Logger
 	store  *persist.Store
+	repl   *dbraft.Replicator
+	pool   *pool.Pool
 	db     *db.DB
 	srv    *api.Server
 	xm     *xenops.Manager
@@ -59,7 +64,27 @@ func openHost(o options, log *slog.Logger) (h *host, err error) {
 	if err := h.registerModules(o, cfg.HostRef, first); err != nil {
 		return nil, err
 	}
+	if err := h.openPool(o); err != nil {
+		return nil, err
+	}
 	return h, nil
+}
+
+// openPool brings up the pool layer: the intra-pool endpoints, pool.join
+// and its siblings, and raft if this host is in a pool.
+func (h *host) openPool(o options) error {
+	row, _ := h.db.Snapshot().Get(dm.Host.Class, h.srv.Cfg.HostRef)
+	cfg := pool.Config{DataDir: o.dataDir, Advertise: o.advertiseAddr(), Port: o.port(), LocalIP: o.localIP(),
+		HostUUID: row.UUID(), Server: h.srv, Repl: h.repl, Log: h.log}
+	p, err := pool.Open(cfg)
+	if err != nil {
+		return err
+	}
+	h.pool = p
+	h.closers = append(h.closers, p.Close)
+	p.Routes(h.router)
+	p.Register(h.srv)
+	return nil
 }
 
 // openDatabase loads the database file, or makes a new single-host pool
@@ -67,20 +92,29 @@ func openHost(o options, log *slog.Logger) (h *host, err error) {
 // cfg.HostRef. It reports whether this was the first boot.
 func (h *host) openDatabase(o options, cfg *api.Config) (first bool, err error) {
 	log := h.log
-	h.store, err = persist.Open(filepath.Join(o.dataDir, "toolstackd.db"), dm.Model, persist.Options{Log: log})
+	// The replicator sits between the database and its file: it passes
+	// batches straight through until the host is in a pool.
+	h.repl = dbraft.New(dbraft.Options{Model: dm.Model, Log: log,
+		Forward:  func(ctx context.Context, entry []byte) error { return h.pool.Forward(ctx, entry) },
+		OnLeader: func() { h.pool.OnLeader() },
+	})
+	h.store, err = h.repl.OpenStore(filepath.Join(o.dataDir, "toolstackd.db"), persist.Options{Log: log})
 	if err != nil {
 		return false, err
 	}
 	h.closers = append(h.closers, h.store.Close)
 	first = h.store.Empty()
-	h.db = db.New(dm.Model, db.Options{Persister: h.store})
+	h.db = db.New(dm.Model, db.Options{Persister: h.repl})
 	if err := h.store.Load(h.db); err != nil {
 		return false, err
 	}
+	h.repl.Attach(h.db)
+	h.closers = append(h.closers, h.repl.Close)
+	facts := o.hostFacts()
 	if first {
-		cfg.HostRef, err = firstBoot(h.db, o.dataDir, cfg.PasswordIterations, log)
+		cfg.HostRef, err = firstBoot(h.db, o.dataDir, cfg.PasswordIterations, facts, log)
 	} else {
-		cfg.HostRef, err = loadHost(h.db, o.dataDir, log)
+		cfg.HostRef, err = loadHost(h.db, o.dataDir, facts, pool.HasState(o.dataDir), log)
 	}
 	if err != nil {
 		return false, err
@@ -98,7 +132,7 @@ func (h *host) openDatabase(o options, cfg *api.Config) (first bool, err error) 
 
 // firstBoot makes a new single-host pool with the root account and
 // writes the inventory that names this host.
-func firstBoot(d *db.DB, dataDir string, iterations int, log *slog.Logger) (string, error) {
+func firstBoot(d *db.DB, dataDir string, iterations int, facts api.HostFacts, log *slog.Logger) (string, error) {
 	pw, err := rootPassword(dataDir, log)
 	if err != nil {
 		return "", err
@@ -107,7 +141,7 @@ func firstBoot(d *db.DB, dataDir string, iterations int, log *slog.Logger) (stri
 	if err != nil {
 		return "", err
 	}
-	ref, err := api.FirstBoot(d, api.ProbeHost(), api.BootOptions{RootPasswordHash: hash})
+	ref, err := api.FirstBoot(d, facts, api.BootOptions{RootPasswordHash: hash})
 	if err != nil {
 		return "", fmt.Errorf("first boot: %w", err)
 	}
@@ -120,8 +154,10 @@ func firstBoot(d *db.DB, dataDir string, iterations int, log *slog.Logger) (stri
 }
 
 // loadHost finds this host's row (named by the inventory) in a loaded
-// database and resets what a restart makes stale.
-func loadHost(d *db.DB, dataDir string, log *slog.Logger) (string, error) {
+// database and resets what a restart makes stale. A pool member leaves
+// its replica alone: the pool's database changes through the coordinator
+// only, once raft runs.
+func loadHost(d *db.DB, dataDir string, facts api.HostFacts, member bool, log *slog.Logger) (string, error) {
 	id, err := readInventory(dataDir)
 	if err != nil {
 		return "", err
@@ -130,8 +166,10 @@ func loadHost(d *db.DB, dataDir string, log *slog.Logger) (string, error) {
 	if !ok {
 		return "", fmt.Errorf("this host (%s in %s) is not in the database", id, filepath.Join(dataDir, "inventory"))
 	}
-	if err := api.StartupReset(d, host.Ref, api.ProbeHost()); err != nil {
-		return "", err
+	if !member {
+		if err := api.StartupReset(d, host.Ref, facts); err != nil {
+			return "", err
+		}
 	}
 	log.Info("loaded database", "generation", d.Generation(), "host", id)
 	return host.Ref, nil

@@ -19,6 +19,7 @@ import (
 // event classes.
 func (s *Server) registerCore() {
 	Register(s, s.login)
+	Register(s, s.slaveLocalLogin)
 	Register(s, s.logout)
 	Register(s, func(c *Call, _ dm.SessionLocalLogoutArgs) (dm.Void, error) {
 		return s.logout(c, dm.SessionLogoutArgs{})

@@ -98,6 +98,7 @@ type Server struct {
 	tasks     *taskTable
 	events    *events.Registry
 	rows      *rowCache // encoded records reused across replies
+	role      poolRole  // who coordinates (SetPoolRole)
 
 	stop     chan struct{}
 	stopOnce sync.Once

@@ -265,7 +265,19 @@ func rolesOf(snap db.Reader, subject *db.Row) schema.RoleSet {
 }
 
 func (s *Server) login(c *Call, a dm.SessionLoginWithPasswordArgs) (dm.SessionRef, error) {
-	user, pw, originator := a.Uname, a.Pwd, a.Originator
+	// A pool member sends clients to the coordinator, before looking at
+	// the password (as xapi); the local socket stays its own.
+	if !originOf(c.Ctx).Local {
+		if err := s.notCoordinator(); err != nil {
+			return "", err
+		}
+	}
+	return s.openLogin(c, a.Uname, a.Pwd, a.Originator)
+}
+
+// openLogin checks a password (not over the local socket) and opens a
+// session.
+func (s *Server) openLogin(c *Call, user, pw, originator string) (dm.SessionRef, error) {
 	if originator == "" {
 		originator = user
 	}

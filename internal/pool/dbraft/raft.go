@@ -122,6 +122,9 @@ func (r *Replicator) watch(rf *raft.Raft, notify <-chan bool, stop <-chan struct
 			if rf.State() == raft.Leader {
 				r.setMode(Leader)
 				r.log.Info("this host is the pool's coordinator", "index", r.AppliedIndex())
+				if r.opts.OnLeader != nil {
+					go r.opts.OnLeader()
+				}
 			}
 		case <-stop:
 			return

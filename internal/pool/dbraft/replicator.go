@@ -96,6 +96,9 @@ type Options struct {
 	// once the coordinator has it durably. Without it a member refuses
 	// its own persistent writes with ErrNotLeader.
 	Forward func(ctx context.Context, entry []byte) error
+	// OnLeader, if set, runs (in a goroutine of its own) each time this
+	// host becomes the leader and can take writes.
+	OnLeader func()
 }
 
 // applied marks a batch that applies replicated entries: raft index.

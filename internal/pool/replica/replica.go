@@ -158,24 +158,27 @@ func EncodeDelta(batches []*db.Batch) (entry []byte, ok bool) {
 // EncodeState makes one entry holding every persistent row of a snapshot
 // (a raft snapshot of the database); Replace applies it.
 func EncodeState(m *schema.Model, s *db.Snapshot) []byte {
-	var body []byte
-	n := 0
+	var rows []*db.Row
 	for _, c := range m.Classes {
-		if !c.InDB || !c.Persist {
-			continue
+		if c.InDB && c.Persist {
+			rows = append(rows, s.All(c)...)
 		}
-		s.Ascend(c, func(r *db.Row) bool {
-			body = binary.AppendUvarint(body, uint64(OpPut))
-			body = appendString(body, c.Name)
-			body = appendString(body, r.Ref)
-			body = appendColumns(body, r, nil)
-			n++
-			return true
-		})
 	}
+	return EncodeRows(rows)
+}
+
+// EncodeRows makes one entry that puts the given rows (of persistent
+// classes) whole.
+func EncodeRows(rows []*db.Row) []byte {
 	buf := binary.AppendUvarint(nil, Version)
-	buf = binary.AppendUvarint(buf, uint64(n))
-	return append(buf, body...)
+	buf = binary.AppendUvarint(buf, uint64(len(rows)))
+	for _, r := range rows {
+		buf = binary.AppendUvarint(buf, uint64(OpPut))
+		buf = appendString(buf, r.Class.Name)
+		buf = appendString(buf, r.Ref)
+		buf = appendColumns(buf, r, nil)
+	}
+	return buf
 }
 
 // changed reports whether a row's stored columns differ between two

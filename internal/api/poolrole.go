@@ -1,0 +1,61 @@
+package api
+
+import (
+	"context"
+	"sync/atomic"
+
+	dm "toolstackd/internal/api/datamodel"
+	"toolstackd/internal/schema"
+	"toolstackd/internal/xerr"
+)
+
+// PoolRole tells the server where the pool's coordinator is. Member
+// reports whether this host is a pool member that is not the coordinator
+// now; Coordinator is the coordinator's address as a member names it in
+// HOST_IS_SLAVE ("" while there is none).
+type PoolRole interface {
+	Member() bool
+	Coordinator() string
+}
+
+// poolRole holds the server's PoolRole (nil: a host alone, its own
+// coordinator).
+type poolRole struct{ v atomic.Pointer[PoolRole] }
+
+// SetPoolRole installs the pool layer's view of who coordinates.
+func (s *Server) SetPoolRole(r PoolRole) { s.role.v.Store(&r) }
+
+// notCoordinator is HOST_IS_SLAVE [coordinator] on a pool member, nil on
+// the coordinator or a host alone.
+func (s *Server) notCoordinator() error {
+	p := s.role.v.Load()
+	if p == nil || !(*p).Member() {
+		return nil
+	}
+	return xerr.New(xerr.HostIsSlave, (*p).Coordinator())
+}
+
+// slaveLocalLogin opens a session on this host's own replica of the
+// database, coordinator or not, and whether or not the coordinator can be
+// reached: xapi's way in for tools that must read a member's state.
+func (s *Server) slaveLocalLogin(c *Call, a dm.SessionSlaveLocalLoginWithPasswordArgs) (dm.SessionRef, error) {
+	return s.openLogin(c, a.Uname, a.Pwd, a.Uname)
+}
+
+// CheckPoolAdmin checks that user and pw are an account of this pool with
+// the pool-admin role (a host asking to join, for example), under the same
+// limits as a login.
+func (s *Server) CheckPoolAdmin(ctx context.Context, user, pw string) error {
+	u, err := s.CheckLogin(ctx, user, pw)
+	if err != nil {
+		return err
+	}
+	sess, _, err := s.whoIs(s.DB.Snapshot(), user, u.String(dm.User.PasswordHash), originOf(ctx))
+	if err != nil {
+		return err
+	}
+	if !sess.Roles.Has(schema.RolePoolAdmin) {
+		return xerr.New(xerr.RBACPermissionDenied, "pool.join", "the account is not a pool administrator")
+	}
+	return nil
+}

@@ -1,0 +1,391 @@
+package pool
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/hashicorp/raft"
+
+	"toolstackd/internal/api"
+	dm "toolstackd/internal/api/datamodel"
+	"toolstackd/internal/db"
+	"toolstackd/internal/pool/dbraft"
+	"toolstackd/internal/pool/replica"
+	"toolstackd/internal/schema"
+	"toolstackd/internal/xerr"
+)
+
+// MaxVoters is the most raft voters a pool has; other members replicate
+// without voting.
+const MaxVoters = 5
+
+// joinTimeout bounds a whole join, both sides.
+const joinTimeout = 60 * time.Second
+
+func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
+
+// joinRequest is what a joining host sends the coordinator.
+type joinRequest struct {
+	User     string `json:"user"`
+	Password string `json:"password"`
+	UUID     string `json:"uuid"`    // the joiner's host uuid: its raft ID
+	Address  string `json:"address"` // where the pool reaches it: its raft address
+	Rows     []byte `json:"rows"`    // its own rows (replica.EncodeRows)
+}
+
+// joinReply is the coordinator's answer: the secret and the raft index
+// the joiner must reach, or a XenAPI error (code, then parameters).
+type joinReply struct {
+	Secret string   `json:"secret,omitempty"`
+	Index  uint64   `json:"index,omitempty"`
+	Error  []string `json:"error,omitempty"`
+}
+
+// join is pool.join, on the joining host.
+func (p *Pool) join(c *api.Call, a dm.PoolJoinArgs) (dm.Void, error) {
+	if !p.joinMu.TryLock() {
+		return dm.Void{}, xerr.New(xerr.OtherOperationInProgress, "pool", "", "join")
+	}
+	defer p.joinMu.Unlock()
+	if p.cfg.Repl.Mode() != dbraft.Standalone {
+		return dm.Void{}, xerr.New(xerr.JoiningHostCannotBeMasterOfOtherHosts)
+	}
+	snap := c.Snapshot()
+	if err := joinable(snap, p.cfg.Server.Cfg.HostRef); err != nil {
+		return dm.Void{}, err
+	}
+	master, err := p.masterAddress(a.MasterAddress)
+	if err != nil {
+		return dm.Void{}, err
+	}
+	// The coordinator checks its own credentials, as xapi's join logs in
+	// to the master with them (over TLS where the hosts serve HTTPS).
+	req := joinRequest{User: a.MasterUsername, Password: a.MasterPassword, UUID: p.cfg.HostUUID,
+		Address: p.cfg.Advertise, Rows: replica.EncodeRows(ownRows(snap, p.cfg.Server.Cfg.HostRef))}
+	body, err := json.Marshal(req) //nolint:gosec // the coordinator's own credentials, to the coordinator
+	if err != nil {
+		return dm.Void{}, err
+	}
+	ctx, cancel := context.WithTimeout(c.Ctx, joinTimeout)
+	defer cancel()
+	resp, err := p.post(ctx, master, joinPath, "application/json", body)
+	if err != nil {
+		p.log.Warn("pool.join: cannot reach the master", "master", master, "err", err)
+		return dm.Void{}, xerr.New(xerr.JoiningHostConnectionFailed)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	var reply joinReply
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&reply); err != nil {
+		p.log.Warn("pool.join: the master's answer is not one", "master", master, "status", resp.Status, "err", err)
+		return dm.Void{}, xerr.New(xerr.JoiningHostServiceFailed)
+	}
+	if len(reply.Error) > 0 {
+		return dm.Void{}, xerr.New(reply.Error[0], reply.Error[1:]...)
+	}
+	if err := p.secrets.Set(reply.Secret); err != nil {
+		return dm.Void{}, err
+	}
+	if err := p.startRaft(false); err != nil {
+		return dm.Void{}, err
+	}
+	// Raft replaces this host's database with the pool's; the join is
+	// done when it holds what the coordinator had after adding this host.
+	if err := p.cfg.Repl.WaitApplied(ctx, reply.Index); err != nil {
+		p.log.Error("pool.join: the pool's database did not arrive", "err", err)
+		return dm.Void{}, xerr.New(xerr.JoiningHostServiceFailed)
+	}
+	p.log.Info("joined the pool", "coordinator", master)
+	return dm.Void{}, nil
+}
+
+// masterAddress is "ip:port" for pool.join's master_address, which may
+// omit the port (this host's own is meant).
+func (p *Pool) masterAddress(s string) (string, error) {
+	if _, _, err := net.SplitHostPort(s); err == nil {
+		return s, nil
+	}
+	if s == "" || len(s) > 255 {
+		return "", xerr.New(xerr.InvalidValue, "master_address", s)
+	}
+	return net.JoinHostPort(s, p.cfg.Port), nil
+}
+
+// joinable checks what xapi checks of a joining host that toolstackd can
+// see: it coordinates no other hosts, runs no VMs and has no shared SRs.
+func joinable(snap db.Reader, self string) error {
+	if snap.Count(dm.Host.Class) > 1 {
+		return xerr.New(xerr.JoiningHostCannotBeMasterOfOtherHosts)
+	}
+	var err error
+	snap.Ascend(dm.VM.Class, func(r *db.Row) bool {
+		if ctrl, _ := r.Get(dm.VM.IsControlDomain).(bool); ctrl {
+			return true
+		}
+		if ps, _ := r.Get(dm.VM.PowerState).(string); ps == string(dm.VMPowerStateRunning) || ps == string(dm.VMPowerStatePaused) {
+			err = xerr.New(xerr.JoiningHostCannotHaveRunningVMs)
+			return false
+		}
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	snap.Ascend(dm.SR.Class, func(r *db.Row) bool {
+		if shared, _ := r.Get(dm.SR.Shared).(bool); shared {
+			err = xerr.New(xerr.JoiningHostCannotContainSharedSRs)
+			return false
+		}
+		return true
+	})
+	return err
+}
+
+// ownRows are the rows a joining host brings into the pool: its host
+// record and metrics, its CPUs, its storage (PBDs, their SRs, their VDIs)
+// and its control domain.
+func ownRows(snap db.Reader, self string) []*db.Row {
+	var out []*db.Row
+	add := func(c *schema.Class, ref string) {
+		if r, ok := snap.Get(c, ref); ok {
+			out = append(out, r)
+		}
+	}
+	host, ok := snap.Get(dm.Host.Class, self)
+	if !ok {
+		return nil
+	}
+	out = append(out, host)
+	add(dm.HostMetrics.Class, host.String(dm.Host.Metrics))
+	snap.Ascend(dm.HostCPU.Class, func(r *db.Row) bool {
+		if r.String(dm.HostCPU.Host) == self {
+			out = append(out, r)
+		}
+		return true
+	})
+	srs := map[string]bool{}
+	snap.Ascend(dm.PBD.Class, func(r *db.Row) bool {
+		if r.String(dm.PBD.Host) == self {
+			out = append(out, r)
+			srs[r.String(dm.PBD.SR)] = true
+		}
+		return true
+	})
+	for sr := range srs {
+		add(dm.SR.Class, sr)
+	}
+	snap.Ascend(dm.VDI.Class, func(r *db.Row) bool {
+		if srs[r.String(dm.VDI.SR)] {
+			out = append(out, r)
+		}
+		return true
+	})
+	snap.Ascend(dm.VM.Class, func(r *db.Row) bool {
+		if ctrl, _ := r.Get(dm.VM.IsControlDomain).(bool); ctrl && r.String(dm.VM.ResidentOn) == self {
+			out = append(out, r)
+			add(dm.VMMetrics.Class, r.String(dm.VM.Metrics))
+			add(dm.VMGuestMetrics.Class, r.String(dm.VM.GuestMetrics))
+		}
+		return true
+	})
+	return out
+}
+
+// joinClasses are the classes a joining host may bring rows of.
+var joinClasses = map[*schema.Class]bool{
+	dm.Host.Class: true, dm.HostMetrics.Class: true, dm.HostCPU.Class: true, dm.PBD.Class: true, dm.SR.Class: true,
+	dm.VDI.Class: true, dm.VM.Class: true, dm.VMMetrics.Class: true, dm.VMGuestMetrics.Class: true,
+}
+
+// serveJoin is the coordinator's side of pool.join.
+func (p *Pool) serveJoin(w http.ResponseWriter, r *http.Request) {
+	reply := func(rep joinReply) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(rep) //nolint:gosec // the pool secret goes to a host that proved pool-admin credentials
+
+	}
+	fail := func(err error) {
+		xe := xerr.From(err)
+		reply(joinReply{Error: append([]string{xe.Code}, xe.Params...)})
+	}
+	var req joinRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxDelta)).Decode(&req); err != nil {
+		http.Error(w, "a join request is JSON", http.StatusBadRequest)
+		return
+	}
+	if p.Member() {
+		fail(xerr.New(xerr.HostIsSlave, p.Coordinator()))
+		return
+	}
+	ctx, cancel := context.WithTimeout(api.WithOrigin(r.Context(), api.Origin{Remote: r.RemoteAddr}), joinTimeout)
+	defer cancel()
+	if err := p.cfg.Server.CheckPoolAdmin(ctx, req.User, req.Password); err != nil {
+		fail(err)
+		return
+	}
+	index, err := p.admit(ctx, req)
+	if err != nil {
+		p.log.Warn("a host could not join", "host", req.UUID, "address", req.Address, "err", err)
+		fail(err)
+		return
+	}
+	p.log.Info("a host joined the pool", "host", req.UUID, "address", req.Address)
+	reply(joinReply{Secret: p.secrets.Current(), Index: index})
+}
+
+// admit brings a joining host into the pool: its rows into the database,
+// itself into raft. It returns the raft index the joiner must reach.
+func (p *Pool) admit(ctx context.Context, req joinRequest) (uint64, error) {
+	if _, err := uuid.Parse(req.UUID); err != nil || len(req.UUID) != 36 || req.UUID == p.cfg.HostUUID {
+		return 0, xerr.New(xerr.InvalidValue, "uuid", req.UUID)
+	}
+	if _, _, err := net.SplitHostPort(req.Address); err != nil {
+		return 0, xerr.New(xerr.InvalidValue, "address", req.Address)
+	}
+	rows, err := replica.Decode(p.cfg.Server.Model, req.Rows)
+	if err != nil {
+		return 0, xerr.New(xerr.InvalidValue, "rows", err.Error())
+	}
+	for _, row := range rows {
+		if row.Op != replica.OpPut || !joinClasses[row.Class] {
+			return 0, xerr.New(xerr.InvalidValue, "rows", row.Class.Name)
+		}
+	}
+	p.joinMu.Lock()
+	defer p.joinMu.Unlock()
+	if err := p.becomePool(ctx); err != nil {
+		return 0, err
+	}
+	if _, err := p.cfg.Server.DB.Update(func(tx *db.Tx) error { return replica.ApplyTx(tx, rows) }); err != nil {
+		return 0, err
+	}
+	rf := p.cfg.Repl.Raft()
+	if err := rf.AddNonvoter(raft.ServerID(req.UUID), raft.ServerAddress(req.Address), 0, 30*time.Second).Error(); err != nil {
+		return 0, fmt.Errorf("adding the host to raft: %w", err)
+	}
+	if err := p.balanceVoters(); err != nil {
+		p.log.Warn("could not rebalance the pool's voters", "err", err)
+	}
+	if err := rf.Barrier(30 * time.Second).Error(); err != nil {
+		return 0, err
+	}
+	return p.cfg.Repl.AppliedIndex(), nil
+}
+
+// becomePool makes a host alone the first host of a pool: raft with this
+// host as its one voter, and a snapshot of the database as it is, which
+// every joining host starts from.
+func (p *Pool) becomePool(ctx context.Context) error {
+	switch p.cfg.Repl.Mode() {
+	case dbraft.Leader:
+		return nil
+	case dbraft.Follower:
+		return xerr.New(xerr.HostIsSlave, p.Coordinator())
+	}
+	if err := p.startRaft(true); err != nil {
+		return err
+	}
+	for p.cfg.Repl.Mode() != dbraft.Leader {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pool: raft did not elect this host: %w", ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if err := p.cfg.Repl.Compact(); err != nil {
+		return fmt.Errorf("pool: the first snapshot: %w", err)
+	}
+	p.log.Info("this host is now the coordinator of a pool")
+	return nil
+}
+
+// balanceVoters promotes members until the pool has the largest odd
+// number of voters its size allows, up to MaxVoters.
+func (p *Pool) balanceVoters() error {
+	rf := p.cfg.Repl.Raft()
+	f := rf.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return err
+	}
+	servers := f.Configuration().Servers
+	want := min(len(servers), MaxVoters)
+	if want%2 == 0 {
+		want--
+	}
+	voters := 0
+	for _, s := range servers {
+		if s.Suffrage == raft.Voter {
+			voters++
+		}
+	}
+	for _, s := range servers {
+		if voters >= want {
+			break
+		}
+		if s.Suffrage == raft.Nonvoter {
+			if err := rf.AddVoter(s.ID, s.Address, 0, 30*time.Second).Error(); err != nil {
+				return err
+			}
+			voters++
+		}
+	}
+	return nil
+}
+
+// designateNewMaster is pool.designate_new_master: raft hands leadership
+// to the host (made a voter first if it is not one).
+func (p *Pool) designateNewMaster(c *api.Call, a dm.PoolDesignateNewMasterArgs) (dm.Void, error) {
+	host, ok := c.Snapshot().Get(dm.Host.Class, string(a.Host))
+	if !ok {
+		return dm.Void{}, xerr.New(xerr.HandleInvalid, "host", string(a.Host))
+	}
+	if host.UUID() == p.cfg.HostUUID {
+		return dm.Void{}, nil // already the master
+	}
+	rf := p.cfg.Repl.Raft()
+	if rf == nil || p.cfg.Repl.Mode() != dbraft.Leader {
+		return dm.Void{}, xerr.New(xerr.HostIsSlave, p.Coordinator())
+	}
+	f := rf.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return dm.Void{}, err
+	}
+	for _, s := range f.Configuration().Servers {
+		if string(s.ID) != host.UUID() {
+			continue
+		}
+		if s.Suffrage != raft.Voter {
+			if err := rf.AddVoter(s.ID, s.Address, 0, 30*time.Second).Error(); err != nil {
+				return dm.Void{}, err
+			}
+		}
+		if err := rf.LeadershipTransferToServer(s.ID, s.Address).Error(); err != nil {
+			return dm.Void{}, fmt.Errorf("handing over to %s: %w", host.UUID(), err)
+		}
+		return dm.Void{}, nil
+	}
+	return dm.Void{}, xerr.New(xerr.HostOffline, string(a.Host))
+}
+
+// syncDatabase is pool.sync_database: every member has everything
+// committed once raft's barrier returns on the coordinator.
+func (p *Pool) syncDatabase(c *api.Call, _ dm.PoolSyncDatabaseArgs) (dm.Void, error) {
+	rf := p.cfg.Repl.Raft()
+	if rf == nil {
+		return dm.Void{}, nil // a host alone: its file is its database
+	}
+	if err := rf.Barrier(30 * time.Second).Error(); err != nil {
+		if errors.Is(err, raft.ErrNotLeader) {
+			return dm.Void{}, xerr.New(xerr.HostIsSlave, p.Coordinator())
+		}
+		return dm.Void{}, err
+	}
+	return dm.Void{}, nil
+}

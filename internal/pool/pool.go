@@ -1,0 +1,297 @@
+// Package pool makes a host a member of a pool: hosts join a coordinator,
+// the database is replicated on raft (package dbraft), and members send
+// clients to the coordinator.
+//
+// # Pieces
+//
+//   - The pool secret (package secret) authenticates hosts to each other:
+//     a joining host receives it from the coordinator, and every
+//     intra-pool request carries it (raftnet.SecretHeader).
+//   - Raft runs over the API's own listener: raftnet's stream layer is
+//     mounted at raftnet.Path, so one port serves clients and peers. A
+//     host's raft ID is its host uuid and its raft address the address
+//     peers reach it at (--advertise, by default the listen address).
+//   - POST /pool/db takes a member's own database changes (deltas, see
+//     dbraft) on the coordinator; POST /pool/join is the coordinator's
+//     side of pool.join.
+//
+// # Joining
+//
+// pool.join runs on the joining host. It sends the coordinator, with the
+// coordinator's pool-admin credentials, its own rows (host, metrics, CPUs,
+// local storage, control domain). The coordinator — if it was a host
+// alone, it first makes a pool of itself: raft bootstrapped with one
+// voter and a snapshot of its whole database — writes those rows
+// through raft, adds the host to raft as a non-voter and promotes
+// members until the pool has the largest odd number of voters up to 5,
+// and answers with the pool secret. The joiner keeps the secret, starts
+// raft, and raft replaces its database with the pool's (the snapshot,
+// then the log); the same process goes on serving.
+//
+// # Members
+//
+// A member answers session.login_with_password with HOST_IS_SLAVE and
+// the coordinator's address (with its port only when it differs from the
+// member's own). session.slave_local_login_with_password opens a session
+// on the member's own replica. Writes made on a member (its modules, or a
+// slave-local session) reach the pool through the coordinator.
+package pool
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/gorilla/mux"
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+
+	"toolstackd/internal/api"
+	dm "toolstackd/internal/api/datamodel"
+	"toolstackd/internal/db"
+	"toolstackd/internal/pool/dbraft"
+	"toolstackd/internal/pool/raftnet"
+	"toolstackd/internal/pool/secret"
+)
+
+// Config is what a host's pool layer needs.
+type Config struct {
+	// DataDir holds the pool secret and raft's files (DataDir/raft).
+	DataDir string
+	// Advertise is the address ("ip:port") other hosts reach this one at.
+	Advertise string
+	// Port is this host's API port, the default port of a master address
+	// without one.
+	Port string
+	// LocalIP, when set, is the address outgoing pool connections leave
+	// from (hosts sharing a machine on 127.0.0.N).
+	LocalIP net.IP
+	// TLS, when set, makes intra-pool connections speak TLS.
+	TLS *tls.Config
+	// HostUUID is this host's uuid: its raft server ID.
+	HostUUID string
+	Server   *api.Server
+	Repl     *dbraft.Replicator
+	Log      *slog.Logger
+	// Tune adjusts raft's configuration (tests).
+	Tune func(*raft.Config)
+}
+
+// Pool is a host's pool layer.
+type Pool struct {
+	cfg     Config
+	log     *slog.Logger
+	secrets *secret.Store
+	layer   *raftnet.StreamLayer
+	trans   *raft.NetworkTransport
+	client  *http.Client
+
+	joinMu sync.Mutex // one join (either side) at a time
+}
+
+// Open sets up the pool layer; a host that was in a pool when it stopped
+// starts raft again at once.
+func Open(cfg Config) (*Pool, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	p := &Pool{cfg: cfg, log: cfg.Log}
+	var err error
+	if p.secrets, err = secret.Open(cfg.DataDir); err != nil {
+		return nil, err
+	}
+	lcfg := raftnet.Config{Advertise: cfg.Advertise, Secrets: p.secrets.Valid, TLS: cfg.TLS}
+	var dialer net.Dialer
+	if cfg.LocalIP != nil {
+		lcfg.LocalAddr = &net.TCPAddr{IP: cfg.LocalIP}
+		dialer.LocalAddr = lcfg.LocalAddr
+	}
+	if p.layer, err = raftnet.NewStreamLayer(lcfg); err != nil {
+		return nil, err
+	}
+	p.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		Stream: p.layer, MaxPool: 3, Timeout: 10 * time.Second,
+		Logger: hclog.New(&hclog.LoggerOptions{Name: "raft-net", Output: os.Stderr, Level: hclog.Warn}),
+	})
+	p.client = &http.Client{
+		Timeout: 30 * time.Second,
+		Transport: &http.Transport{
+			DialContext: dialer.DialContext, TLSClientConfig: cfg.TLS,
+			MaxIdleConnsPerHost: 8, IdleConnTimeout: 90 * time.Second, ResponseHeaderTimeout: 30 * time.Second,
+		},
+	}
+	cfg.Server.SetPoolRole(p)
+	if p.inPool() {
+		if err := p.startRaft(false); err != nil {
+			return nil, fmt.Errorf("pool: restarting raft: %w", err)
+		}
+		p.log.Info("rejoined the pool", "coordinator", p.Coordinator())
+	}
+	return p, nil
+}
+
+func (p *Pool) raftDir() string { return filepath.Join(p.cfg.DataDir, "raft") }
+
+// inPool reports whether this host has raft state: it is in a pool.
+func (p *Pool) inPool() bool { return HasState(p.cfg.DataDir) }
+
+func (p *Pool) startRaft(bootstrap bool) error {
+	return p.cfg.Repl.Start(dbraft.StartOptions{
+		ID: raft.ServerID(p.cfg.HostUUID), Dir: p.raftDir(), Transport: p.trans,
+		Bootstrap: bootstrap, Tune: p.cfg.Tune,
+	})
+}
+
+// Routes mounts the intra-pool endpoints.
+func (p *Pool) Routes(r *mux.Router) {
+	r.Handle(raftnet.Path, p.layer)
+	r.HandleFunc(deltaPath, p.serveDelta).Methods(http.MethodPost)
+	r.HandleFunc(joinPath, p.serveJoin).Methods(http.MethodPost)
+}
+
+// Register installs the pool calls this layer serves.
+func (p *Pool) Register(srv *api.Server) {
+	api.Register(srv, p.join)
+	api.Register(srv, p.designateNewMaster)
+	api.Register(srv, p.syncDatabase)
+}
+
+// Member reports whether this host is in a pool and not its coordinator
+// (api.PoolRole).
+func (p *Pool) Member() bool {
+	m := p.cfg.Repl.Mode()
+	return m == dbraft.Follower
+}
+
+// Coordinator is the coordinator's address as HOST_IS_SLAVE names it: with
+// its port only when that differs from this host's (api.PoolRole).
+func (p *Pool) Coordinator() string {
+	addr := p.cfg.Repl.LeaderAddr()
+	if host, port, err := net.SplitHostPort(addr); err == nil && port == p.cfg.Port {
+		return host
+	}
+	return addr
+}
+
+// Close stops raft and the transport.
+func (p *Pool) Close() error {
+	err := p.cfg.Repl.Stop()
+	_ = p.layer.Close()
+	if terr := p.trans.Close(); err == nil {
+		err = terr
+	}
+	return err
+}
+
+// Forward sends a member's delta to the coordinator (dbraft's Forward).
+func (p *Pool) Forward(ctx context.Context, entry []byte) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	leader, err := p.cfg.Repl.WaitLeader(ctx)
+	if err != nil {
+		return fmt.Errorf("%w: %w", dbraft.ErrNotLeader, err)
+	}
+	resp, err := p.post(ctx, leader, deltaPath, "application/octet-stream", entry)
+	if err != nil {
+		return fmt.Errorf("%w: the coordinator %s: %w", dbraft.ErrNotLeader, leader, err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	switch resp.StatusCode {
+	case http.StatusOK:
+		return nil
+	case http.StatusConflict:
+		return fmt.Errorf("%w: %s", dbraft.ErrNotLeader, msg)
+	}
+	return fmt.Errorf("pool: the coordinator %s refused a change: %s: %s", leader, resp.Status, msg)
+}
+
+// post sends an intra-pool request, with the pool secret.
+func (p *Pool) post(ctx context.Context, addr, path, ctype string, body []byte) (*http.Response, error) {
+	scheme := "http"
+	if p.cfg.TLS != nil {
+		scheme = "https"
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, scheme+"://"+addr+path, bytesReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", ctype)
+	req.Header.Set(raftnet.SecretHeader, p.secrets.Current())
+	return p.client.Do(req)
+}
+
+// maxDelta bounds a member's change sent to the coordinator.
+const maxDelta = 64 << 20
+
+const (
+	deltaPath = "/pool/db"
+	joinPath  = "/pool/join"
+)
+
+// serveDelta applies a member's change on the coordinator.
+func (p *Pool) serveDelta(w http.ResponseWriter, r *http.Request) {
+	if !p.secrets.Check(r.Header.Get(raftnet.SecretHeader)) {
+		http.Error(w, "pool secret required", http.StatusForbidden)
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxDelta))
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusRequestEntityTooLarge)
+		return
+	}
+	switch err := p.cfg.Repl.ApplyRemote(r.Context(), body); {
+	case err == nil:
+		w.WriteHeader(http.StatusOK)
+	case errors.Is(err, dbraft.ErrNotLeader):
+		http.Error(w, err.Error(), http.StatusConflict)
+	default:
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+	}
+}
+
+// OnLeader runs when this host becomes the coordinator (dbraft's
+// OnLeader): the pool record names it master, it is live, and the pool's
+// voters are rebalanced.
+func (p *Pool) OnLeader() {
+	self := p.cfg.Server.Cfg.HostRef
+	_, err := p.cfg.Server.DB.Update(func(tx *db.Tx) error {
+		for _, pool := range tx.All(dm.Pool.Class) {
+			if pool.String(dm.Pool.Master) != self {
+				if err := tx.Set(dm.Pool.Master, pool.Ref, self); err != nil {
+					return err
+				}
+			}
+		}
+		if host, ok := tx.Get(dm.Host.Class, self); ok {
+			if m := host.String(dm.Host.Metrics); m != "" {
+				if r, ok := tx.Get(dm.HostMetrics.Class, m); ok && r.Get(dm.HostMetrics.Live) != true {
+					return tx.Set(dm.HostMetrics.Live, m, true)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		p.log.Warn("the new coordinator could not record itself", "err", err)
+	}
+	if err := p.balanceVoters(); err != nil {
+		p.log.Warn("could not rebalance the pool's voters", "err", err)
+	}
+}
+
+// HasState reports whether the host whose data dir is dir is in a pool
+// (it has raft state).
+func HasState(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, "raft", "raft.db"))
+	return err == nil
+}
