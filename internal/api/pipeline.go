@@ -116,6 +116,11 @@ func (s *Server) authenticate(r *request) error {
 	}
 	sess := s.sessions.get(r.sessRef)
 	if sess == nil {
+		// A call another host forwarded runs as its caller there.
+		if id, ok := forwardedIdentity(r.ctx); ok && id.Session == r.sessRef {
+			r.sess = forwardedSession(r.ctx, id)
+			return nil
+		}
 		return xerr.New(xerr.SessionInvalid, r.sessRef)
 	}
 	sess.touch()
@@ -164,9 +169,9 @@ func (s *Server) bind(r *request) error {
 	return nil
 }
 
-// route works out where the call runs and what it marks. A pool of one
-// host runs everything here; forwarding to other hosts arrives with
-// pools, and until then the hosts Resolve names are not acted on.
+// route works out where the call runs and what it marks. A host alone
+// runs everything here; in a pool, admitAndRun forwards a call routed to
+// another host (see forward.go).
 func (s *Server) route(r *request) error {
 	t, err := forwarding.Resolve(r.msg, r.args, s.DB.Snapshot(), s.Cfg.HostRef)
 	if err != nil {
@@ -191,13 +196,20 @@ func (s *Server) execute(r *request) (any, error) {
 	return s.admitAndRun(c, r)
 }
 
-// admitAndRun takes the call's marks, runs the handler and drops them.
+// admitAndRun takes the call's marks, runs the handler (here, or on the
+// host the call is routed to) and drops them. A call forwarded here runs
+// under the marks the coordinator took.
 func (s *Server) admitAndRun(c *Call, r *request) (any, error) {
-	release, err := s.admit(c, r.target.Marks)
-	if err != nil {
-		return nil, err
+	if _, fwd := forwardedIdentity(r.ctx); !fwd {
+		release, err := s.admit(c, r.target.Marks)
+		if err != nil {
+			return nil, err
+		}
+		defer release()
 	}
-	defer release()
+	if s.remote(r) {
+		return s.forward(c, r)
+	}
 	return s.run(c, r.handler)
 }
 

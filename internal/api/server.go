@@ -9,6 +9,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	dm "toolstackd/internal/api/datamodel"
@@ -99,6 +100,7 @@ type Server struct {
 	events    *events.Registry
 	rows      *rowCache // encoded records reused across replies
 	role      poolRole  // who coordinates (SetPoolRole)
+	forwarder atomic.Pointer[Forwarder]
 
 	stop     chan struct{}
 	stopOnce sync.Once

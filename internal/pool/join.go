@@ -1,7 +1,6 @@
 package pool
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -29,8 +28,6 @@ const MaxVoters = 5
 
 // joinTimeout bounds a whole join, both sides.
 const joinTimeout = 60 * time.Second
-
-func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
 
 // joinRequest is what a joining host sends the coordinator.
 type joinRequest struct {

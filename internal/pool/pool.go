@@ -38,6 +38,7 @@
 package pool
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -130,6 +131,7 @@ func Open(cfg Config) (*Pool, error) {
 		},
 	}
 	cfg.Server.SetPoolRole(p)
+	cfg.Server.SetForwarder(p)
 	if p.inPool() {
 		if err := p.startRaft(false); err != nil {
 			return nil, fmt.Errorf("pool: restarting raft: %w", err)
@@ -156,6 +158,7 @@ func (p *Pool) Routes(r *mux.Router) {
 	r.Handle(raftnet.Path, p.layer)
 	r.HandleFunc(deltaPath, p.serveDelta).Methods(http.MethodPost)
 	r.HandleFunc(joinPath, p.serveJoin).Methods(http.MethodPost)
+	r.HandleFunc(callPath, p.serveCall).Methods(http.MethodPost)
 }
 
 // Register installs the pool calls this layer serves.
@@ -192,8 +195,9 @@ func (p *Pool) Close() error {
 	return err
 }
 
-// Forward sends a member's delta to the coordinator (dbraft's Forward).
-func (p *Pool) Forward(ctx context.Context, entry []byte) error {
+// SendDelta sends a member's own database change to the coordinator
+// (dbraft's Forward).
+func (p *Pool) SendDelta(ctx context.Context, entry []byte) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	leader, err := p.cfg.Repl.WaitLeader(ctx)
@@ -217,17 +221,26 @@ func (p *Pool) Forward(ctx context.Context, entry []byte) error {
 
 // post sends an intra-pool request, with the pool secret.
 func (p *Pool) post(ctx context.Context, addr, path, ctype string, body []byte) (*http.Response, error) {
+	req, err := p.request(ctx, addr, path, ctype, body)
+	if err != nil {
+		return nil, err
+	}
+	return p.client.Do(req)
+}
+
+// request makes an intra-pool request, with the pool secret.
+func (p *Pool) request(ctx context.Context, addr, path, ctype string, body []byte) (*http.Request, error) {
 	scheme := "http"
 	if p.cfg.TLS != nil {
 		scheme = "https"
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, scheme+"://"+addr+path, bytesReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, scheme+"://"+addr+path, bytes.NewReader(body))
 	if err != nil {
 		return nil, err
 	}
 	req.Header.Set("Content-Type", ctype)
 	req.Header.Set(raftnet.SecretHeader, p.secrets.Current())
-	return p.client.Do(req)
+	return req, nil
 }
 
 // maxDelta bounds a member's change sent to the coordinator.

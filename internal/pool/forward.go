@@ -1,0 +1,120 @@
+package pool
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"toolstackd/internal/api"
+	dm "toolstackd/internal/api/datamodel"
+	"toolstackd/internal/pool/raftnet"
+	"toolstackd/internal/xerr"
+)
+
+// callPath takes calls the coordinator forwards to the host that must run
+// them.
+const callPath = "/pool/call"
+
+// Headers of a forwarded call: who it runs as, and the coordinator's raft
+// index the host must hold first (so that it sees what the coordinator
+// saw when it routed the call).
+const (
+	headerIdentity = "X-Toolstackd-Identity"
+	headerIndex    = "X-Toolstackd-Index"
+)
+
+// maxReply bounds a forwarded call's reply.
+const maxReply = 256 << 20
+
+// forwardTimeout bounds a forwarded call (long operations are Async on the
+// coordinator; the host's work itself is bounded by its own timeouts).
+const forwardTimeout = 24 * time.Hour
+
+// Forward sends a call to the host that must run it (api.Forwarder).
+func (p *Pool) Forward(ctx context.Context, hostRef string, body []byte, id api.Identity) ([]byte, error) {
+	unreachable := func(err error) error {
+		p.log.Warn("cannot forward a call", "host", hostRef, "err", err)
+		return xerr.New(xerr.CannotContactHost, hostRef)
+	}
+	addr := p.addressOf(hostRef)
+	if addr == "" {
+		return nil, unreachable(errors.New("the host is not in raft's configuration"))
+	}
+	who, err := json.Marshal(id)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, forwardTimeout)
+	defer cancel()
+	req, err := p.request(ctx, addr, callPath, "application/json", body)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set(headerIdentity, string(who))
+	req.Header.Set(headerIndex, strconv.FormatUint(p.cfg.Repl.AppliedIndex(), 10))
+	resp, err := p.client.Do(req)
+	if err != nil {
+		return nil, unreachable(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return nil, unreachable(errors.New(resp.Status + ": " + string(msg)))
+	}
+	reply, err := io.ReadAll(io.LimitReader(resp.Body, maxReply+1))
+	if err != nil {
+		return nil, unreachable(err)
+	}
+	if len(reply) > maxReply {
+		return nil, xerr.New(xerr.InternalError, "a forwarded call's reply is over "+strconv.Itoa(maxReply)+" bytes")
+	}
+	return reply, nil
+}
+
+// addressOf is where raft reaches a host (its advertised address).
+func (p *Pool) addressOf(hostRef string) string {
+	row, ok := p.cfg.Server.DB.Snapshot().Get(dm.Host.Class, hostRef)
+	rf := p.cfg.Repl.Raft()
+	if !ok || rf == nil {
+		return ""
+	}
+	f := rf.GetConfiguration()
+	if f.Error() != nil {
+		return ""
+	}
+	for _, s := range f.Configuration().Servers {
+		if s.ID == raft.ServerID(row.UUID()) {
+			return string(s.Address)
+		}
+	}
+	return ""
+}
+
+// serveCall runs a call the coordinator forwarded here.
+func (p *Pool) serveCall(w http.ResponseWriter, r *http.Request) {
+	if !p.secrets.Check(r.Header.Get(raftnet.SecretHeader)) {
+		http.Error(w, "pool secret required", http.StatusForbidden)
+		return
+	}
+	var id api.Identity
+	if err := json.Unmarshal([]byte(r.Header.Get(headerIdentity)), &id); err != nil || id.Roles&^api.AllRoles != 0 {
+		http.Error(w, "a forwarded call names who it runs as", http.StatusBadRequest)
+		return
+	}
+	if idx, err := strconv.ParseUint(r.Header.Get(headerIndex), 10, 64); err == nil {
+		ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
+		err := p.cfg.Repl.WaitApplied(ctx, idx)
+		cancel()
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+	}
+	p.cfg.Server.ServeForwarded(w, r, id)
+}

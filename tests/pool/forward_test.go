@@ -1,0 +1,100 @@
+package pool
+
+import (
+	"encoding/json"
+	"net/netip"
+	"testing"
+	"time"
+
+	"toolstackd/internal/pooltest"
+)
+
+// A call routed to a member runs there: a VM made on the coordinator
+// starts on a member (simulator), the pool sees it running there, and
+// the member's own replica agrees.
+func TestCallsRunOnTheirHost(t *testing.T) {
+	ctx := testCtx(t)
+	p := startPool(t, ctx)
+	c := pooltest.NewClient(netip.Addr{})
+	s, err := p.Login(ctx, c, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := func(method string, params ...any) json.RawMessage {
+		t.Helper()
+		raw, err := c.Call(ctx, p.Addr(0), method, append([]any{s}, params...)...)
+		if err != nil {
+			t.Fatalf("%s: %v", method, err)
+		}
+		return raw
+	}
+	str := func(raw json.RawMessage) string {
+		t.Helper()
+		var v string
+		if err := json.Unmarshal(raw, &v); err != nil {
+			t.Fatalf("%s: %v", raw, err)
+		}
+		return v
+	}
+	// The member's host, by the address the pool reaches it at.
+	var hosts []string
+	if err := json.Unmarshal(call("host.get_all"), &hosts); err != nil {
+		t.Fatal(err)
+	}
+	member := ""
+	for _, h := range hosts {
+		if p.IndexOf(str(call("host.get_address", h))) == 1 {
+			member = h
+		}
+	}
+	if member == "" {
+		t.Fatal("no host has member 1's address")
+	}
+	vm := str(call("VM.create", vmRecord("on-a-member")))
+	call("VM.start_on", vm, member, false, false)
+	if ps := str(call("VM.get_power_state", vm)); ps != "Running" {
+		t.Fatalf("power state on the coordinator: %s", ps)
+	}
+	if on := str(call("VM.get_resident_on", vm)); on != member {
+		t.Fatalf("resident on %s, want the member %s", on, member)
+	}
+	// The member's replica agrees.
+	ls, err := p.LocalLogin(ctx, c, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ps, err := c.CallString(ctx, p.Addr(1), "VM.get_power_state", ls, vm)
+		if err == nil && ps == "Running" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the member's replica: %q, %v", ps, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	call("VM.hard_shutdown", vm)
+	if ps := str(call("VM.get_power_state", vm)); ps != "Halted" {
+		t.Fatalf("after hard_shutdown: %s", ps)
+	}
+}
+
+// vmRecord is a VM.create record for a small diskless HVM guest.
+func vmRecord(name string) map[string]any {
+	return map[string]any{
+		"name_label": name, "name_description": "", "user_version": 1, "is_a_template": false,
+		"affinity": "OpaqueRef:NULL", "memory_target": 128 << 20,
+		"memory_static_max": 128 << 20, "memory_dynamic_max": 128 << 20, "memory_dynamic_min": 128 << 20, "memory_static_min": 64 << 20,
+		"VCPUs_params": map[string]string{}, "VCPUs_max": 1, "VCPUs_at_startup": 1,
+		"actions_after_shutdown": "destroy", "actions_after_reboot": "restart", "actions_after_crash": "destroy",
+		"PV_bootloader": "", "PV_kernel": "", "PV_ramdisk": "", "PV_args": "", "PV_bootloader_args": "", "PV_legacy_args": "",
+		"HVM_boot_policy": "BIOS order", "HVM_boot_params": map[string]string{"order": "cd"}, "HVM_shadow_multiplier": 1.0,
+		"platform": map[string]string{"acpi": "1"}, "PCI_bus": "", "other_config": map[string]string{},
+		"recommendations": "", "xenstore_data": map[string]string{}, "ha_always_run": false, "ha_restart_priority": "",
+		"tags": []string{}, "blocked_operations": map[string]string{}, "protection_policy": "OpaqueRef:NULL",
+		"is_snapshot_from_vmpp": false, "appliance": "OpaqueRef:NULL", "start_delay": 0, "shutdown_delay": 0, "order": 0,
+		"suspend_SR": "OpaqueRef:NULL", "version": 0, "generation_id": "", "hardware_platform_version": 0,
+		"has_vendor_device": false, "reference_label": "", "domain_type": "hvm", "NVRAM": map[string]string{},
+	}
+}
