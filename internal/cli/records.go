@@ -422,46 +422,40 @@ func (fm formatter) record(v *classView, row *db.Row, only map[string]bool) []fi
 	return out
 }
 
+// argForms says what a command-line value of each schema.ParseScalar
+// kind must be, for the message when it is not.
+var argForms = map[schema.Kind]string{
+	schema.KInt:      "an integer",
+	schema.KFloat:    "a floating-point number",
+	schema.KDateTime: "a date and time (for example 20250101T00:00:00Z)",
+}
+
 // parseValue reads a command-line value as a canonical value of t. name
 // is the parameter, for messages.
 func (c *Ctx) parseValue(t *schema.Type, s, name string) (any, error) {
 	switch t.Kind {
 	case schema.KString:
 		return s, nil
-	case schema.KInt:
-		n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+	case schema.KInt, schema.KFloat, schema.KDateTime:
+		v, err := schema.ParseScalar(t.Kind, strings.TrimSpace(s))
 		if err != nil {
-			return nil, failf("Parameter %s must be an integer", name)
+			return nil, failf("Parameter %s must be %s", name, argForms[t.Kind])
 		}
-		return n, nil
-	case schema.KFloat:
-		f, err := schema.ParseFloat(strings.TrimSpace(s))
-		if err != nil {
-			return nil, failf("Parameter %s must be a floating-point number", name)
-		}
-		return f, nil
+		return v, nil
 	case schema.KBool:
 		b, ok := parseBool(s)
 		if !ok {
 			return nil, failf("Parameter %s must be a boolean (true or false)", name)
 		}
 		return b, nil
-	case schema.KDateTime:
-		tm, err := schema.ParseTime(strings.TrimSpace(s))
-		if err != nil {
-			return nil, failf("Parameter %s must be a date and time (for example 20250101T00:00:00Z)", name)
-		}
-		return tm, nil
 	case schema.KEnum:
-		if t.Enum != nil {
-			for _, e := range t.Enum.Values {
-				if strings.EqualFold(e, s) {
-					return e, nil
-				}
-			}
-			return nil, xerr.New(xerr.InvalidValue, name, s)
+		if t.Enum == nil {
+			return s, nil
 		}
-		return s, nil
+		if v, ok := t.Enum.Match(s); ok {
+			return v, nil
+		}
+		return nil, xerr.New(xerr.InvalidValue, name, s)
 	case schema.KRef:
 		return c.refOf(t.Class, s)
 	case schema.KOption:

@@ -294,29 +294,30 @@ func (c *Client) check(off int64, n int) error {
 // ReadAt reads len(p) bytes at off, in requests of at most MaxRequest
 // bytes; a range beyond the end of the export is an error.
 func (c *Client) ReadAt(p []byte, off int64) (int, error) {
-	if err := c.check(off, len(p)); err != nil {
-		return 0, err
-	}
-	done := 0
-	for done < len(p) {
-		n := min(len(p)-done, MaxRequest)
-		if err := c.do(cmdRead, 0, off+int64(done), uint32(n), nil, p[done:done+n]); err != nil {
-			return done, err
-		}
-		done += n
-	}
-	return done, nil
+	return c.inRequests(p, off, func(at int64, part []byte) error {
+		return c.do(cmdRead, 0, at, uint32(len(part)), nil, part)
+	})
 }
 
 // WriteAt writes p at off, in requests of at most MaxRequest bytes.
 func (c *Client) WriteAt(p []byte, off int64) (int, error) {
+	return c.inRequests(p, off, func(at int64, part []byte) error {
+		return c.do(cmdWrite, 0, at, uint32(len(part)), part, nil)
+	})
+}
+
+// inRequests covers len(p) bytes at off with requests of at most
+// MaxRequest bytes, in order; send makes the request for one part of p
+// (the data it writes, or where the data it reads goes). It returns how
+// many bytes the requests that succeeded covered.
+func (c *Client) inRequests(p []byte, off int64, send func(at int64, part []byte) error) (int, error) {
 	if err := c.check(off, len(p)); err != nil {
 		return 0, err
 	}
 	done := 0
 	for done < len(p) {
 		n := min(len(p)-done, MaxRequest)
-		if err := c.do(cmdWrite, 0, off+int64(done), uint32(n), p[done:done+n], nil); err != nil {
+		if err := send(off+int64(done), p[done:done+n]); err != nil {
 			return done, err
 		}
 		done += n
@@ -330,15 +331,7 @@ func (c *Client) WriteZeroes(off, n int64) error {
 		return fmt.Errorf("NBD: zero range beyond the end of the export")
 	}
 	if c.tflags&tflagWriteZeroes == 0 {
-		buf := make([]byte, min(n, MaxRequest))
-		for n > 0 {
-			k := min(n, int64(len(buf)))
-			if _, err := c.WriteAt(buf[:k], off); err != nil {
-				return err
-			}
-			off, n = off+k, n-k
-		}
-		return nil
+		return ZeroFill(c, off, n)
 	}
 	for n > 0 {
 		k := min(n, 1<<30)
@@ -349,6 +342,25 @@ func (c *Client) WriteZeroes(off, n int64) error {
 	}
 	return nil
 }
+
+// ZeroFill writes n zero bytes at off through w, a megabyte at a time: the
+// way to zero a range on a target that cannot punch holes or zero a range
+// itself (an NBD server without WRITE_ZEROES, a file system without
+// hole punching).
+func ZeroFill(w io.WriterAt, off, n int64) error {
+	buf := make([]byte, min(n, zeroFillBuf))
+	for n > 0 {
+		k := min(n, int64(len(buf)))
+		if _, err := w.WriteAt(buf[:k], off); err != nil {
+			return err
+		}
+		off, n = off+k, n-k
+	}
+	return nil
+}
+
+// zeroFillBuf is the most ZeroFill writes in one call.
+const zeroFillBuf = 1 << 20
 
 // Flush asks the server to make every completed write durable (a no-op
 // when the server does not take flushes).

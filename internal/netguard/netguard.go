@@ -377,10 +377,10 @@ type Conn struct {
 // large reply to a slow but steady reader is not cut off.
 const maxChunk = 256 << 10
 
+// Write gives each chunk of p its own write deadline (the connection's
+// write timeout from now, or the caller's deadline if that is sooner).
 func (c *Conn) Write(p []byte) (int, error) {
-	var n int
-	for len(p) > 0 {
-		chunk := p[:min(len(p), maxChunk)]
+	return inChunks(p, func(chunk []byte) (int, error) {
 		dl := time.Now().Add(c.writeTimeout)
 		c.mu.Lock()
 		if !c.writeDL.IsZero() && c.writeDL.Before(dl) {
@@ -388,7 +388,16 @@ func (c *Conn) Write(p []byte) (int, error) {
 		}
 		c.mu.Unlock()
 		c.Conn.SetWriteDeadline(dl)
-		m, err := c.Conn.Write(chunk)
+		return c.Conn.Write(chunk)
+	})
+}
+
+// inChunks writes p through write in pieces of at most maxChunk bytes,
+// stopping at the first error.
+func inChunks(p []byte, write func(chunk []byte) (int, error)) (int, error) {
+	var n int
+	for len(p) > 0 {
+		m, err := write(p[:min(len(p), maxChunk)])
 		n += m
 		if err != nil {
 			return n, err
@@ -399,8 +408,13 @@ func (c *Conn) Write(p []byte) (int, error) {
 }
 
 // ReadFrom keeps io.Copy onto the connection going through Write.
-func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
-	return io.CopyBuffer(writerOnly{c}, r, make([]byte, 64<<10))
+func (c *Conn) ReadFrom(r io.Reader) (int64, error) { return copyThroughWrite(c, r) }
+
+// copyThroughWrite copies r to w by w's Write alone, so that io.Copy onto a
+// guarded connection cannot go around the deadlines Write sets (by the
+// underlying connection's ReadFrom, for instance).
+func copyThroughWrite(w io.Writer, r io.Reader) (int64, error) {
+	return io.CopyBuffer(writerOnly{w}, r, make([]byte, 64<<10))
 }
 
 type writerOnly struct{ io.Writer }
@@ -619,26 +633,19 @@ func (h *hijacked) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// Write pushes the stall deadline on after each chunk that moved.
 func (h *hijacked) Write(p []byte) (int, error) {
-	var n int
-	for len(p) > 0 {
-		m, err := h.Conn.Write(p[:min(len(p), maxChunk)])
-		n += m
+	return inChunks(p, func(chunk []byte) (int, error) {
+		m, err := h.Conn.Write(chunk)
 		if m > 0 {
 			h.push(false)
 		}
-		if err != nil {
-			return n, err
-		}
-		p = p[m:]
-	}
-	return n, nil
+		return m, err
+	})
 }
 
 // ReadFrom keeps io.Copy onto the connection going through Write.
-func (h *hijacked) ReadFrom(r io.Reader) (int64, error) {
-	return io.CopyBuffer(writerOnly{h}, r, make([]byte, 64<<10))
-}
+func (h *hijacked) ReadFrom(r io.Reader) (int64, error) { return copyThroughWrite(h, r) }
 
 // WriteTo keeps io.Copy from the connection going through Read.
 func (h *hijacked) WriteTo(w io.Writer) (int64, error) {

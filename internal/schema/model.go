@@ -134,6 +134,17 @@ type Enum struct {
 // the wire).
 func (e *Enum) Has(v string) bool { _, ok := e.index[v]; return ok }
 
+// Match returns the enum's value that s names ignoring case (as xapi
+// accepts a value from a client), and false if s names none.
+func (e *Enum) Match(s string) (string, bool) {
+	for _, v := range e.Values {
+		if strings.EqualFold(v, s) {
+			return v, true
+		}
+	}
+	return "", false
+}
+
 // Field is one column of a class.
 type Field struct {
 	Class       *Class

@@ -3,7 +3,7 @@ package schema
 import (
 	"fmt"
 	"math"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -410,42 +410,21 @@ func FormatDB(t *Type, v any) string {
 func writeSexprValue(b *strings.Builder, t *Type, v any) {
 	switch x := v.(type) {
 	case []string:
-		b.WriteByte('(')
-		for i, e := range x {
-			if i > 0 {
-				b.WriteByte(' ')
-			}
-			writeAtom(b, e)
-		}
-		b.WriteByte(')')
+		writeList(b, len(x), func(i int) string { return x[i] })
 	case []int64:
-		b.WriteByte('(')
-		for i, e := range x {
-			if i > 0 {
-				b.WriteByte(' ')
-			}
-			writeAtom(b, strconv.FormatInt(e, 10))
-		}
-		b.WriteByte(')')
+		writeList(b, len(x), func(i int) string { return strconv.FormatInt(x[i], 10) })
 	case []any:
-		b.WriteByte('(')
-		for i, e := range x {
-			if i > 0 {
-				b.WriteByte(' ')
-			}
-			writeAtom(b, FormatDB(t.Elem, e))
-		}
-		b.WriteByte(')')
+		writeList(b, len(x), func(i int) string { return FormatDB(t.Elem, x[i]) })
 	case map[string]string:
-		writePairs(b, sortedKeys(x), func(k string) { writeAtom(b, x[k]) })
+		writePairs(b, SortedKeys(x), func(k string) { writeAtom(b, x[k]) })
 	case map[string]int64:
-		writePairs(b, sortedKeys(x), func(k string) { writeAtom(b, strconv.FormatInt(x[k], 10)) })
+		writePairs(b, SortedKeys(x), func(k string) { writeAtom(b, strconv.FormatInt(x[k], 10)) })
 	case map[string]float64:
-		writePairs(b, sortedKeys(x), func(k string) { writeAtom(b, FormatFloat(x[k])) })
+		writePairs(b, SortedKeys(x), func(k string) { writeAtom(b, FormatFloat(x[k])) })
 	case map[string][]string:
-		writePairs(b, sortedKeys(x), func(k string) { writeSexprValue(b, t.Elem, x[k]) })
+		writePairs(b, SortedKeys(x), func(k string) { writeSexprValue(b, t.Elem, x[k]) })
 	case map[string]any:
-		writePairs(b, sortedKeys(x), func(k string) {
+		writePairs(b, SortedKeys(x), func(k string) {
 			et := String
 			if t != nil && t.Elem != nil {
 				et = t.Elem
@@ -455,6 +434,18 @@ func writeSexprValue(b *strings.Builder, t *Type, v any) {
 	default:
 		writeAtom(b, fmt.Sprint(v))
 	}
+}
+
+// writeList writes a set: the n atoms atom gives, in order.
+func writeList(b *strings.Builder, n int, atom func(i int) string) {
+	b.WriteByte('(')
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		writeAtom(b, atom(i))
+	}
+	b.WriteByte(')')
 }
 
 func writePairs(b *strings.Builder, keys []string, val func(k string)) {
@@ -483,19 +474,43 @@ func writeAtom(b *strings.Builder, s string) {
 	b.WriteByte('\'')
 }
 
-// SortedKeys returns a map's keys in byte order.
-func sortedKeys[V any](m map[string]V) []string {
+// SortedKeys returns a map's keys in byte order: the order maps are
+// written in, on the wire (internal/api/wire) and on disk.
+func SortedKeys[V any](m map[string]V) []string {
 	keys := make([]string, 0, len(m))
 	for k := range m {
 		keys = append(keys, k)
 	}
-	sort.Strings(keys)
+	slices.Sort(keys)
 	return keys
 }
 
-// SortedKeys returns a map's keys in byte order (the order maps are written
-// in, on the wire and on disk).
-func SortedKeys[V any](m map[string]V) []string { return sortedKeys(m) }
+// ParseScalar reads the text form of an int, float or datetime value,
+// which is the same in the database and in an xe argument: a decimal
+// integer, a float as ParseFloat reads it, a time as ParseTime reads it.
+// Any other kind is an error.
+func ParseScalar(k Kind, s string) (any, error) {
+	var v any
+	var err error
+	switch k {
+	case KInt:
+		v, err = strconv.ParseInt(s, 10, 64)
+	case KFloat:
+		v, err = ParseFloat(s)
+	case KDateTime:
+		v, err = ParseTime(s)
+	default:
+		return nil, fmt.Errorf("schema: no scalar text form for %s", k)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// scalarNouns says what a value of each ParseScalar kind is, for
+// TypeError messages.
+var scalarNouns = map[Kind]string{KInt: "an int", KFloat: "a float", KDateTime: "a datetime"}
 
 // ParseDB reads a value in xapi's database string form.
 func ParseDB(t *Type, s string) (any, error) {
@@ -507,18 +522,12 @@ func ParseDB(t *Type, s string) (any, error) {
 			return NullRef, nil
 		}
 		return s, nil
-	case KInt:
-		n, err := strconv.ParseInt(s, 10, 64)
+	case KInt, KFloat, KDateTime:
+		v, err := ParseScalar(t.Kind, s)
 		if err != nil {
-			return nil, &TypeError{Type: t, Value: s, Msg: "not an int"}
+			return nil, &TypeError{Type: t, Value: s, Msg: "not " + scalarNouns[t.Kind]}
 		}
-		return n, nil
-	case KFloat:
-		f, err := ParseFloat(s)
-		if err != nil {
-			return nil, &TypeError{Type: t, Value: s, Msg: "not a float"}
-		}
-		return f, nil
+		return v, nil
 	case KBool:
 		switch strings.ToLower(s) {
 		case "true":
@@ -527,12 +536,6 @@ func ParseDB(t *Type, s string) (any, error) {
 			return false, nil
 		}
 		return nil, &TypeError{Type: t, Value: s, Msg: "not a bool"}
-	case KDateTime:
-		tm, err := ParseTime(s)
-		if err != nil {
-			return nil, &TypeError{Type: t, Value: s, Msg: "not a datetime"}
-		}
-		return tm, nil
 	case KOption:
 		if s == "" {
 			return nil, nil

@@ -124,15 +124,7 @@ func openRawFile(path string, write bool) (*device, error) {
 			if err := syscall.Fallocate(int(f.Fd()), 0x02|0x01, off, n); err == nil {
 				return nil
 			}
-			buf := make([]byte, min(n, 1<<20))
-			for n > 0 {
-				k := min(n, int64(len(buf)))
-				if _, err := f.WriteAt(buf[:k], off); err != nil {
-					return err
-				}
-				off, n = off+k, n-k
-			}
-			return nil
+			return nbd.ZeroFill(f, off, n)
 		}
 	}
 	return d, nil

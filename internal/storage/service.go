@@ -17,7 +17,7 @@
 // internal/nbd. Where the files of this package stand:
 //
 //	service.go, ops.go, errors.go, guard.go   the mux, operation marks, errors, disk reserve
-//	sr_api.go, vdi_api.go, copy.go            the XenAPI handlers
+//	sr_api.go, vdi_api.go                     the XenAPI handlers (VDI.copy in vdi_api.go)
 //	driver.go, filesr.go, plugin.go, gc.go    the driver interface and the drivers
 //	automaton.go, datapath.go                 VDI attach states and datapaths
 //	device.go, qemunbd.go, qemuimg.go         attached VDIs opened for a transfer

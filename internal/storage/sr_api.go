@@ -585,20 +585,32 @@ func (s *Service) handleSRUpdate(c *api.Call, a dm.SRUpdateArgs) (dm.Void, error
 // handleSRSetName serves set_name_label and set_name_description: the
 // record, and the storage when the driver keeps the names.
 func (s *Service) handleSRSetName(c *api.Call, ref dm.SRRef, f *schema.Field, value string) (dm.Void, error) {
-	sr, err := c.Lookup(dm.SR.Class, string(ref))
+	sr, err := s.setName(c, dm.SR.Class, string(ref), f, value)
 	if err != nil {
 		return dm.Void{}, err
 	}
-	if err := c.Update(func(tx *db.Tx) error { return tx.Set(f, sr.Ref, value) }); err != nil {
-		return dm.Void{}, err
-	}
 	if b := s.boundSR(sr.Ref); b != nil {
-		row := mustGet(s.db.Snapshot(), dm.SR.Class, sr.Ref)
-		if err := b.sr.SetName(c.Ctx, row.String(dm.SR.NameLabel), row.String(dm.SR.NameDescription)); err != nil {
+		if err := b.sr.SetName(c.Ctx, sr.String(dm.SR.NameLabel), sr.String(dm.SR.NameDescription)); err != nil {
 			s.log.Warn("recording SR name with its storage", "sr", sr.UUID(), "err", err)
 		}
 	}
 	return dm.Void{}, nil
+}
+
+// setName writes one name field of an SR or VDI and returns the row as
+// written, for the caller to hand both names on to the storage.
+func (s *Service) setName(c *api.Call, cls *schema.Class, ref string, f *schema.Field, value string) (*db.Row, error) {
+	row, err := c.Lookup(cls, ref)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.Update(func(tx *db.Tx) error { return tx.Set(f, row.Ref, value) }); err != nil {
+		return nil, err
+	}
+	if now, ok := s.db.Snapshot().Get(cls, row.Ref); ok {
+		return now, nil
+	}
+	return row, nil // destroyed meanwhile: the names as they were
 }
 
 // handlePBDCreate: PBD.create({host, SR, device_config, other_config}).

@@ -17,11 +17,7 @@ import (
 // VIF.plug/unplug, each run on the VM's queue.
 
 func (m *Manager) vbdPlug(c *api.Call, ref string) error {
-	row, err := c.Lookup(dm.VBD.Class, ref)
-	if err != nil {
-		return err
-	}
-	return m.withDevOp(c, dm.VBD.Class, row.Ref, "plug", func(o *opCtx, vbd *db.Row) error {
+	return m.withDevOp(c, dm.VBD.Class, ref, "plug", func(o *opCtx, vbd *db.Row) error {
 		snap := m.db.Snapshot()
 		vm, ok := snap.Get(dm.VM.Class, o.vm)
 		if !ok {
@@ -126,11 +122,7 @@ func (m *Manager) vbdUnplug(c *api.Call, ref string, force bool) error {
 	if force {
 		name = "unplug_force"
 	}
-	row, err := c.Lookup(dm.VBD.Class, ref)
-	if err != nil {
-		return err
-	}
-	return m.withDevOp(c, dm.VBD.Class, row.Ref, name, func(o *opCtx, vbd *db.Row) error {
+	return m.withDevOp(c, dm.VBD.Class, ref, name, func(o *opCtx, vbd *db.Row) error {
 		d, ok := m.attachedDisk(o.uuid, vbd.Ref)
 		if ok {
 			if err := o.run("unplug", func(ctx context.Context) error {
@@ -182,11 +174,7 @@ func (m *Manager) vbdInsert(c *api.Call, a dm.VBDInsertArgs) (dm.Void, error) {
 }
 
 func (m *Manager) vbdEject(c *api.Call, a dm.VBDEjectArgs) (dm.Void, error) {
-	row, err := c.Lookup(dm.VBD.Class, string(a.VBD))
-	if err != nil {
-		return dm.Void{}, err
-	}
-	return dm.Void{}, m.withDevOp(c, dm.VBD.Class, row.Ref, "eject", func(o *opCtx, vbd *db.Row) error {
+	return dm.Void{}, m.withDevOp(c, dm.VBD.Class, string(a.VBD), "eject", func(o *opCtx, vbd *db.Row) error {
 		if d, ok := m.attachedDisk(o.uuid, vbd.Ref); ok {
 			old := d.VDI
 			if err := o.run("eject", func(ctx context.Context) error {
@@ -208,11 +196,7 @@ func (m *Manager) vbdEject(c *api.Call, a dm.VBDEjectArgs) (dm.Void, error) {
 }
 
 func (m *Manager) vifPlug(c *api.Call, ref string) error {
-	row, err := c.Lookup(dm.VIF.Class, ref)
-	if err != nil {
-		return err
-	}
-	return m.withDevOp(c, dm.VIF.Class, row.Ref, "plug", func(o *opCtx, vif *db.Row) error {
+	return m.withDevOp(c, dm.VIF.Class, ref, "plug", func(o *opCtx, vif *db.Row) error {
 		dev := vif.String(dm.VIF.Device)
 		if err := checkDeviceNumber(dev, maxVIFDevices); err != nil {
 			return err
@@ -241,11 +225,7 @@ func (m *Manager) vifPlug(c *api.Call, ref string) error {
 }
 
 func (m *Manager) vifUnplug(c *api.Call, ref string) error {
-	row, err := c.Lookup(dm.VIF.Class, ref)
-	if err != nil {
-		return err
-	}
-	return m.withDevOp(c, dm.VIF.Class, row.Ref, "unplug", func(o *opCtx, vif *db.Row) error {
+	return m.withDevOp(c, dm.VIF.Class, ref, "unplug", func(o *opCtx, vif *db.Row) error {
 		dev := vif.String(dm.VIF.Device)
 		info, _ := m.be.Info(o.uuid)
 		for _, n := range info.NICs {

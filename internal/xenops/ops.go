@@ -4,16 +4,12 @@ import (
 	"context"
 	"time"
 
-	"github.com/google/uuid"
-
 	"toolstackd/internal/api"
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"
 	"toolstackd/internal/xerr"
 )
-
-func newUUID() string { return uuid.NewString() }
 
 // opCtx is one operation as it runs on a VM's queue.
 type opCtx struct {
@@ -194,7 +190,8 @@ func (m *Manager) busy(ref string) bool {
 }
 
 // withDevOp runs a VBD or VIF operation: marked in the device's
-// current_operations, run on its VM's queue.
+// current_operations, run on its VM's queue. A ref that names no device
+// is HANDLE_INVALID, so callers need not look the device up first.
 func (m *Manager) withDevOp(c *api.Call, cls *schema.Class, ref, o string, body func(o *opCtx, dev *db.Row) error) error {
 	key := c.Task
 	if key == "" {

@@ -36,6 +36,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/gorilla/mux"
 
 	"toolstackd/internal/api"
@@ -632,7 +633,7 @@ func (m *Manager) ensureConsoles(tx *db.Tx, vm *db.Row) error {
 		if have[string(proto)] {
 			continue
 		}
-		id := newUUID()
+		id := uuid.NewString()
 		rec := &dm.ConsoleRecord{UUID: id, Protocol: proto, Location: m.cfg.ConsoleBase + "/console?uuid=" + id,
 			VM: dm.VMRef(vm.Ref), OtherConfig: map[string]string{"vm-uuid": vm.UUID()}}
 		if _, err := tx.Insert(dm.Console.Class, "", rec.Row()); err != nil {

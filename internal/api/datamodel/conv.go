@@ -24,90 +24,63 @@ func cloneSlice[T any](s []T) []T {
 }
 
 func toSlice[T ~string](s []string) []T {
-	if s == nil {
-		return nil
-	}
-	out := make([]T, len(s))
-	for i, e := range s {
-		out[i] = T(e)
-	}
-	return out
+	return convertSlice(s, func(e string) T { return T(e) })
 }
 
 func fromSlice[T ~string](s []T) []string {
+	return convertSlice(s, func(e T) string { return string(e) })
+}
+
+// convertSlice copies s with each element converted; nil stays nil.
+func convertSlice[T1, T2 any](s []T1, conv func(T1) T2) []T2 {
 	if s == nil {
 		return nil
 	}
-	out := make([]string, len(s))
+	out := make([]T2, len(s))
 	for i, e := range s {
-		out[i] = string(e)
+		out[i] = conv(e)
 	}
 	return out
 }
 
-func toMap[K ~string, V ~string](m map[string]string) map[K]V {
-	if m == nil {
-		return nil
-	}
-	out := make(map[K]V, len(m))
-	for k, v := range m {
-		out[K(k)] = V(v)
-	}
-	return out
+func toMap[K, V ~string](m map[string]string) map[K]V {
+	return convertMap(m, func(k, v string) (K, V) { return K(k), V(v) })
 }
 
-func fromMap[K ~string, V ~string](m map[K]V) map[string]string {
-	if m == nil {
-		return nil
-	}
-	out := make(map[string]string, len(m))
-	for k, v := range m {
-		out[string(k)] = string(v)
-	}
-	return out
+func fromMap[K, V ~string](m map[K]V) map[string]string {
+	return convertMap(m, func(k K, v V) (string, string) { return string(k), string(v) })
 }
 
 func rekey[K ~string, V any](m map[string]V) map[K]V {
-	if m == nil {
-		return nil
-	}
-	out := make(map[K]V, len(m))
-	for k, v := range m {
-		out[K(k)] = v
-	}
-	return out
+	return convertMap(m, func(k string, v V) (K, V) { return K(k), v })
 }
 
 func unkey[K ~string, V any](m map[K]V) map[string]V {
-	if m == nil {
-		return nil
-	}
-	out := make(map[string]V, len(m))
-	for k, v := range m {
-		out[string(k)] = v
-	}
-	return out
+	return convertMap(m, func(k K, v V) (string, V) { return string(k), v })
 }
 
+// intKeys and strKeys convert the keys of a map whose keys are ints: a
+// decimal string in a canonical value (a key that is not one becomes 0).
 func intKeys[V any](m map[string]V) map[int64]V {
-	if m == nil {
-		return nil
-	}
-	out := make(map[int64]V, len(m))
-	for k, v := range m {
+	return convertMap(m, func(k string, v V) (int64, V) {
 		n, _ := strconv.ParseInt(k, 10, 64)
-		out[n] = v
-	}
-	return out
+		return n, v
+	})
 }
 
 func strKeys[V any](m map[int64]V) map[string]V {
+	return convertMap(m, func(k int64, v V) (string, V) { return strconv.FormatInt(k, 10), v })
+}
+
+// convertMap copies m with each entry converted; nil stays nil.
+func convertMap[K1, K2 comparable, V1, V2 any](m map[K1]V1, conv func(K1, V1) (K2, V2)) map[K2]V2 {
 	if m == nil {
 		return nil
 	}
-	out := make(map[string]V, len(m))
+	out := make(map[K2]V2, len(m))
 	for k, v := range m {
-		out[strconv.FormatInt(k, 10)] = v
+		k2, v2 := conv(k, v)
+		out[k2] = v2
 	}
 	return out
 }

@@ -3,8 +3,9 @@ package wire
 import (
 	"fmt"
 	"io"
-	"slices"
 	"time"
+
+	"toolstackd/internal/schema"
 )
 
 // Int32 is an integer that must be sent as a 32-bit XML-RPC <i4> rather than
@@ -74,14 +75,14 @@ func Encode(e Encoder, v any) {
 		e.EndArray()
 	case map[string]any:
 		e.BeginStruct()
-		for _, k := range sortedKeys(x) {
+		for _, k := range schema.SortedKeys(x) {
 			e.Member(k)
 			Encode(e, x[k])
 		}
 		e.EndStruct()
 	case map[string]string:
 		e.BeginStruct()
-		for _, k := range sortedKeys(x) {
+		for _, k := range schema.SortedKeys(x) {
 			e.Member(k)
 			e.String(x[k])
 		}
@@ -91,15 +92,6 @@ func Encode(e Encoder, v any) {
 	default:
 		panic(fmt.Sprintf("wire: cannot encode a value of type %T", v))
 	}
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }
 
 // frame is the state of one open container in an encoder.

@@ -446,25 +446,26 @@ func (s *Simulator) SetMemoryTarget(ctx context.Context, uuid string, bytes int6
 
 // Info implements Backend.
 func (s *Simulator) Info(uuid string) (backend.DomainInfo, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	d := s.doms[uuid]
-	if d == nil {
-		return backend.DomainInfo{}, false
-	}
-	return cloneInfo(d.Info), true
+	return readDomain(s, uuid, func(d *simDomain) backend.DomainInfo { return cloneInfo(d.Info) })
 }
 
 // DomainSpec is the spec a simulated domain was built from (for tests:
 // what a real backend would have turned into a command line).
 func (s *Simulator) DomainSpec(uuid string) (backend.Spec, bool) {
+	return readDomain(s, uuid, func(d *simDomain) backend.Spec { return d.Spec })
+}
+
+// readDomain returns what read takes from domain uuid under the lock, and
+// false if there is no such domain.
+func readDomain[T any](s *Simulator, uuid string, read func(*simDomain) T) (T, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	d := s.doms[uuid]
 	if d == nil {
-		return backend.Spec{}, false
+		var none T
+		return none, false
 	}
-	return d.Spec, true
+	return read(d), true
 }
 
 func cloneInfo(i backend.DomainInfo) backend.DomainInfo {
