@@ -434,17 +434,23 @@ func (s *Snapshot) Memo(key any, fn func() any) any {
 // changes select on it, with no polling and no batching delay.
 func (s *Snapshot) Done() <-chan struct{} { return s.done }
 
-// LastPersistentChanges returns, for each row of a persistent class that
-// batches change, the last change to it, in the order the rows were
-// first changed: what a store or a replica needs to end in the state the
-// batches leave.
-func LastPersistentChanges(batches []*Batch) []*Change {
+// RowChange is what a group of batches did to one row: its state before
+// the first of them (nil if they created it) and their last change to it.
+type RowChange struct {
+	Before *Row
+	Last   *Change
+}
+
+// PersistentRowChanges returns, for each row of a persistent class that
+// batches change, its RowChange, in the order the rows were first
+// changed.
+func PersistentRowChanges(batches []*Batch) []RowChange {
 	type rowKey struct {
 		c   *schema.Class
 		ref string
 	}
 	at := map[rowKey]int{}
-	var out []*Change
+	var out []RowChange
 	for _, b := range batches {
 		for i := range b.Changes {
 			ch := &b.Changes[i]
@@ -453,12 +459,24 @@ func LastPersistentChanges(batches []*Batch) []*Change {
 			}
 			k := rowKey{ch.Class, ch.Ref}
 			if j, seen := at[k]; seen {
-				out[j] = ch
+				out[j].Last = ch
 				continue
 			}
 			at[k] = len(out)
-			out = append(out, ch)
+			out = append(out, RowChange{Before: ch.Old, Last: ch})
 		}
+	}
+	return out
+}
+
+// LastPersistentChanges returns the last change to each persistent row
+// batches change, in the order the rows were first changed: what a store
+// or a replica needs to end in the state the batches leave.
+func LastPersistentChanges(batches []*Batch) []*Change {
+	rcs := PersistentRowChanges(batches)
+	out := make([]*Change, len(rcs))
+	for i, rc := range rcs {
+		out[i] = rc.Last
 	}
 	return out
 }

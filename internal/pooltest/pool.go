@@ -102,15 +102,11 @@ type Options struct {
 	// but the hosts do not know them. It is for checking the proxies
 	// against a daemon that has no pool support.
 	NoAdvertise bool
-	// Backend is --backend; empty: "simulator".
-	Backend string
-	// ExtraArgs follow the other flags of every host.
-	ExtraArgs []string
-	// Password is root's password on every host; empty:
-	// testdaemon.DefaultPassword.
-	Password string
-	// StartTimeout bounds the start of each host; zero: 30 s.
-	StartTimeout time.Duration
+	// Daemon is how every host runs (Backend, ExtraArgs, Password,
+	// timeouts...); Start sets each host's Listen and Binary, and
+	// defaults Backend to "simulator", Password to
+	// testdaemon.DefaultPassword and StartTimeout to 30 s.
+	Daemon testdaemon.Options
 }
 
 // Pool is a set of toolstackd processes started by Start.
@@ -153,14 +149,17 @@ func Start(t testing.TB, o Options) *Pool {
 	if o.Hosts < 1 || o.Hosts > MaxHosts {
 		t.Fatalf("pooltest: %d hosts (1 to %d)", o.Hosts, MaxHosts)
 	}
-	if o.Backend == "" {
-		o.Backend = "simulator"
+	if o.Daemon.Backend == "" {
+		o.Daemon.Backend = "simulator"
 	}
-	if o.Password == "" {
-		o.Password = testdaemon.DefaultPassword
+	if o.Daemon.Password == "" {
+		o.Daemon.Password = testdaemon.DefaultPassword
 	}
-	if o.StartTimeout <= 0 {
-		o.StartTimeout = 30 * time.Second
+	if o.Daemon.StartTimeout <= 0 {
+		o.Daemon.StartTimeout = 30 * time.Second
+	}
+	if o.Daemon.StopTimeout <= 0 {
+		o.Daemon.StopTimeout = 15 * time.Second
 	}
 	ips := make([]string, 0, 2*o.Hosts)
 	for i := range o.Hosts {
@@ -192,20 +191,13 @@ func Start(t testing.TB, o Options) *Pool {
 	}
 	bin := testdaemon.Build(t)
 	for i := range o.Hosts {
-		args := []string{}
+		do := o.Daemon
+		do.Listen, do.Binary, do.ExtraArgs = p.listen[i], bin, nil
 		if o.Proxy && !o.NoAdvertise {
-			args = append(args, "--advertise", p.advert[i])
+			do.ExtraArgs = append(do.ExtraArgs, "--advertise", p.advert[i])
 		}
-		args = append(args, o.ExtraArgs...)
-		d := testdaemon.Start(t, testdaemon.Options{
-			Listen:       p.listen[i],
-			Backend:      o.Backend,
-			ExtraArgs:    args,
-			Password:     o.Password,
-			Binary:       bin,
-			StartTimeout: o.StartTimeout,
-			StopTimeout:  15 * time.Second,
-		})
+		do.ExtraArgs = append(do.ExtraArgs, o.Daemon.ExtraArgs...)
+		d := testdaemon.Start(t, do)
 		p.Hosts = append(p.Hosts, d)
 	}
 	return p
@@ -241,7 +233,7 @@ func (p *Pool) Addr(i int) string { return p.listen[i] }
 func (p *Pool) Advertised(i int) string { return p.advert[i] }
 
 // Password is root's password on every host.
-func (p *Pool) Password() string { return p.opts.Password }
+func (p *Pool) Password() string { return p.opts.Daemon.Password }
 
 // IndexOf is the index of the host an address names: its listen or
 // advertised address, with or without the port (a missing port is the
@@ -297,7 +289,7 @@ func (p *Pool) FindCoordinator(ctx context.Context, c *Client) (int, string, err
 	for ctx.Err() == nil {
 		next := start
 		for range 2 * p.Len() { // a bounded walk: each redirect or failure is one step
-			s, err := c.CallString(ctx, p.listen[next], "session.login_with_password", "root", p.opts.Password, "1.0", c.originator())
+			s, err := c.CallString(ctx, p.listen[next], "session.login_with_password", "root", p.opts.Daemon.Password, "1.0", c.originator())
 			if err == nil {
 				p.mu.Lock()
 				p.lastCoor = next
@@ -337,13 +329,13 @@ func (p *Pool) Coordinator(t testing.TB, timeout time.Duration) int {
 
 // Login logs root in on host i itself (no redirect followed).
 func (p *Pool) Login(ctx context.Context, c *Client, i int) (string, error) {
-	return c.CallString(ctx, p.listen[i], "session.login_with_password", "root", p.opts.Password, "1.0", c.originator())
+	return c.CallString(ctx, p.listen[i], "session.login_with_password", "root", p.opts.Daemon.Password, "1.0", c.originator())
 }
 
 // LocalLogin opens a session on host i's own replica
 // (session.slave_local_login_with_password).
 func (p *Pool) LocalLogin(ctx context.Context, c *Client, i int) (string, error) {
-	return c.CallString(ctx, p.listen[i], "session.slave_local_login_with_password", "root", p.opts.Password)
+	return c.CallString(ctx, p.listen[i], "session.slave_local_login_with_password", "root", p.opts.Daemon.Password)
 }
 
 // JoinOne makes host i join host 0: a root login on host i and
@@ -358,7 +350,7 @@ func (p *Pool) JoinOne(ctx context.Context, i int) error {
 	if err != nil {
 		return fmt.Errorf("login on host %d: %w", i, err)
 	}
-	if _, err := c.Call(ctx, p.listen[i], "pool.join", s, p.advert[0], "root", p.opts.Password); err != nil {
+	if _, err := c.Call(ctx, p.listen[i], "pool.join", s, p.advert[0], "root", p.opts.Daemon.Password); err != nil {
 		return fmt.Errorf("host %d joining %s: %w", i, p.advert[0], err)
 	}
 	return nil

@@ -100,31 +100,11 @@ func Encode(batches []*db.Batch) (entry []byte, ok bool) {
 // before the first batch and after the last (OpPatch). ok is false when
 // nothing persistent changed.
 func EncodeDelta(batches []*db.Batch) (entry []byte, ok bool) {
-	type rowKey struct {
-		c   *schema.Class
-		ref string
-	}
-	first := map[rowKey]*db.Row{} // the row before the batches; nil: created in them
-	var order []rowKey
-	for _, b := range batches {
-		for i := range b.Changes {
-			ch := &b.Changes[i]
-			if !ch.Class.Persist {
-				continue
-			}
-			k := rowKey{ch.Class, ch.Ref}
-			if _, seen := first[k]; !seen {
-				first[k] = ch.Old
-				order = append(order, k)
-			}
-		}
-	}
-	last := db.LastPersistentChanges(batches) // in the same first-changed order
 	buf := binary.AppendUvarint(nil, Version)
 	var body []byte
 	n := 0
-	for i, ch := range last {
-		old := first[order[i]]
+	for _, rc := range db.PersistentRowChanges(batches) {
+		ch, old := rc.Last, rc.Before
 		switch {
 		case ch.Op == db.OpDelete && old == nil:
 			continue // made and gone within the batches
