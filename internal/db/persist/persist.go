@@ -519,6 +519,24 @@ func (s *Store) update(gen uint64, fn func(tx *bolt.Tx) error) (err error) {
 	})
 }
 
+// SetSync turns fsync after each write on or off. The pool turns it off
+// while raft runs: raft's log is then the durable record, and a file that
+// lost its last writes (a power cut) is brought forward from it; turning
+// it back on syncs what was written.
+func (s *Store) SetSync(on bool) error {
+	s.fileMu.Lock()
+	defer s.fileMu.Unlock()
+	s.bopts.NoSync = !on
+	if s.bolt == nil {
+		return nil
+	}
+	s.bolt.NoSync = !on
+	if on {
+		return s.bolt.Sync()
+	}
+	return nil
+}
+
 // Mark returns the bytes Options.Mark gave for the last write (nil if
 // none).
 func (s *Store) Mark() ([]byte, error) {

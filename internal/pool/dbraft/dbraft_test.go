@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -375,4 +376,63 @@ func TestLeaderLossKeepsAcknowledgedWrites(t *testing.T) {
 		p.converge()
 		t.Logf("round %d: %d acknowledged writes kept; new leader %s", round, len(acked), next.id)
 	}
+}
+
+// A member whose file lost its last writes (written without fsync while
+// raft runs; a power cut) comes back from raft's snapshot and log.
+func TestFileBehindSnapshotCatchesUp(t *testing.T) {
+	p := newPool(t, 3)
+	leader := p.waitLeader()
+	var member *node
+	for _, n := range p.nodes {
+		if n != leader {
+			member = n
+			break
+		}
+	}
+	for i := range 20 {
+		if _, err := createVM(leader.d, fmt.Sprint("before-", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.converge()
+	// The member's file as it is now: what a power cut may leave.
+	p.mu.Lock()
+	p.nodes = slices.DeleteFunc(p.nodes, func(n *node) bool { return n == member })
+	p.mu.Unlock()
+	p.close(member)
+	file := filepath.Join(member.dir, "toolstackd.db")
+	old, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.open(member)
+	p.wire(member)
+	p.start(member, false)
+	p.mu.Lock()
+	p.nodes = append(p.nodes, member)
+	p.mu.Unlock()
+	for i := range 20 {
+		if _, err := createVM(leader.d, fmt.Sprint("after-", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.converge()
+	if err := member.r.Compact(); err != nil {
+		t.Fatal(err)
+	}
+	p.mu.Lock()
+	p.nodes = slices.DeleteFunc(p.nodes, func(n *node) bool { return n == member })
+	p.mu.Unlock()
+	p.close(member)
+	if err := os.WriteFile(file, old, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p.open(member)
+	p.wire(member)
+	p.start(member, false)
+	p.mu.Lock()
+	p.nodes = append(p.nodes, member)
+	p.mu.Unlock()
+	p.converge()
 }

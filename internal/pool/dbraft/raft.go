@@ -1,8 +1,10 @@
 package dbraft
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -89,12 +91,21 @@ func (r *Replicator) Start(o StartOptions) (err error) {
 			}
 		}
 	}
+	if err := r.catchUp(snaps); err != nil {
+		return err
+	}
+	// Raft's log is the durable record from now on: the file is written
+	// without waiting for the disk (see catchUp for the way back).
+	if err := r.store.SetSync(false); err != nil {
+		return err
+	}
 	r.mu.Lock()
 	r.mode = Follower
 	r.mu.Unlock()
 	rf, err := raft.NewRaft(conf, fsm{r}, store, store, snaps, trans)
 	if err != nil {
 		r.setMode(Standalone)
+		_ = r.store.SetSync(true)
 		return err
 	}
 	r.raft.Store(rf)
@@ -102,6 +113,37 @@ func (r *Replicator) Start(o StartOptions) (err error) {
 	r.watchDone, r.stopWatch = make(chan struct{}), make(chan struct{})
 	go r.watch(rf, notify, r.stopWatch)
 	return nil
+}
+
+// catchUp restores the newest raft snapshot when the file holds less
+// than it: the file is written without fsync while raft runs, so a power
+// cut may take its last writes, and raft replays only the log after its
+// snapshot (the file's mark tells the FSM where to start).
+func (r *Replicator) catchUp(snaps raft.SnapshotStore) error {
+	metas, err := snaps.List()
+	if err != nil || len(metas) == 0 {
+		return err
+	}
+	_, rc, err := snaps.Open(metas[0].ID)
+	if err != nil {
+		return err
+	}
+	// The snapshot's own index (ours, not raft's) is its first field;
+	// Restore reads the whole of it only when the file is behind.
+	head := make([]byte, binary.MaxVarintLen64)
+	n, _ := io.ReadFull(rc, head)
+	index, _ := binary.Uvarint(head[:n])
+	if index <= r.AppliedIndex() {
+		return rc.Close()
+	}
+	r.log.Warn("the database file is behind raft's snapshot; restoring the snapshot",
+		"file", r.AppliedIndex(), "snapshot", index)
+	return fsm{r}.Restore(readCloser{io.MultiReader(bytes.NewReader(head[:n]), rc), rc})
+}
+
+type readCloser struct {
+	io.Reader
+	io.Closer
 }
 
 // watch follows leadership: a new leader applies everything committed
@@ -151,6 +193,9 @@ func (r *Replicator) Stop() error {
 	}
 	r.raft.Store(nil)
 	r.raftStore = nil
+	if serr := r.store.SetSync(true); err == nil {
+		err = serr
+	}
 	return err
 }
 

@@ -1,0 +1,127 @@
+package pool
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"toolstackd/internal/pooltest"
+)
+
+// TestFigures measures issue 12's figures through real processes, each
+// against a baseline in the same run: durable write latency (one setter
+// call) on a pool's coordinator against a host alone, with 1 and 16
+// clients, and VM.start_on + VM.hard_shutdown of a simulated VM on a
+// member (forwarded) against the coordinator (local). It runs with
+// TOOLSTACKD_FIGURES=1 and prints the figures (docs/performance.md).
+func TestFigures(t *testing.T) {
+	if os.Getenv("TOOLSTACKD_FIGURES") != "1" {
+		t.Skip("set TOOLSTACKD_FIGURES=1 to measure issue 12's figures")
+	}
+	ctx := testCtx(t)
+	p := startPool(t, ctx)
+	alone := pooltest.Start(t, pooltest.Options{Hosts: 1})
+	c := pooltest.NewClient(netip.Addr{})
+	for _, clients := range []int{1, 16} {
+		base := writeLatency(t, ctx, c, alone.Addr(0), alone, 0, clients)
+		pooled := writeLatency(t, ctx, c, p.Addr(0), p, 0, clients)
+		t.Logf("durable write, %2d clients: alone p50 %v p99 %v; pool of 3 p50 %v p99 %v; ratio p50 %.2f p99 %.2f",
+			clients, base[0], base[1], pooled[0], pooled[1],
+			float64(pooled[0])/float64(base[0]), float64(pooled[1])/float64(base[1]))
+	}
+	s, err := p.Login(ctx, c, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hosts []string
+	raw, err := c.Call(ctx, p.Addr(0), "host.get_all", s)
+	if err != nil || json.Unmarshal(raw, &hosts) != nil {
+		t.Fatal(err)
+	}
+	byIndex := map[int]string{}
+	for _, h := range hosts {
+		a, err := c.CallString(ctx, p.Addr(0), "host.get_address", s, h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		byIndex[p.IndexOf(a)] = h
+	}
+	local := startCycles(t, ctx, c, p.Addr(0), s, byIndex[0], 30)
+	remote := startCycles(t, ctx, c, p.Addr(0), s, byIndex[1], 30)
+	t.Logf("VM.start_on + VM.hard_shutdown (simulator): on the coordinator p50 %v; on a member (forwarded) p50 %v; ratio %.2f",
+		local, remote, float64(remote)/float64(local))
+}
+
+// writeLatency is p50 and p99 of VM.set_name_description on host i of p,
+// with clients concurrent clients for 3 s.
+func writeLatency(t *testing.T, ctx context.Context, c *pooltest.Client, addr string, p *pooltest.Pool, i, clients int) [2]time.Duration {
+	t.Helper()
+	s, err := p.Login(ctx, c, i)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vms := make([]string, clients)
+	for k := range vms {
+		vms[k], err = c.CallString(ctx, addr, "VM.create", s, vmRecord(fmt.Sprint("latency-", k)))
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	var lat []time.Duration
+	end := time.Now().Add(3 * time.Second)
+	var wg sync.WaitGroup
+	for k := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := 0; time.Now().Before(end); n++ {
+				start := time.Now()
+				if _, err := c.Call(ctx, addr, "VM.set_name_description", s, vms[k], fmt.Sprint(n)); err != nil {
+					t.Error(err)
+					return
+				}
+				d := time.Since(start)
+				mu.Lock()
+				lat = append(lat, d)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	slices.Sort(lat)
+	if len(lat) == 0 {
+		t.Fatal("no write completed")
+	}
+	return [2]time.Duration{lat[len(lat)/2], lat[len(lat)*99/100]}
+}
+
+// startCycles is the median time of n VM.start_on + VM.hard_shutdown
+// cycles of a new diskless VM on host.
+func startCycles(t *testing.T, ctx context.Context, c *pooltest.Client, addr, s, host string, n int) time.Duration {
+	t.Helper()
+	vm, err := c.CallString(ctx, addr, "VM.create", s, vmRecord("cycles"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var times []time.Duration
+	for range n {
+		start := time.Now()
+		if _, err := c.Call(ctx, addr, "VM.start_on", s, vm, host, false, false); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Call(ctx, addr, "VM.hard_shutdown", s, vm); err != nil {
+			t.Fatal(err)
+		}
+		times = append(times, time.Since(start))
+	}
+	slices.Sort(times)
+	return times[len(times)/2]
+}
+
