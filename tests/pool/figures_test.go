@@ -124,4 +124,3 @@ func startCycles(t *testing.T, ctx context.Context, c *pooltest.Client, addr, s,
 	slices.Sort(times)
 	return times[len(times)/2]
 }
-
