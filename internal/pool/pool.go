@@ -97,6 +97,9 @@ type Pool struct {
 	client  *http.Client
 
 	joinMu sync.Mutex // one join (either side) at a time
+
+	stopWatch chan struct{} // closed to stop watching raft (under joinMu or at Close)
+	watching  sync.WaitGroup
 }
 
 // Open sets up the pool layer; a host that was in a pool when it stopped
@@ -147,10 +150,30 @@ func (p *Pool) raftDir() string { return filepath.Join(p.cfg.DataDir, "raft") }
 func (p *Pool) inPool() bool { return HasState(p.cfg.DataDir) }
 
 func (p *Pool) startRaft(bootstrap bool) error {
-	return p.cfg.Repl.Start(dbraft.StartOptions{
+	err := p.cfg.Repl.Start(dbraft.StartOptions{
 		ID: raft.ServerID(p.cfg.HostUUID), Dir: p.raftDir(), Transport: p.trans,
 		Bootstrap: bootstrap, Tune: p.cfg.Tune,
 	})
+	if err != nil {
+		return err
+	}
+	p.stopWatch = make(chan struct{})
+	p.watching.Add(1)
+	go func() {
+		defer p.watching.Done()
+		p.watchLiveness(p.cfg.Repl.Raft(), p.stopWatch)
+	}()
+	return nil
+}
+
+// stopRaft stops raft and what watches it.
+func (p *Pool) stopRaft() error {
+	if p.stopWatch != nil {
+		close(p.stopWatch)
+		p.watching.Wait()
+		p.stopWatch = nil
+	}
+	return p.cfg.Repl.Stop()
 }
 
 // Routes mounts the intra-pool endpoints.
@@ -187,7 +210,7 @@ func (p *Pool) Coordinator() string {
 
 // Close stops raft and the transport.
 func (p *Pool) Close() error {
-	err := p.cfg.Repl.Stop()
+	err := p.stopRaft()
 	_ = p.layer.Close()
 	if terr := p.trans.Close(); err == nil {
 		err = terr

@@ -98,3 +98,55 @@ func vmRecord(name string) map[string]any {
 		"has_vendor_device": false, "reference_label": "", "domain_type": "hvm", "NVRAM": map[string]string{},
 	}
 }
+
+// A member that dies is not live on the coordinator within a bound, and
+// live again once it is back.
+func TestMemberLiveness(t *testing.T) {
+	ctx := testCtx(t)
+	p := startPool(t, ctx)
+	c := pooltest.NewClient(netip.Addr{})
+	s, err := p.Login(ctx, c, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hosts []string
+	raw, err := c.Call(ctx, p.Addr(0), "host.get_all", s)
+	if err != nil || json.Unmarshal(raw, &hosts) != nil {
+		t.Fatalf("host.get_all: %v", err)
+	}
+	metrics := ""
+	for _, h := range hosts {
+		a, err := c.CallString(ctx, p.Addr(0), "host.get_address", s, h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.IndexOf(a) == 2 {
+			if metrics, err = c.CallString(ctx, p.Addr(0), "host.get_metrics", s, h); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	live := func() bool {
+		raw, err := c.Call(ctx, p.Addr(0), "host_metrics.get_live", s, metrics)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(raw) == "true"
+	}
+	waitFor := func(want bool, bound time.Duration) time.Duration {
+		t.Helper()
+		start := time.Now()
+		for live() != want {
+			if time.Since(start) > bound {
+				t.Fatalf("host_metrics.live still %v after %v", !want, bound)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		return time.Since(start)
+	}
+	waitFor(true, 30*time.Second)
+	p.Kill(2)
+	t.Logf("a killed member is not live after %v", waitFor(false, 30*time.Second))
+	p.Restart(2)
+	t.Logf("a restarted member is live again after %v", waitFor(true, 30*time.Second))
+}
