@@ -95,8 +95,9 @@ func (h *host) openDatabase(o options, cfg *api.Config) (first bool, err error) 
 	// The replicator sits between the database and its file: it passes
 	// batches straight through until the host is in a pool.
 	h.repl = dbraft.New(dbraft.Options{Model: dm.Model, Log: log,
-		Forward:  func(ctx context.Context, entry []byte) error { return h.pool.SendDelta(ctx, entry) },
-		OnLeader: func() { h.pool.OnLeader() },
+		Forward:   func(ctx context.Context, entry []byte) error { return h.pool.SendDelta(ctx, entry) },
+		OnLeader:  func() { h.pool.OnLeader() },
+		OnDeposed: func() { h.srv.Deposed() },
 	})
 	h.store, err = h.repl.OpenStore(filepath.Join(o.dataDir, "toolstackd.db"), persist.Options{Log: log})
 	if err != nil {

@@ -123,6 +123,13 @@ func (s *Server) authenticate(r *request) error {
 		}
 		return xerr.New(xerr.SessionInvalid, r.sessRef)
 	}
+	if !sess.local && !sess.replica && s.notCoordinator() != nil {
+		// Opened while this host coordinated the pool: its clients
+		// belong to the new coordinator now (they log in again and are
+		// sent there).
+		s.revokeSessions(func(x *Session) bool { return x == sess })
+		return xerr.New(xerr.SessionInvalid, r.sessRef)
+	}
 	sess.touch()
 	r.sess = sess
 	return nil

@@ -39,7 +39,7 @@ func (s *Server) notCoordinator() error {
 // database, coordinator or not, and whether or not the coordinator can be
 // reached: xapi's way in for tools that must read a member's state.
 func (s *Server) slaveLocalLogin(c *Call, a dm.SessionSlaveLocalLoginWithPasswordArgs) (dm.SessionRef, error) {
-	return s.openLogin(c, a.Uname, a.Pwd, a.Uname)
+	return s.openLogin(c, a.Uname, a.Pwd, a.Uname, true)
 }
 
 // CheckPoolAdmin checks that user and pw are an account of this pool with
@@ -58,4 +58,13 @@ func (s *Server) CheckPoolAdmin(ctx context.Context, user, pw string) error {
 		return xerr.New(xerr.RBACPermissionDenied, "pool.join", "the account is not a pool administrator")
 	}
 	return nil
+}
+
+// Deposed ends the sessions clients opened while this host coordinated
+// the pool (not those of the local socket, nor slave-local ones): their
+// next call fails with SESSION_INVALID, they log in again, and the login
+// sends them to the new coordinator (HOST_IS_SLAVE). The pool layer calls
+// it when this host stops being the coordinator.
+func (s *Server) Deposed() int {
+	return s.revokeSessions(func(sess *Session) bool { return !sess.local && !sess.replica })
 }

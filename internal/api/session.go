@@ -35,6 +35,7 @@ type Session struct {
 
 	userRef string // the user row it authenticated as by password, or ""
 	local   bool   // opened over the local socket
+	replica bool   // opened by slave_local_login: this host's own replica
 
 	lastActive atomic.Int64 // unix nanoseconds
 	flushed    atomic.Int64 // last_active as last written to the database
@@ -272,12 +273,12 @@ func (s *Server) login(c *Call, a dm.SessionLoginWithPasswordArgs) (dm.SessionRe
 			return "", err
 		}
 	}
-	return s.openLogin(c, a.Uname, a.Pwd, a.Originator)
+	return s.openLogin(c, a.Uname, a.Pwd, a.Originator, false)
 }
 
 // openLogin checks a password (not over the local socket) and opens a
-// session.
-func (s *Server) openLogin(c *Call, user, pw, originator string) (dm.SessionRef, error) {
+// session; replica marks a session on this host's own replica.
+func (s *Server) openLogin(c *Call, user, pw, originator string, replica bool) (dm.SessionRef, error) {
 	if originator == "" {
 		originator = user
 	}
@@ -298,7 +299,7 @@ func (s *Server) openLogin(c *Call, user, pw, originator string) (dm.SessionRef,
 		if err != nil {
 			return "", err
 		}
-		sess.Originator = originator
+		sess.Originator, sess.replica = originator, replica
 		ref, err := s.openSession(sess, userRef, epoch)
 		if err != errStaleLogin {
 			return dm.SessionRef(ref), err

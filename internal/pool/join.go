@@ -17,6 +17,7 @@ import (
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/pool/dbraft"
+	"toolstackd/internal/pool/raftnet"
 	"toolstackd/internal/pool/replica"
 	"toolstackd/internal/schema"
 	"toolstackd/internal/xerr"
@@ -336,39 +337,84 @@ func (p *Pool) balanceVoters() error {
 	return nil
 }
 
-// designateNewMaster is pool.designate_new_master: raft hands leadership
-// to the host (made a voter first if it is not one).
+// designateNewMaster is pool.designate_new_master. xapi runs it on the
+// host to be master (the route sends it there); that host asks the
+// coordinator to hand raft's leadership to it.
 func (p *Pool) designateNewMaster(c *api.Call, a dm.PoolDesignateNewMasterArgs) (dm.Void, error) {
 	host, ok := c.Snapshot().Get(dm.Host.Class, string(a.Host))
 	if !ok {
 		return dm.Void{}, xerr.New(xerr.HandleInvalid, "host", string(a.Host))
 	}
-	if host.UUID() == p.cfg.HostUUID {
+	switch mode := p.cfg.Repl.Mode(); {
+	case mode == dbraft.Standalone || mode == dbraft.Leader && host.UUID() == p.cfg.HostUUID:
 		return dm.Void{}, nil // already the master
+	case mode == dbraft.Leader:
+		return dm.Void{}, p.transferTo(host.UUID())
 	}
+	leader := p.cfg.Repl.LeaderAddr()
+	if leader == "" {
+		return dm.Void{}, xerr.New(xerr.CannotContactHost, "the coordinator")
+	}
+	resp, err := p.post(c.Ctx, leader, transferPath, "text/plain", []byte(host.UUID()))
+	if err != nil {
+		return dm.Void{}, xerr.New(xerr.CannotContactHost, leader)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode != http.StatusOK {
+		return dm.Void{}, xerr.New(xerr.InternalError, fmt.Sprintf("the coordinator refused the transfer: %s: %s", resp.Status, msg))
+	}
+	return dm.Void{}, nil
+}
+
+// transferPath asks the coordinator to hand leadership to a host.
+const transferPath = "/pool/transfer"
+
+// serveTransfer hands raft's leadership to the host named in the body.
+func (p *Pool) serveTransfer(w http.ResponseWriter, r *http.Request) {
+	if !p.secrets.Check(r.Header.Get(raftnet.SecretHeader)) {
+		http.Error(w, "pool secret required", http.StatusForbidden)
+		return
+	}
+	id, err := io.ReadAll(io.LimitReader(r.Body, 64))
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	if err := p.transferTo(string(id)); err != nil {
+		http.Error(w, err.Error(), http.StatusConflict)
+		return
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+// transferTo hands raft's leadership, on the coordinator, to the host
+// with uuid id (made a voter first if it is not one), and returns once
+// this host has stepped down.
+func (p *Pool) transferTo(id string) error {
 	rf := p.cfg.Repl.Raft()
 	if rf == nil || p.cfg.Repl.Mode() != dbraft.Leader {
-		return dm.Void{}, xerr.New(xerr.HostIsSlave, p.Coordinator())
+		return xerr.New(xerr.HostIsSlave, p.Coordinator())
 	}
 	f := rf.GetConfiguration()
 	if err := f.Error(); err != nil {
-		return dm.Void{}, err
+		return err
 	}
 	for _, s := range f.Configuration().Servers {
-		if string(s.ID) != host.UUID() {
+		if string(s.ID) != id {
 			continue
 		}
 		if s.Suffrage != raft.Voter {
 			if err := rf.AddVoter(s.ID, s.Address, 0, 30*time.Second).Error(); err != nil {
-				return dm.Void{}, err
+				return err
 			}
 		}
 		if err := rf.LeadershipTransferToServer(s.ID, s.Address).Error(); err != nil {
-			return dm.Void{}, fmt.Errorf("handing over to %s: %w", host.UUID(), err)
+			return fmt.Errorf("handing over to %s: %w", id, err)
 		}
-		return dm.Void{}, nil
+		return nil
 	}
-	return dm.Void{}, xerr.New(xerr.HostOffline, string(a.Host))
+	return xerr.New(xerr.HostOffline, id)
 }
 
 // syncDatabase is pool.sync_database: every member has everything

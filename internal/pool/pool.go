@@ -182,6 +182,7 @@ func (p *Pool) Routes(r *mux.Router) {
 	r.HandleFunc(deltaPath, p.serveDelta).Methods(http.MethodPost)
 	r.HandleFunc(joinPath, p.serveJoin).Methods(http.MethodPost)
 	r.HandleFunc(callPath, p.serveCall).Methods(http.MethodPost)
+	r.HandleFunc(transferPath, p.serveTransfer).Methods(http.MethodPost)
 }
 
 // Register installs the pool calls this layer serves.

@@ -3,10 +3,15 @@ package pool
 import (
 	"encoding/json"
 	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"toolstackd/internal/pooltest"
+	"toolstackd/internal/testdaemon"
 )
 
 // A call routed to a member runs there: a VM made on the coordinator
@@ -149,4 +154,45 @@ func TestMemberLiveness(t *testing.T) {
 	t.Logf("a killed member is not live after %v", waitFor(false, 30*time.Second))
 	p.Restart(2)
 	t.Logf("a restarted member is live again after %v", waitFor(true, 30*time.Second))
+}
+
+// Debian's XenAPI.py follows HOST_IS_SLAVE the way os_xenapi's session
+// does, and reads a member's replica with slave_local_login
+// (tests/e2e/xenapi_pool.py).
+func TestXenAPIPyFollowsTheCoordinator(t *testing.T) {
+	runPoolClient(t, "python3", "xenapi_pool.py", "/usr/lib/python3/dist-packages/os_xenapi/client/XenAPI.py")
+}
+
+// Xen Orchestra's xen-api client (npm, installed by .ci/run in tests/e2e)
+// follows HOST_IS_SLAVE from a member to the coordinator, and to the new
+// coordinator after pool.designate_new_master (tests/e2e/xo_pool.mjs).
+func TestXOFollowsTheCoordinator(t *testing.T) {
+	runPoolClient(t, "node", "xo_pool.mjs", filepath.Join(testdaemon.SourceRoot(), "tests", "e2e", "node_modules", "xen-api"))
+}
+
+// runPoolClient runs a script of tests/e2e against a pool of three hosts
+// with POOL_URLS and POOL_PASSWORD; needs is a file the client library
+// must have installed (CI installs them; elsewhere the test skips).
+func runPoolClient(t *testing.T, interpreter, script, needs string) {
+	bin, err := exec.LookPath(interpreter)
+	if _, serr := os.Stat(needs); err != nil || serr != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("%s or %s missing in CI: %v %v", interpreter, needs, err, serr)
+		}
+		t.Skipf("%s or %s not installed", interpreter, needs)
+	}
+	ctx := testCtx(t)
+	p := startPool(t, ctx)
+	var urls []string
+	for i := range p.Len() {
+		urls = append(urls, "http://"+p.Advertised(i))
+	}
+	cmd := exec.CommandContext(ctx, bin, script)
+	cmd.Dir = filepath.Join(testdaemon.SourceRoot(), "tests", "e2e")
+	cmd.Env = append(os.Environ(), "POOL_URLS="+strings.Join(urls, " "), "POOL_PASSWORD="+p.Password())
+	out, err := cmd.CombinedOutput()
+	t.Logf("%s", out)
+	if err != nil {
+		t.Fatal(err)
+	}
 }

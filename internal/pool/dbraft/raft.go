@@ -99,9 +99,7 @@ func (r *Replicator) Start(o StartOptions) (err error) {
 	if err := r.store.SetSync(false); err != nil {
 		return err
 	}
-	r.mu.Lock()
-	r.mode = Follower
-	r.mu.Unlock()
+	r.setMode(Follower)
 	rf, err := raft.NewRaft(conf, fsm{r}, store, store, snaps, trans)
 	if err != nil {
 		r.setMode(Standalone)
@@ -154,7 +152,11 @@ func (r *Replicator) watch(rf *raft.Raft, notify <-chan bool, stop <-chan struct
 		select {
 		case leader := <-notify:
 			if !leader {
+				was := r.Mode()
 				r.setMode(Follower)
+				if was == Leader && r.opts.OnDeposed != nil {
+					go r.opts.OnDeposed()
+				}
 				continue
 			}
 			if err := rf.Barrier(0).Error(); err != nil {
@@ -187,6 +189,13 @@ func (r *Replicator) Stop() error {
 	err := rf.Shutdown().Error()
 	close(r.stopWatch)
 	<-r.watchDone
+	// A future raft took just as it shut down may never be answered:
+	// settle every own entry still open as failed.
+	r.mu.Lock()
+	for _, f := range r.own {
+		r.settleLocked(f, 0, raft.ErrRaftShutdown)
+	}
+	r.mu.Unlock()
 	r.setMode(Standalone)
 	if cerr := r.raftStore.Close(); err == nil {
 		err = cerr

@@ -99,6 +99,9 @@ type Options struct {
 	// OnLeader, if set, runs (in a goroutine of its own) each time this
 	// host becomes the leader and can take writes.
 	OnLeader func()
+	// OnDeposed, if set, runs (in a goroutine of its own) each time this
+	// host stops being the leader.
+	OnDeposed func()
 }
 
 // applied marks a batch that applies replicated entries: raft index.
@@ -116,6 +119,8 @@ type Replicator struct {
 	cond  *sync.Cond
 	queue []*db.Batch
 	mode  Mode
+	// modeNow mirrors mode for readers on every call's path (Mode).
+	modeNow atomic.Int32
 	// epoch grows at every abort: flights of an older epoch are dropped.
 	epoch uint64
 	// own are this leader's entries in raft, by sequence number.
@@ -243,14 +248,13 @@ func (r *Replicator) WaitApplied(ctx context.Context, i uint64) error {
 
 // Mode reports what the replicator does now.
 func (r *Replicator) Mode() Mode {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.mode
+	return Mode(r.modeNow.Load())
 }
 
 func (r *Replicator) setMode(m Mode) {
 	r.mu.Lock()
 	r.mode = m
+	r.modeNow.Store(int32(m))
 	r.mu.Unlock()
 	r.cond.Broadcast()
 }
@@ -494,7 +498,12 @@ func (r *Replicator) abort(err error) {
 }
 
 // Close stops raft (if running) and the loops; the store is the caller's.
+// Writes still pending, and any later, fail with ErrStopped first: once
+// raft stops, nothing may be acknowledged that the pool does not have.
 func (r *Replicator) Close() error {
+	if r.d != nil {
+		r.d.Fail(ErrStopped)
+	}
 	err := r.Stop()
 	r.mu.Lock()
 	r.closing = true
