@@ -166,14 +166,13 @@ func (p *Pool) startRaft(bootstrap bool) error {
 	return nil
 }
 
-// stopRaft stops raft and what watches it.
-func (p *Pool) stopRaft() error {
+// stopWatching stops what watches raft.
+func (p *Pool) stopWatching() {
 	if p.stopWatch != nil {
 		close(p.stopWatch)
 		p.watching.Wait()
 		p.stopWatch = nil
 	}
-	return p.cfg.Repl.Stop()
 }
 
 // Routes mounts the intra-pool endpoints.
@@ -209,9 +208,12 @@ func (p *Pool) Coordinator() string {
 	return addr
 }
 
-// Close stops raft and the transport.
+// Close stops the host's part in the pool: writes fail from now on (the
+// replicator closes: nothing may be acknowledged that the pool does not
+// have), raft stops, then the transport.
 func (p *Pool) Close() error {
-	err := p.stopRaft()
+	p.stopWatching()
+	err := p.cfg.Repl.Close()
 	_ = p.layer.Close()
 	if terr := p.trans.Close(); err == nil {
 		err = terr
