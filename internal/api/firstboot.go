@@ -265,29 +265,39 @@ func kernelRelease() string {
 	return strings.TrimSpace(string(b))
 }
 
+// ClearOperations forgets every operation recorded in progress
+// (current_operations): a host starting, or a new coordinator taking over,
+// owns none of them.
+func ClearOperations(m *schema.Model, tx *db.Tx) error {
+	for _, c := range m.Classes {
+		f := c.Field("current_operations")
+		if f == nil || !c.InDB {
+			continue
+		}
+		var busy []string
+		tx.Ascend(c, func(r *db.Row) bool {
+			if m, ok := r.Get(f).(map[string]string); ok && len(m) > 0 {
+				busy = append(busy, r.Ref)
+			}
+			return true
+		})
+		for _, ref := range busy {
+			if err := tx.Set(f, ref, map[string]string{}); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // StartupReset brings a loaded database in line with a fresh start, as
 // xapi does: operations that were in progress are forgotten, every host
 // is not live until proven (this one is, now), and this host's facts and
 // software version are refreshed.
 func StartupReset(d *db.DB, hostRef string, facts HostFacts) error {
 	_, err := d.Update(func(tx *db.Tx) error {
-		for _, c := range d.Model().Classes {
-			f := c.Field("current_operations")
-			if f == nil || !c.InDB {
-				continue
-			}
-			var busy []string
-			tx.Ascend(c, func(r *db.Row) bool {
-				if m, ok := r.Get(f).(map[string]string); ok && len(m) > 0 {
-					busy = append(busy, r.Ref)
-				}
-				return true
-			})
-			for _, ref := range busy {
-				if err := tx.Set(f, ref, map[string]string{}); err != nil {
-					return err
-				}
-			}
+		if err := ClearOperations(d.Model(), tx); err != nil {
+			return err
 		}
 		host, ok := tx.Get(dm.Host.Class, hostRef)
 		if !ok {

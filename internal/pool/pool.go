@@ -299,11 +299,15 @@ func (p *Pool) serveDelta(w http.ResponseWriter, r *http.Request) {
 }
 
 // OnLeader runs when this host becomes the coordinator (dbraft's
-// OnLeader): the pool record names it master, it is live, and the pool's
-// voters are rebalanced.
+// OnLeader): operations the old coordinator recorded in progress are
+// forgotten (as xapi's master does at start), the pool record names this
+// host master, it is live, and the pool's voters are rebalanced.
 func (p *Pool) OnLeader() {
 	self := p.cfg.Server.Cfg.HostRef
 	_, err := p.cfg.Server.DB.Update(func(tx *db.Tx) error {
+		if err := api.ClearOperations(p.cfg.Server.Model, tx); err != nil {
+			return err
+		}
 		for _, pool := range tx.All(dm.Pool.Class) {
 			if pool.String(dm.Pool.Master) != self {
 				if err := tx.Set(dm.Pool.Master, pool.Ref, self); err != nil {
