@@ -347,12 +347,12 @@ func (r *Replicator) launch(f *flight, mode Mode) {
 			return
 		}
 		rf := r.raft.Load()
+		f.settled = make(chan struct{})
 		r.mu.Lock()
 		r.seq++
 		f.kind, f.seq = kindRaft, r.seq
 		r.own[f.seq] = f
 		r.mu.Unlock()
-		f.settled = make(chan struct{})
 		if rf == nil {
 			r.settle(f, 0, raft.ErrRaftShutdown)
 			return
