@@ -50,6 +50,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorilla/mux"
@@ -92,9 +93,12 @@ type Pool struct {
 	cfg     Config
 	log     *slog.Logger
 	secrets *secret.Store
-	layer   *raftnet.StreamLayer
-	trans   *raft.NetworkTransport
-	client  *http.Client
+	lcfg    raftnet.Config
+	// layer is raft's stream layer of the raft now running (raft closes
+	// its transport, and so the layer, when it shuts down; each start
+	// makes a new one).
+	layer  atomic.Pointer[raftnet.StreamLayer]
+	client *http.Client
 
 	joinMu sync.Mutex // one join (either side) at a time
 
@@ -113,19 +117,15 @@ func Open(cfg Config) (*Pool, error) {
 	if p.secrets, err = secret.Open(cfg.DataDir); err != nil {
 		return nil, err
 	}
-	lcfg := raftnet.Config{Advertise: cfg.Advertise, Secrets: p.secrets.Valid, TLS: cfg.TLS}
+	p.lcfg = raftnet.Config{Advertise: cfg.Advertise, Secrets: p.secrets.Valid, TLS: cfg.TLS}
 	var dialer net.Dialer
 	if cfg.LocalIP != nil {
-		lcfg.LocalAddr = &net.TCPAddr{IP: cfg.LocalIP}
-		dialer.LocalAddr = lcfg.LocalAddr
+		p.lcfg.LocalAddr = &net.TCPAddr{IP: cfg.LocalIP}
+		dialer.LocalAddr = p.lcfg.LocalAddr
 	}
-	if p.layer, err = raftnet.NewStreamLayer(lcfg); err != nil {
-		return nil, err
+	if _, err := raftnet.NewStreamLayer(p.lcfg); err != nil {
+		return nil, err // the configuration is checked once, at start
 	}
-	p.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-		Stream: p.layer, MaxPool: 3, Timeout: 10 * time.Second,
-		Logger: hclog.New(&hclog.LoggerOptions{Name: "raft-net", Output: os.Stderr, Level: hclog.Warn}),
-	})
 	p.client = &http.Client{
 		Timeout: 30 * time.Second,
 		Transport: &http.Transport{
@@ -149,12 +149,35 @@ func (p *Pool) raftDir() string { return filepath.Join(p.cfg.DataDir, "raft") }
 // inPool reports whether this host has raft state: it is in a pool.
 func (p *Pool) inPool() bool { return HasState(p.cfg.DataDir) }
 
-func (p *Pool) startRaft(bootstrap bool) error {
-	err := p.cfg.Repl.Start(dbraft.StartOptions{
-		ID: raft.ServerID(p.cfg.HostUUID), Dir: p.raftDir(), Transport: p.trans,
-		Bootstrap: bootstrap, Tune: p.cfg.Tune,
-	})
+// transport makes raft's transport over a new stream layer, which the
+// /pool/raft route serves from now on.
+func (p *Pool) transport() (*raft.NetworkTransport, error) {
+	layer, err := raftnet.NewStreamLayer(p.lcfg)
 	if err != nil {
+		return nil, err
+	}
+	if old := p.layer.Swap(layer); old != nil {
+		_ = old.Close()
+	}
+	return raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		Stream: layer, MaxPool: 3, Timeout: 10 * time.Second,
+		Logger: hclog.New(&hclog.LoggerOptions{Name: "raft-net", Output: os.Stderr, Level: hclog.Warn}),
+	}), nil
+}
+
+// startOptions are raft's options for this host.
+func (p *Pool) startOptions(trans raft.Transport, bootstrap bool) dbraft.StartOptions {
+	return dbraft.StartOptions{ID: raft.ServerID(p.cfg.HostUUID), Dir: p.raftDir(), Transport: trans,
+		Bootstrap: bootstrap, Tune: p.cfg.Tune}
+}
+
+func (p *Pool) startRaft(bootstrap bool) error {
+	trans, err := p.transport()
+	if err != nil {
+		return err
+	}
+	if err := p.cfg.Repl.Start(p.startOptions(trans, bootstrap)); err != nil {
+		_ = trans.Close()
 		return err
 	}
 	p.stopWatch = make(chan struct{})
@@ -177,11 +200,19 @@ func (p *Pool) stopWatching() {
 
 // Routes mounts the intra-pool endpoints.
 func (p *Pool) Routes(r *mux.Router) {
-	r.Handle(raftnet.Path, p.layer)
+	r.HandleFunc(raftnet.Path, func(w http.ResponseWriter, r *http.Request) {
+		if l := p.layer.Load(); l != nil {
+			l.ServeHTTP(w, r)
+			return
+		}
+		http.Error(w, "this host runs no raft", http.StatusServiceUnavailable)
+	})
 	r.HandleFunc(deltaPath, p.serveDelta).Methods(http.MethodPost)
 	r.HandleFunc(joinPath, p.serveJoin).Methods(http.MethodPost)
 	r.HandleFunc(callPath, p.serveCall).Methods(http.MethodPost)
 	r.HandleFunc(transferPath, p.serveTransfer).Methods(http.MethodPost)
+	r.HandleFunc(rejoinPath, p.serveRejoin).Methods(http.MethodPost)
+	r.HandleFunc(readdPath, p.serveReadd).Methods(http.MethodPost)
 }
 
 // Register installs the pool calls this layer serves.
@@ -189,6 +220,9 @@ func (p *Pool) Register(srv *api.Server) {
 	api.Register(srv, p.join)
 	api.Register(srv, p.designateNewMaster)
 	api.Register(srv, p.syncDatabase)
+	api.Register(srv, p.emergencyTransitionToMaster)
+	api.Register(srv, p.recoverSlaves)
+	api.Register(srv, p.emergencyResetMaster)
 }
 
 // Member reports whether this host is in a pool and not its coordinator
@@ -213,10 +247,9 @@ func (p *Pool) Coordinator() string {
 // have), raft stops, then the transport.
 func (p *Pool) Close() error {
 	p.stopWatching()
-	err := p.cfg.Repl.Close()
-	_ = p.layer.Close()
-	if terr := p.trans.Close(); err == nil {
-		err = terr
+	err := p.cfg.Repl.Close() // raft closes its transport
+	if l := p.layer.Load(); l != nil {
+		_ = l.Close()
 	}
 	return err
 }

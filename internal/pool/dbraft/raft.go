@@ -47,10 +47,7 @@ func (r *Replicator) Start(o StartOptions) (err error) {
 	if r.raft.Load() != nil {
 		return errors.New("dbraft: already started")
 	}
-	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
-		return err
-	}
-	store, err := raftstore.Open(o.Dir, raftstore.Options{})
+	store, snaps, conf, err := r.open(o)
 	if err != nil {
 		return err
 	}
@@ -59,25 +56,8 @@ func (r *Replicator) Start(o StartOptions) (err error) {
 			_ = store.Close()
 		}
 	}()
-	out := o.LogOutput
-	if out == nil {
-		out = os.Stderr
-	}
-	snaps, err := raft.NewFileSnapshotStore(o.Dir, 2, out)
-	if err != nil {
-		return err
-	}
 	notify := make(chan bool, 16)
-	conf := raft.DefaultConfig()
-	conf.LocalID = o.ID
 	conf.NotifyCh = notify
-	// The file holds what was applied (its mark): raft replays only
-	// what came after, instead of restoring the last snapshot over it.
-	conf.NoSnapshotRestoreOnStart = true
-	conf.Logger = hclog.New(&hclog.LoggerOptions{Name: "raft", Output: out, Level: hclog.Warn})
-	if o.Tune != nil {
-		o.Tune(conf)
-	}
 	trans := raftnet.NoHeartbeatFastPath(o.Transport)
 	if o.Bootstrap {
 		has, err := raft.HasExistingState(store, store, snaps)
@@ -142,6 +122,62 @@ func (r *Replicator) catchUp(snaps raft.SnapshotStore) error {
 type readCloser struct {
 	io.Reader
 	io.Closer
+}
+
+// open opens raft's stores in o.Dir and makes raft's configuration.
+func (r *Replicator) open(o StartOptions) (*raftstore.Store, raft.SnapshotStore, *raft.Config, error) {
+	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
+		return nil, nil, nil, err
+	}
+	store, err := raftstore.Open(o.Dir, raftstore.Options{})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	out := o.LogOutput
+	if out == nil {
+		out = os.Stderr
+	}
+	snaps, err := raft.NewFileSnapshotStore(o.Dir, 2, out)
+	if err != nil {
+		_ = store.Close()
+		return nil, nil, nil, err
+	}
+	conf := raft.DefaultConfig()
+	conf.LocalID = o.ID
+	// The file holds what was applied (its mark): raft replays only
+	// what came after, instead of restoring the last snapshot over it.
+	conf.NoSnapshotRestoreOnStart = true
+	conf.Logger = hclog.New(&hclog.LoggerOptions{Name: "raft", Output: out, Level: hclog.Warn})
+	if o.Tune != nil {
+		o.Tune(conf)
+	}
+	return store, snaps, conf, nil
+}
+
+// Recover rewrites raft's stored configuration to servers, with raft
+// stopped: the way back for a pool that lost its quorum (raft's
+// RecoverCluster; the procedure Consul calls peers.json). Everything in
+// the log is applied first. Start raft afterwards.
+func (r *Replicator) Recover(o StartOptions, servers []raft.Server) error {
+	if r.raft.Load() != nil {
+		return errors.New("dbraft: stop raft before recovering it")
+	}
+	store, snaps, conf, err := r.open(o)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = store.Close() }()
+	trans := raftnet.NoHeartbeatFastPath(o.Transport)
+	return raft.RecoverCluster(conf, fsm{r}, store, store, snaps, trans, raft.Configuration{Servers: servers})
+}
+
+// Forget drops what this host holds of raft (its files go with the
+// caller's removal of o.Dir): the next start begins from the pool's
+// snapshot, which replaces the database.
+func (r *Replicator) Forget() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.appliedIndex, r.appliedGen = 0, 0
 }
 
 // watch follows leadership: a new leader applies everything committed

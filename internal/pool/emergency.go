@@ -1,0 +1,219 @@
+package pool
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"toolstackd/internal/api"
+	dm "toolstackd/internal/api/datamodel"
+	"toolstackd/internal/pool/dbraft"
+	"toolstackd/internal/pool/raftnet"
+	"toolstackd/internal/xerr"
+)
+
+// Recovery of a pool that lost its quorum, in XenAPI's terms (raft's
+// RecoverCluster underneath: Consul's peers.json procedure).
+//
+//   - pool.emergency_transition_to_master, on a surviving member: raft's
+//     configuration is rewritten to this host alone, which elects itself
+//     and coordinates the pool from what its replica holds (writes the
+//     lost majority had and this host had not are gone: the price of
+//     going on without a quorum, as with xapi's own emergency mode).
+//   - pool.recover_slaves, on the new coordinator: every other host of
+//     the database is told to drop its raft state and start again from
+//     the coordinator's snapshot, and is added back; it returns those
+//     that answered.
+//   - pool.emergency_reset_master(address), on a member: the same from
+//     the member's side, towards the coordinator at address.
+
+const (
+	rejoinPath = "/pool/rejoin" // a member starts again from the coordinator's snapshot
+	readdPath  = "/pool/readd"  // the coordinator adds back a member that did
+)
+
+// member is how a host names itself to the coordinator.
+type member struct {
+	UUID    string `json:"uuid"`
+	Address string `json:"address"`
+}
+
+func (p *Pool) emergencyTransitionToMaster(c *api.Call, _ dm.PoolEmergencyTransitionToMasterArgs) (dm.Void, error) {
+	p.joinMu.Lock()
+	defer p.joinMu.Unlock()
+	switch p.cfg.Repl.Mode() {
+	case dbraft.Standalone, dbraft.Leader:
+		return dm.Void{}, nil // already its own master
+	}
+	p.log.Warn("emergency transition to master: this host takes over the pool alone")
+	p.stopWatching()
+	if err := p.cfg.Repl.Stop(); err != nil {
+		p.log.Warn("stopping raft", "err", err)
+	}
+	trans, err := p.transport()
+	if err != nil {
+		return dm.Void{}, err
+	}
+	self := []raft.Server{{Suffrage: raft.Voter, ID: raft.ServerID(p.cfg.HostUUID), Address: raft.ServerAddress(p.cfg.Advertise)}}
+	err = p.cfg.Repl.Recover(p.startOptions(trans, false), self)
+	_ = trans.Close()
+	if err != nil {
+		return dm.Void{}, fmt.Errorf("rewriting raft's configuration: %w", err)
+	}
+	if err := p.startRaft(false); err != nil {
+		return dm.Void{}, err
+	}
+	ctx, cancel := context.WithTimeout(c.Ctx, 30*time.Second)
+	defer cancel()
+	for p.cfg.Repl.Mode() != dbraft.Leader {
+		select {
+		case <-ctx.Done():
+			return dm.Void{}, fmt.Errorf("raft did not elect this host: %w", ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	// Hosts that come back start from a snapshot of this host's state.
+	return dm.Void{}, p.cfg.Repl.Compact()
+}
+
+func (p *Pool) recoverSlaves(c *api.Call, _ dm.PoolRecoverSlavesArgs) ([]dm.HostRef, error) {
+	if p.cfg.Repl.Mode() != dbraft.Leader {
+		return nil, xerr.New(xerr.HostIsSlave, p.Coordinator())
+	}
+	if err := p.cfg.Repl.Compact(); err != nil {
+		return nil, err
+	}
+	in := map[string]bool{}
+	if f := p.cfg.Repl.Raft().GetConfiguration(); f.Error() == nil {
+		for _, s := range f.Configuration().Servers {
+			in[string(s.ID)] = true
+		}
+	}
+	recovered := []dm.HostRef{}
+	for _, h := range c.Snapshot().All(dm.Host.Class) {
+		if h.UUID() == p.cfg.HostUUID || in[h.UUID()] {
+			continue
+		}
+		addr := net.JoinHostPort(h.String(dm.Host.Address), p.cfg.Port)
+		body, _ := json.Marshal(member{UUID: p.cfg.HostUUID, Address: p.cfg.Advertise}) // plain strings
+		ctx, cancel := context.WithTimeout(c.Ctx, 30*time.Second)
+		resp, err := p.post(ctx, addr, rejoinPath, "application/json", body)
+		if err == nil {
+			_ = resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				err = fmt.Errorf("%s", resp.Status)
+			}
+		}
+		cancel()
+		if err == nil {
+			err = p.readd(member{UUID: h.UUID(), Address: addr})
+		}
+		if err != nil {
+			p.log.Warn("pool.recover_slaves: a host did not come back", "host", h.UUID(), "address", addr, "err", err)
+			continue
+		}
+		recovered = append(recovered, dm.HostRef(h.Ref))
+	}
+	return recovered, nil
+}
+
+func (p *Pool) emergencyResetMaster(c *api.Call, a dm.PoolEmergencyResetMasterArgs) (dm.Void, error) {
+	master, err := p.masterAddress(a.MasterAddress)
+	if err != nil {
+		return dm.Void{}, err
+	}
+	if err := p.rejoin(); err != nil {
+		return dm.Void{}, err
+	}
+	body, _ := json.Marshal(member{UUID: p.cfg.HostUUID, Address: p.cfg.Advertise}) // plain strings
+	ctx, cancel := context.WithTimeout(c.Ctx, 60*time.Second)
+	defer cancel()
+	resp, err := p.post(ctx, master, readdPath, "application/json", body)
+	if err != nil {
+		return dm.Void{}, xerr.New(xerr.CannotContactHost, master)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return dm.Void{}, xerr.New(xerr.InternalError, fmt.Sprintf("the master refused: %s: %s", resp.Status, msg))
+	}
+	return dm.Void{}, nil
+}
+
+// rejoin drops this host's raft state and starts raft afresh: the
+// coordinator's snapshot will replace its database.
+func (p *Pool) rejoin() error {
+	p.joinMu.Lock()
+	defer p.joinMu.Unlock()
+	p.stopWatching()
+	if err := p.cfg.Repl.Stop(); err != nil {
+		p.log.Warn("stopping raft", "err", err)
+	}
+	if err := os.RemoveAll(p.raftDir()); err != nil {
+		return err
+	}
+	p.cfg.Repl.Forget()
+	return p.startRaft(false)
+}
+
+// readd adds back, on the coordinator, a host that dropped its raft state.
+func (p *Pool) readd(m member) error {
+	rf := p.cfg.Repl.Raft()
+	if rf == nil || p.cfg.Repl.Mode() != dbraft.Leader {
+		return xerr.New(xerr.HostIsSlave, p.Coordinator())
+	}
+	if err := p.cfg.Repl.Compact(); err != nil {
+		return err
+	}
+	if err := rf.AddNonvoter(raft.ServerID(m.UUID), raft.ServerAddress(m.Address), 0, 30*time.Second).Error(); err != nil {
+		return err
+	}
+	return p.balanceVoters()
+}
+
+// serveRejoin: the coordinator tells this host to start again from its
+// snapshot.
+func (p *Pool) serveRejoin(w http.ResponseWriter, r *http.Request) {
+	if !p.secrets.Check(r.Header.Get(raftnet.SecretHeader)) {
+		http.Error(w, "pool secret required", http.StatusForbidden)
+		return
+	}
+	if err := p.rejoin(); err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+// serveReadd: a member that started again asks to be added back.
+func (p *Pool) serveReadd(w http.ResponseWriter, r *http.Request) {
+	if !p.secrets.Check(r.Header.Get(raftnet.SecretHeader)) {
+		http.Error(w, "pool secret required", http.StatusForbidden)
+		return
+	}
+	var m member
+	if err := json.NewDecoder(io.LimitReader(r.Body, 4096)).Decode(&m); err != nil {
+		http.Error(w, "a member is JSON", http.StatusBadRequest)
+		return
+	}
+	if _, ok := p.cfg.Server.DB.Snapshot().ByUUID(dm.Host.Class, m.UUID); !ok {
+		http.Error(w, "no such host in the pool", http.StatusNotFound)
+		return
+	}
+	if _, _, err := net.SplitHostPort(m.Address); err != nil {
+		http.Error(w, "bad address", http.StatusBadRequest)
+		return
+	}
+	if err := p.readd(m); err != nil {
+		http.Error(w, err.Error(), http.StatusConflict)
+		return
+	}
+	w.WriteHeader(http.StatusOK)
+}

@@ -1,0 +1,83 @@
+package pool
+
+import (
+	"encoding/json"
+	"net/netip"
+	"testing"
+	"time"
+
+	"toolstackd/internal/pooltest"
+	"toolstackd/internal/testdaemon"
+)
+
+// A pool that lost its quorum (the coordinator and one member killed)
+// goes on from the surviving member: pool.emergency_transition_to_master
+// there, then pool.recover_slaves brings the others back, from its state.
+func TestEmergencyTransitionAndRecoverSlaves(t *testing.T) {
+	ctx := testCtx(t)
+	p := startPool(t, ctx)
+	c := pooltest.NewClient(netip.Addr{})
+	s, err := p.Login(ctx, c, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pools []string
+	raw, err := c.Call(ctx, p.Addr(0), "pool.get_all", s)
+	if err != nil || json.Unmarshal(raw, &pools) != nil || len(pools) != 1 {
+		t.Fatalf("pool.get_all: %s %v", raw, err)
+	}
+	if _, err := c.Call(ctx, p.Addr(0), "pool.set_name_description", s, pools[0], "before"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Call(ctx, p.Addr(0), "pool.sync_database", s); err != nil {
+		t.Fatal(err)
+	}
+	p.Kill(0)
+	p.Kill(1)
+	// Host 2 alone has no quorum: no coordinator to send clients to.
+	local, err := p.LocalLogin(ctx, c, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Call(ctx, p.Addr(2), "pool.emergency_transition_to_master", local); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := p.Login(ctx, c, 2)
+	if err != nil {
+		t.Fatalf("login on the new master: %v", err)
+	}
+	if got, err := c.CallString(ctx, p.Addr(2), "pool.get_name_description", s2, pools[0]); err != nil || got != "before" {
+		t.Fatalf("the new master's state: %q, %v", got, err)
+	}
+	if _, err := c.Call(ctx, p.Addr(2), "pool.set_name_description", s2, pools[0], "after"); err != nil {
+		t.Fatalf("a write on the new master: %v", err)
+	}
+	// The others come back (with their old idea of the pool) and are
+	// brought into the new one.
+	p.Restart(0)
+	p.Restart(1)
+	raw, err = c.Call(ctx, p.Addr(2), "pool.recover_slaves", s2)
+	var back []string
+	if err != nil || json.Unmarshal(raw, &back) != nil || len(back) != 2 {
+		t.Fatalf("pool.recover_slaves: %s %v", raw, err)
+	}
+	for _, i := range []int{0, 1} {
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			_, err := p.Login(ctx, c, i)
+			e, ok := testdaemon.AsError(err)
+			ls, lerr := p.LocalLogin(ctx, c, i)
+			var got string
+			if lerr == nil {
+				got, lerr = c.CallString(ctx, p.Addr(i), "pool.get_name_description", ls, pools[0])
+			}
+			if ok && e.Code == "HOST_IS_SLAVE" && p.IndexOf(e.Params[0]) == 2 && got == "after" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("host %d after recover_slaves: login %v, replica %q %v", i, err, got, lerr)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+}
