@@ -213,6 +213,7 @@ func (p *Pool) Routes(r *mux.Router) {
 	r.HandleFunc(transferPath, p.serveTransfer).Methods(http.MethodPost)
 	r.HandleFunc(rejoinPath, p.serveRejoin).Methods(http.MethodPost)
 	r.HandleFunc(readdPath, p.serveReadd).Methods(http.MethodPost)
+	r.HandleFunc(secretPath, p.serveSecret).Methods(http.MethodPost)
 }
 
 // Register installs the pool calls this layer serves.
@@ -223,6 +224,7 @@ func (p *Pool) Register(srv *api.Server) {
 	api.Register(srv, p.emergencyTransitionToMaster)
 	api.Register(srv, p.recoverSlaves)
 	api.Register(srv, p.emergencyResetMaster)
+	api.Register(srv, p.rotateSecret)
 }
 
 // Member reports whether this host is in a pool and not its coordinator

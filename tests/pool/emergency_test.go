@@ -2,7 +2,11 @@ package pool
 
 import (
 	"encoding/json"
+	"net/http"
 	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -78,6 +82,73 @@ func TestEmergencyTransitionAndRecoverSlaves(t *testing.T) {
 				t.Fatalf("host %d after recover_slaves: login %v, replica %q %v", i, err, got, lerr)
 			}
 			time.Sleep(200 * time.Millisecond)
+		}
+	}
+}
+
+// pool.rotate_secret gives every host a new secret, the old one stops
+// working, and the pool goes on: a write reaches every replica and a call
+// runs on a member.
+func TestRotateSecret(t *testing.T) {
+	ctx := testCtx(t)
+	p := startPool(t, ctx)
+	c := pooltest.NewClient(netip.Addr{})
+	s, err := p.Login(ctx, c, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := func(i int) string {
+		b, err := os.ReadFile(filepath.Join(p.Hosts[i].DataDir, "pool-secret"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	before := read(1)
+	if _, err := c.Call(ctx, p.Addr(0), "pool.rotate_secret", s); err != nil {
+		t.Fatal(err)
+	}
+	after := read(0)
+	for i := range p.Len() {
+		if got := read(i); got != after || got == before {
+			t.Fatalf("host %d's secret file after the rotation: %q (before %q, coordinator %q)", i, got, before, after)
+		}
+	}
+	// The old secret opens nothing.
+	old := strings.TrimSpace(strings.SplitN(before, "\n", 2)[0])
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+p.Addr(1)+"/pool/db", strings.NewReader("x"))
+	req.Header.Set("X-Toolstackd-Pool-Secret", old)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("the old secret got %s", resp.Status)
+	}
+	var pools []string
+	raw, err := c.Call(ctx, p.Addr(0), "pool.get_all", s)
+	if err != nil || json.Unmarshal(raw, &pools) != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Call(ctx, p.Addr(0), "pool.set_name_description", s, pools[0], "rotated"); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i < p.Len(); i++ {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			ls, err := p.LocalLogin(ctx, c, i)
+			var got string
+			if err == nil {
+				got, err = c.CallString(ctx, p.Addr(i), "pool.get_name_description", ls, pools[0])
+			}
+			if got == "rotated" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("host %d after the rotation: %q %v", i, got, err)
+			}
+			time.Sleep(100 * time.Millisecond)
 		}
 	}
 }

@@ -3,11 +3,12 @@
 // traffic, forwarded calls), as xapi's pool token (ptoken) is.
 //
 // A host makes its secret on first start; a host joining a pool takes the
-// pool's (Set) and gives up its own. pool.rotate_secret replaces it in two
-// steps so that no member is ever locked out: Rotate makes a new secret
-// current while the old one stays valid, and once every member has the new
-// one, Retire drops the old. Check accepts any valid secret and compares
-// in constant time.
+// pool's (Set) and gives up its own. pool.rotate_secret replaces it in
+// three steps, each done on every host before the next starts, so that no
+// two hosts ever refuse each other: Accept (the new secret is valid too,
+// the old one still presented), Rotate (the new one presented, the old
+// one still valid), Retire (only the new one). Check accepts any valid
+// secret and compares in constant time.
 //
 // The secret lives in one file, pool-secret, in the host's state
 // directory, readable by its owner only; it is replaced atomically (a new
@@ -137,6 +138,16 @@ func (s *Store) Set(secret string) error {
 		return ErrInvalid
 	}
 	return s.swap(func() (string, string) { return secret, "" })
+}
+
+// Accept makes next valid as well, while the current secret is still the
+// one presented: the first step of a rotation across a pool, so that no
+// member refuses another that has already moved on.
+func (s *Store) Accept(next string) error {
+	if !valid(next) {
+		return ErrInvalid
+	}
+	return s.swap(func() (string, string) { return s.current, next })
 }
 
 // Rotate makes next current and keeps the old secret valid until Retire.

@@ -26,12 +26,19 @@ func TestSecretLifecycle(t *testing.T) {
 	if err != nil || s2.Current() != first {
 		t.Fatalf("reopened: %v %q", err, s2.Current())
 	}
-	// Rotation: both valid until retired, and across a restart.
+	// Rotation: accepted first (the old one still presented), then
+	// presented, both valid until retired, and across a restart.
 	next, _ := New()
+	if err := s.Accept(next); err != nil {
+		t.Fatal(err)
+	}
+	if !s.Check(first) || !s.Check(next) || s.Current() != first {
+		t.Fatal("Accept did not keep presenting the old secret")
+	}
 	if err := s.Rotate(next); err != nil {
 		t.Fatal(err)
 	}
-	if !s.Check(first) || !s.Check(next) || s.Current() != next {
+	if !s.Check(first) || !s.Check(next) || s.Current() != next || len(s.Valid()) != 2 {
 		t.Fatal("rotation lost a secret")
 	}
 	s3, err := Open(dir)
