@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 
 	"github.com/gorilla/mux"
@@ -41,8 +43,8 @@ type host struct {
 
 // openHost opens (or, on first boot, initialises) the database in the data
 // dir and brings the API server and every module up on a new router.
-func openHost(o options, log *slog.Logger) (h *host, err error) {
-	h = &host{log: log}
+func openHost(o options, log *slog.Logger) (_ *host, err error) {
+	h := &host{log: log}
 	defer func() {
 		if err != nil {
 			_ = h.close() // the error that stopped the start is the one to report
@@ -75,7 +77,7 @@ func openHost(o options, log *slog.Logger) (h *host, err error) {
 func (h *host) openPool(o options) error {
 	row, _ := h.db.Snapshot().Get(dm.Host.Class, h.srv.Cfg.HostRef)
 	cfg := pool.Config{DataDir: o.dataDir, Advertise: o.advertiseAddr(), Port: o.port(), LocalIP: o.localIP(),
-		HostUUID: row.UUID(), Server: h.srv, Repl: h.repl, Log: h.log}
+		HostUUID: row.UUID(), Server: h.srv, Repl: h.repl, Log: h.log, Eject: o.onEject}
 	p, err := pool.Open(cfg)
 	if err != nil {
 		return err
@@ -134,11 +136,7 @@ func (h *host) openDatabase(o options, cfg *api.Config) (first bool, err error) 
 // firstBoot makes a new single-host pool with the root account and
 // writes the inventory that names this host.
 func firstBoot(d *db.DB, dataDir string, iterations int, facts api.HostFacts, log *slog.Logger) (string, error) {
-	pw, err := rootPassword(dataDir, log)
-	if err != nil {
-		return "", err
-	}
-	hash, err := api.HashPassword(pw, iterations)
+	hash, kept, err := rootHash(dataDir, iterations, log)
 	if err != nil {
 		return "", err
 	}
@@ -146,12 +144,33 @@ func firstBoot(d *db.DB, dataDir string, iterations int, facts api.HostFacts, lo
 	if err != nil {
 		return "", fmt.Errorf("first boot: %w", err)
 	}
+	if kept {
+		_ = os.Remove(filepath.Join(dataDir, rootHashFile)) // used: the database holds it now
+	}
 	host, _ := d.Snapshot().Get(dm.Host.Class, ref)
 	if err := writeInventory(dataDir, host.UUID()); err != nil {
 		return "", err
 	}
 	log.Info("initialised a new pool", "host", host.UUID())
 	return ref, nil
+}
+
+// rootHashFile holds root's password hash across a pool.eject: the host
+// starts afresh as a pool of its own and keeps the pool's root password.
+const rootHashFile = "root-password-hash"
+
+// rootHash is root's password hash for a first boot: the one kept by an
+// eject (kept is then true), or that of rootPassword.
+func rootHash(dataDir string, iterations int, log *slog.Logger) (hash string, kept bool, err error) {
+	if b, err := os.ReadFile(filepath.Join(dataDir, rootHashFile)); err == nil { //nolint:gosec // the operator's data dir and a fixed name
+		return strings.TrimSpace(string(b)), true, nil
+	}
+	pw, err := rootPassword(dataDir, log)
+	if err != nil {
+		return "", false, err
+	}
+	hash, err = api.HashPassword(pw, iterations)
+	return hash, false, err
 }
 
 // loadHost finds this host's row (named by the inventory) in a loaded

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -24,6 +25,7 @@ import (
 
 	"toolstackd/internal/api"
 	"toolstackd/internal/netguard"
+	"toolstackd/internal/storage"
 )
 
 type options struct {
@@ -37,6 +39,9 @@ type options struct {
 	redoLog     string
 	debugListen string
 	conns       netguard.Config
+	// onEject, set by run, starts the host afresh as a pool of its own
+	// (pool.eject), with root's password hash kept.
+	onEject func(rootHash string)
 }
 
 func main() {
@@ -112,11 +117,22 @@ func run(ctx context.Context, o options) error {
 		return fmt.Errorf("data dir: %w", err)
 	}
 	guard := connectionGuard(o, log)
+	ejected := make(chan string, 1)
+	o.onEject = func(rootHash string) {
+		select {
+		case ejected <- rootHash:
+		default: // one at a time
+		}
+	}
 	h, err := openHost(o, log)
 	if err != nil {
 		return err
 	}
-	ls, err := listen(o, guard, h.router, log)
+	// The listeners serve whichever host is current: an ejected host is
+	// rebuilt in place while they keep serving.
+	var current handlerSwitch
+	current.set(h.router)
+	ls, err := listen(o, guard, &current, log)
 	if err != nil {
 		_ = h.close() // the listen error is the one to report
 		return err
@@ -125,13 +141,65 @@ func run(ctx context.Context, o options) error {
 
 	sig, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	<-sig.Done()
+	for {
+		select {
+		case hash := <-ejected:
+			if h, err = rebuild(h, o, hash, log); err != nil {
+				log.Error("could not start afresh after leaving the pool", "err", err)
+				ls.shutdown(10 * time.Second)
+				return err
+			}
+			current.set(h.router)
+			log.Info("left the pool: this host is a pool of its own")
+			continue
+		case <-sig.Done():
+		}
+		break
+	}
 	log.Info("stopping")
 	_, _ = daemon.SdNotify(false, daemon.SdNotifyStopping)
 	h.stopCalls() // ends long polls, so that shutdown does not wait for them
 	ls.shutdown(10 * time.Second)
 	_ = os.Remove(o.socket)
 	return h.close()
+}
+
+// handlerSwitch serves the current host's router.
+type handlerSwitch struct{ h atomic.Pointer[http.Handler] }
+
+func (s *handlerSwitch) set(h http.Handler) { s.h.Store(&h) }
+
+func (s *handlerSwitch) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	(*s.h.Load()).ServeHTTP(w, r)
+}
+
+// rebuild closes a host that left its pool and starts it afresh, as on
+// first boot, in the same data dir, keeping root's password hash.
+func rebuild(h *host, o options, rootHash string, log *slog.Logger) (*host, error) {
+	h.stopCalls()
+	if err := h.close(); err != nil {
+		log.Warn("closing the host that left the pool", "err", err)
+	}
+	for _, name := range []string{"toolstackd.db", "raft", "inventory", "pool-secret"} {
+		if err := os.RemoveAll(filepath.Join(o.dataDir, name)); err != nil {
+			return nil, err
+		}
+	}
+	// The local SR was the pool's; as on a reinstalled xapi host, the new
+	// pool starts with a new one (the old files are set aside, not
+	// deleted).
+	local := storage.LocalSRDir(o.dataDir)
+	if _, err := os.Stat(local); err == nil {
+		aside := fmt.Sprintf("%s.ejected-%d", local, time.Now().Unix())
+		if err := os.Rename(local, aside); err != nil {
+			return nil, err
+		}
+		log.Warn("the local SR of the pool this host left is set aside", "path", aside)
+	}
+	if err := os.WriteFile(filepath.Join(o.dataDir, rootHashFile), []byte(rootHash+"\n"), 0o600); err != nil {
+		return nil, err
+	}
+	return openHost(o, log)
 }
 
 // connectionGuard bounds connections by the file limit: it raises the

@@ -50,7 +50,11 @@ type joinReply struct {
 // join is pool.join, on the joining host.
 func (p *Pool) join(c *api.Call, a dm.PoolJoinArgs) (dm.Void, error) {
 	if !p.joinMu.TryLock() {
-		return dm.Void{}, xerr.New(xerr.OtherOperationInProgress, "pool", "", "join")
+		poolRef := ""
+		for _, r := range c.Snapshot().All(dm.Pool.Class) {
+			poolRef = r.Ref
+		}
+		return dm.Void{}, xerr.New(xerr.OtherOperationInProgress, "pool", poolRef, "join", "")
 	}
 	defer p.joinMu.Unlock()
 	if p.cfg.Repl.Mode() != dbraft.Standalone {
@@ -304,8 +308,10 @@ func (p *Pool) becomePool(ctx context.Context) error {
 	return nil
 }
 
-// balanceVoters promotes members until the pool has the largest odd
-// number of voters its size allows, up to MaxVoters.
+// balanceVoters promotes or demotes members until the pool has the
+// largest odd number of voters its size allows, up to MaxVoters (an even
+// number of voters tolerates no more failures than one fewer, and needs
+// one more answer for every write). The coordinator itself stays a voter.
 func (p *Pool) balanceVoters() error {
 	rf := p.cfg.Repl.Raft()
 	f := rf.GetConfiguration()
@@ -324,14 +330,17 @@ func (p *Pool) balanceVoters() error {
 		}
 	}
 	for _, s := range servers {
-		if voters >= want {
-			break
-		}
-		if s.Suffrage == raft.Nonvoter {
+		switch {
+		case voters < want && s.Suffrage == raft.Nonvoter:
 			if err := rf.AddVoter(s.ID, s.Address, 0, 30*time.Second).Error(); err != nil {
 				return err
 			}
 			voters++
+		case voters > want && s.Suffrage == raft.Voter && string(s.ID) != p.cfg.HostUUID:
+			if err := rf.DemoteVoter(s.ID, 0, 30*time.Second).Error(); err != nil {
+				return err
+			}
+			voters--
 		}
 	}
 	return nil

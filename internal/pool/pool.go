@@ -86,6 +86,10 @@ type Config struct {
 	Log      *slog.Logger
 	// Tune adjusts raft's configuration (tests).
 	Tune func(*raft.Config)
+	// Eject, once this host has left its pool (pool.eject), starts it
+	// afresh as a pool of its own with root's password hash kept; it is
+	// called after the call that ejected it has been answered.
+	Eject func(rootHash string)
 }
 
 // Pool is a host's pool layer.
@@ -214,6 +218,7 @@ func (p *Pool) Routes(r *mux.Router) {
 	r.HandleFunc(rejoinPath, p.serveRejoin).Methods(http.MethodPost)
 	r.HandleFunc(readdPath, p.serveReadd).Methods(http.MethodPost)
 	r.HandleFunc(secretPath, p.serveSecret).Methods(http.MethodPost)
+	r.HandleFunc(leavePath, p.serveLeave).Methods(http.MethodPost)
 }
 
 // Register installs the pool calls this layer serves.
@@ -225,6 +230,7 @@ func (p *Pool) Register(srv *api.Server) {
 	api.Register(srv, p.recoverSlaves)
 	api.Register(srv, p.emergencyResetMaster)
 	api.Register(srv, p.rotateSecret)
+	api.Register(srv, p.eject)
 }
 
 // Member reports whether this host is in a pool and not its coordinator

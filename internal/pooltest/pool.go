@@ -76,6 +76,7 @@ import (
 
 	"toolstackd/internal/faultproxy"
 	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/xerr"
 )
 
 // MaxHosts bounds Options.Hosts: the addresses 127.0.0.2 to 127.0.0.(MaxHosts+1)
@@ -297,7 +298,7 @@ func (p *Pool) FindCoordinator(ctx context.Context, c *Client) (int, string, err
 				return next, s, nil
 			}
 			last = err
-			if e, ok := testdaemon.AsError(err); ok && e.Code == "HOST_IS_SLAVE" && len(e.Params) > 0 {
+			if e, ok := testdaemon.AsError(err); ok && e.Code == xerr.HostIsSlave && len(e.Params) > 0 {
 				if j := p.IndexOf(e.Params[0]); j >= 0 && j != next {
 					next = j
 					continue

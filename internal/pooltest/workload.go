@@ -15,6 +15,7 @@ import (
 
 	"toolstackd/internal/lincheck"
 	"toolstackd/internal/safepath"
+	"toolstackd/internal/xerr"
 )
 
 // Workload bounds.
@@ -91,7 +92,7 @@ func Classify(err error) lincheck.Outcome {
 		return lincheck.Refused
 	}
 	switch Code(err) {
-	case "HOST_IS_SLAVE", "SESSION_INVALID":
+	case xerr.HostIsSlave, xerr.SessionInvalid:
 		return lincheck.Refused
 	}
 	return lincheck.Ambiguous

@@ -237,8 +237,12 @@ func (s *Service) localSRPath() string {
 	if s.cfg.DataDir == "" {
 		return ""
 	}
-	return filepath.Join(s.cfg.DataDir, "storage", "local")
+	return LocalSRDir(s.cfg.DataDir)
 }
+
+// LocalSRDir is where the first-boot SR of a host with data dir dataDir
+// lives, unless Config.LocalSRPath says otherwise.
+func LocalSRDir(dataDir string) string { return filepath.Join(dataDir, "storage", "local") }
 
 // restart plugs again, after a daemon restart, the PBDs of this host that
 // were plugged, and re-attaches the recorded datapaths.

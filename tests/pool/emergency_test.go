@@ -152,3 +152,79 @@ func TestRotateSecret(t *testing.T) {
 		}
 	}
 }
+
+// pool.eject: the host leaves raft and the pool's records, and answers as
+// a pool of its own within 60 s, with the pool's root password; the pool
+// goes on without it.
+func TestEject(t *testing.T) {
+	ctx := testCtx(t)
+	p := startPool(t, ctx)
+	c := pooltest.NewClient(netip.Addr{})
+	s, err := p.Login(ctx, c, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hosts []string
+	raw, err := c.Call(ctx, p.Addr(0), "host.get_all", s)
+	if err != nil || json.Unmarshal(raw, &hosts) != nil || len(hosts) != 3 {
+		t.Fatalf("host.get_all: %s %v", raw, err)
+	}
+	ejected := ""
+	for _, h := range hosts {
+		a, err := c.CallString(ctx, p.Addr(0), "host.get_address", s, h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.IndexOf(a) == 2 {
+			ejected = h
+		}
+	}
+	if _, err := c.Call(ctx, p.Addr(0), "pool.eject", s, ejected); err != nil {
+		t.Fatal(err)
+	}
+	// The pool lists two hosts.
+	raw, err = c.Call(ctx, p.Addr(0), "host.get_all", s)
+	if err != nil || json.Unmarshal(raw, &hosts) != nil || len(hosts) != 2 {
+		t.Fatalf("host.get_all after the eject: %s %v", raw, err)
+	}
+	// The ejected host answers as a pool of its own, same password.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		s2, err := p.Login(ctx, c, 2)
+		if err == nil {
+			raw, err = c.Call(ctx, p.Addr(2), "host.get_all", s2)
+			var own []string
+			if err == nil && json.Unmarshal(raw, &own) == nil && len(own) == 1 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the ejected host 60 s later: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// The pool goes on: a write, replicated to the member left.
+	var pools []string
+	raw, err = c.Call(ctx, p.Addr(0), "pool.get_all", s)
+	if err != nil || json.Unmarshal(raw, &pools) != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Call(ctx, p.Addr(0), "pool.set_name_description", s, pools[0], "two hosts"); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		ls, err := p.LocalLogin(ctx, c, 1)
+		var got string
+		if err == nil {
+			got, err = c.CallString(ctx, p.Addr(1), "pool.get_name_description", ls, pools[0])
+		}
+		if got == "two hosts" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("member 1 after the eject: %q %v", got, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

@@ -1,0 +1,195 @@
+package pool
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"toolstackd/internal/api"
+	dm "toolstackd/internal/api/datamodel"
+	"toolstackd/internal/db"
+	"toolstackd/internal/pool/dbraft"
+	"toolstackd/internal/pool/raftnet"
+	"toolstackd/internal/schema"
+	"toolstackd/internal/xerr"
+)
+
+// leavePath: a host being ejected asks the coordinator to let it go.
+const leavePath = "/pool/leave"
+
+// eject is pool.eject. The route runs it on the host to be ejected, as
+// xapi does: it asks the coordinator to take it out of raft and to remove
+// its records (host, metrics, CPUs, PIFs, PBDs, its local SRs and their
+// disks, the VMs resident on it), then starts afresh as a pool of its own
+// (Config.Eject) once the call is answered, keeping root's password.
+func (p *Pool) eject(c *api.Call, a dm.PoolEjectArgs) (dm.Void, error) {
+	host, ok := c.Snapshot().Get(dm.Host.Class, string(a.Host))
+	if !ok {
+		return dm.Void{}, xerr.New(xerr.HandleInvalid, "host", string(a.Host))
+	}
+	switch {
+	case p.cfg.Repl.Mode() == dbraft.Standalone:
+		return dm.Void{}, xerr.New(xerr.OperationNotAllowed, "this host is not in a pool")
+	case p.cfg.Repl.Mode() == dbraft.Leader:
+		return dm.Void{}, xerr.New(xerr.OperationNotAllowed, "the coordinator cannot be ejected: designate another host first")
+	case host.UUID() != p.cfg.HostUUID:
+		return dm.Void{}, xerr.New(xerr.OperationNotAllowed, "pool.eject runs on the host it ejects")
+	}
+	var rootHash string
+	for _, u := range c.Snapshot().All(dm.User.Class) {
+		if u.String(dm.User.ShortName) == "root" {
+			rootHash = u.String(dm.User.PasswordHash)
+		}
+	}
+	leader := p.cfg.Repl.LeaderAddr()
+	if leader == "" {
+		return dm.Void{}, xerr.New(xerr.CannotContactHost, "the coordinator")
+	}
+	body, _ := json.Marshal(member{UUID: p.cfg.HostUUID, Address: p.cfg.Advertise}) // plain strings
+	ctx, cancel := context.WithTimeout(c.Ctx, 60*time.Second)
+	defer cancel()
+	resp, err := p.post(ctx, leader, leavePath, "application/json", body)
+	if err != nil {
+		return dm.Void{}, xerr.New(xerr.CannotContactHost, leader)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return dm.Void{}, xerr.New(xerr.InternalError, fmt.Sprintf("the coordinator refused: %s: %s", resp.Status, msg))
+	}
+	p.log.Info("ejected from the pool; starting afresh as a pool of its own")
+	if p.cfg.Eject != nil {
+		go func() {
+			time.Sleep(200 * time.Millisecond) // let the answer go out first
+			p.cfg.Eject(rootHash)
+		}()
+	}
+	return dm.Void{}, nil
+}
+
+// serveLeave takes a host out of the pool, on the coordinator.
+func (p *Pool) serveLeave(w http.ResponseWriter, r *http.Request) {
+	if !p.secrets.Check(r.Header.Get(raftnet.SecretHeader)) {
+		http.Error(w, "pool secret required", http.StatusForbidden)
+		return
+	}
+	var m member
+	if err := json.NewDecoder(io.LimitReader(r.Body, 4096)).Decode(&m); err != nil {
+		http.Error(w, "a member is JSON", http.StatusBadRequest)
+		return
+	}
+	if err := p.removeHost(m.UUID); err != nil {
+		http.Error(w, err.Error(), http.StatusConflict)
+		return
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+// removeHost takes the host with uuid out of raft and removes its records
+// (see eject), on the coordinator.
+func (p *Pool) removeHost(uuid string) error {
+	rf := p.cfg.Repl.Raft()
+	if rf == nil || p.cfg.Repl.Mode() != dbraft.Leader {
+		return xerr.New(xerr.HostIsSlave, p.Coordinator())
+	}
+	if uuid == p.cfg.HostUUID {
+		return xerr.New(xerr.OperationNotAllowed, "the coordinator cannot leave its pool")
+	}
+	if err := rf.RemoveServer(raft.ServerID(uuid), 0, 30*time.Second).Error(); err != nil {
+		return fmt.Errorf("removing the host from raft: %w", err)
+	}
+	if err := p.balanceVoters(); err != nil {
+		p.log.Warn("could not rebalance the pool's voters", "err", err)
+	}
+	_, err := p.cfg.Server.DB.Update(func(tx *db.Tx) error {
+		host, ok := tx.ByUUID(dm.Host.Class, uuid)
+		if !ok {
+			return nil
+		}
+		tx.Lenient = true
+		return deleteAll(tx, hostRows(tx, host))
+	})
+	return err
+}
+
+// hostRows are the records that go with a host when it leaves the pool.
+func hostRows(tx *db.Tx, host *db.Row) []*db.Row {
+	self := host.Ref
+	out := []*db.Row{host}
+	add := func(c *schema.Class, ref string) {
+		if r, ok := tx.Get(c, ref); ok {
+			out = append(out, r)
+		}
+	}
+	add(dm.HostMetrics.Class, host.String(dm.Host.Metrics))
+	onHost := func(c *schema.Class, f *schema.Field) {
+		for _, r := range tx.All(c) {
+			if r.String(f) == self {
+				out = append(out, r)
+			}
+		}
+	}
+	onHost(dm.HostCPU.Class, dm.HostCPU.Host)
+	onHost(dm.PIF.Class, dm.PIF.Host)
+	// Its PBDs, and the SRs only it could see, with their disks.
+	srs := map[string]bool{}
+	for _, r := range tx.All(dm.PBD.Class) {
+		if r.String(dm.PBD.Host) == self {
+			out = append(out, r)
+			if sr, ok := tx.Get(dm.SR.Class, r.String(dm.PBD.SR)); ok && sr.Get(dm.SR.Shared) != true {
+				srs[sr.Ref] = true
+			}
+		}
+	}
+	vdis := map[string]bool{}
+	for sr := range srs {
+		add(dm.SR.Class, sr)
+	}
+	for _, r := range tx.All(dm.VDI.Class) {
+		if srs[r.String(dm.VDI.SR)] {
+			out = append(out, r)
+			vdis[r.Ref] = true
+		}
+	}
+	// The VMs resident on it, with their devices and metrics.
+	vms := map[string]bool{}
+	for _, r := range tx.All(dm.VM.Class) {
+		if r.String(dm.VM.ResidentOn) == self {
+			out = append(out, r)
+			vms[r.Ref] = true
+			add(dm.VMMetrics.Class, r.String(dm.VM.Metrics))
+			add(dm.VMGuestMetrics.Class, r.String(dm.VM.GuestMetrics))
+		}
+	}
+	for _, r := range tx.All(dm.VBD.Class) {
+		if vms[r.String(dm.VBD.VM)] || vdis[r.String(dm.VBD.VDI)] {
+			out = append(out, r)
+		}
+	}
+	for _, r := range tx.All(dm.VIF.Class) {
+		if vms[r.String(dm.VIF.VM)] {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// deleteAll deletes rows, each once.
+func deleteAll(tx *db.Tx, rows []*db.Row) error {
+	seen := map[string]bool{}
+	for _, r := range rows {
+		if seen[r.Ref] {
+			continue
+		}
+		seen[r.Ref] = true
+		if err := tx.Delete(r.Class, r.Ref); err != nil {
+			return err
+		}
+	}
+	return nil
+}
