@@ -2,9 +2,7 @@ package pool
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"time"
 
@@ -14,7 +12,6 @@ import (
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/pool/dbraft"
-	"toolstackd/internal/pool/raftnet"
 	"toolstackd/internal/schema"
 	"toolstackd/internal/xerr"
 )
@@ -50,17 +47,10 @@ func (p *Pool) eject(c *api.Call, a dm.PoolEjectArgs) (dm.Void, error) {
 	if leader == "" {
 		return dm.Void{}, xerr.New(xerr.CannotContactHost, "the coordinator")
 	}
-	body, _ := json.Marshal(member{UUID: p.cfg.HostUUID, Address: p.cfg.Advertise}) // plain strings
 	ctx, cancel := context.WithTimeout(c.Ctx, 60*time.Second)
 	defer cancel()
-	resp, err := p.post(ctx, leader, leavePath, "application/json", body)
-	if err != nil {
-		return dm.Void{}, xerr.New(xerr.CannotContactHost, leader)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	if resp.StatusCode != http.StatusOK {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return dm.Void{}, xerr.New(xerr.InternalError, fmt.Sprintf("the coordinator refused: %s: %s", resp.Status, msg))
+	if err := p.notifyXen(ctx, leader, leavePath, member{UUID: p.cfg.HostUUID, Address: p.cfg.Advertise}); err != nil {
+		return dm.Void{}, err
 	}
 	p.log.Info("ejected from the pool; starting afresh as a pool of its own")
 	if p.cfg.Eject != nil {
@@ -74,20 +64,10 @@ func (p *Pool) eject(c *api.Call, a dm.PoolEjectArgs) (dm.Void, error) {
 
 // serveLeave takes a host out of the pool, on the coordinator.
 func (p *Pool) serveLeave(w http.ResponseWriter, r *http.Request) {
-	if !p.secrets.Check(r.Header.Get(raftnet.SecretHeader)) {
-		http.Error(w, "pool secret required", http.StatusForbidden)
-		return
-	}
 	var m member
-	if err := json.NewDecoder(io.LimitReader(r.Body, 4096)).Decode(&m); err != nil {
-		http.Error(w, "a member is JSON", http.StatusBadRequest)
-		return
+	if readJSON(w, r, &m) {
+		answer(w, p.removeHost(m.UUID), http.StatusConflict)
 	}
-	if err := p.removeHost(m.UUID); err != nil {
-		http.Error(w, err.Error(), http.StatusConflict)
-		return
-	}
-	w.WriteHeader(http.StatusOK)
 }
 
 // removeHost takes the host with uuid out of raft and removes its records

@@ -2,9 +2,7 @@ package pool
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -15,7 +13,6 @@ import (
 	"toolstackd/internal/api"
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/pool/dbraft"
-	"toolstackd/internal/pool/raftnet"
 	"toolstackd/internal/xerr"
 )
 
@@ -102,15 +99,8 @@ func (p *Pool) recoverSlaves(c *api.Call, _ dm.PoolRecoverSlavesArgs) ([]dm.Host
 			continue
 		}
 		addr := net.JoinHostPort(h.String(dm.Host.Address), p.cfg.Port)
-		body, _ := json.Marshal(member{UUID: p.cfg.HostUUID, Address: p.cfg.Advertise}) // plain strings
 		ctx, cancel := context.WithTimeout(c.Ctx, 30*time.Second)
-		resp, err := p.post(ctx, addr, rejoinPath, "application/json", body)
-		if err == nil {
-			_ = resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				err = fmt.Errorf("%s", resp.Status)
-			}
-		}
+		err := p.notify(ctx, addr, rejoinPath, member{UUID: p.cfg.HostUUID, Address: p.cfg.Advertise})
 		cancel()
 		if err == nil {
 			err = p.readd(member{UUID: h.UUID(), Address: addr})
@@ -132,19 +122,9 @@ func (p *Pool) emergencyResetMaster(c *api.Call, a dm.PoolEmergencyResetMasterAr
 	if err := p.rejoin(); err != nil {
 		return dm.Void{}, err
 	}
-	body, _ := json.Marshal(member{UUID: p.cfg.HostUUID, Address: p.cfg.Advertise}) // plain strings
 	ctx, cancel := context.WithTimeout(c.Ctx, 60*time.Second)
 	defer cancel()
-	resp, err := p.post(ctx, master, readdPath, "application/json", body)
-	if err != nil {
-		return dm.Void{}, xerr.New(xerr.CannotContactHost, master)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	if resp.StatusCode != http.StatusOK {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return dm.Void{}, xerr.New(xerr.InternalError, fmt.Sprintf("the master refused: %s: %s", resp.Status, msg))
-	}
-	return dm.Void{}, nil
+	return dm.Void{}, p.notifyXen(ctx, master, readdPath, member{UUID: p.cfg.HostUUID, Address: p.cfg.Advertise})
 }
 
 // rejoin drops this host's raft state and starts raft afresh: the
@@ -180,27 +160,14 @@ func (p *Pool) readd(m member) error {
 
 // serveRejoin: the coordinator tells this host to start again from its
 // snapshot.
-func (p *Pool) serveRejoin(w http.ResponseWriter, r *http.Request) {
-	if !p.secrets.Check(r.Header.Get(raftnet.SecretHeader)) {
-		http.Error(w, "pool secret required", http.StatusForbidden)
-		return
-	}
-	if err := p.rejoin(); err != nil {
-		http.Error(w, err.Error(), http.StatusInternalServerError)
-		return
-	}
-	w.WriteHeader(http.StatusOK)
+func (p *Pool) serveRejoin(w http.ResponseWriter, _ *http.Request) {
+	answer(w, p.rejoin(), http.StatusInternalServerError)
 }
 
 // serveReadd: a member that started again asks to be added back.
 func (p *Pool) serveReadd(w http.ResponseWriter, r *http.Request) {
-	if !p.secrets.Check(r.Header.Get(raftnet.SecretHeader)) {
-		http.Error(w, "pool secret required", http.StatusForbidden)
-		return
-	}
 	var m member
-	if err := json.NewDecoder(io.LimitReader(r.Body, 4096)).Decode(&m); err != nil {
-		http.Error(w, "a member is JSON", http.StatusBadRequest)
+	if !readJSON(w, r, &m) {
 		return
 	}
 	if _, ok := p.cfg.Server.DB.Snapshot().ByUUID(dm.Host.Class, m.UUID); !ok {
@@ -211,9 +178,5 @@ func (p *Pool) serveReadd(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad address", http.StatusBadRequest)
 		return
 	}
-	if err := p.readd(m); err != nil {
-		http.Error(w, err.Error(), http.StatusConflict)
-		return
-	}
-	w.WriteHeader(http.StatusOK)
+	answer(w, p.readd(m), http.StatusConflict)
 }

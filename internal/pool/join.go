@@ -17,7 +17,6 @@ import (
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/pool/dbraft"
-	"toolstackd/internal/pool/raftnet"
 	"toolstackd/internal/pool/replica"
 	"toolstackd/internal/schema"
 	"toolstackd/internal/xerr"
@@ -364,16 +363,7 @@ func (p *Pool) designateNewMaster(c *api.Call, a dm.PoolDesignateNewMasterArgs) 
 	if leader == "" {
 		return dm.Void{}, xerr.New(xerr.CannotContactHost, "the coordinator")
 	}
-	resp, err := p.post(c.Ctx, leader, transferPath, "text/plain", []byte(host.UUID()))
-	if err != nil {
-		return dm.Void{}, xerr.New(xerr.CannotContactHost, leader)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	if resp.StatusCode != http.StatusOK {
-		return dm.Void{}, xerr.New(xerr.InternalError, fmt.Sprintf("the coordinator refused the transfer: %s: %s", resp.Status, msg))
-	}
-	return dm.Void{}, nil
+	return dm.Void{}, p.notifyXen(c.Ctx, leader, transferPath, member{UUID: host.UUID()})
 }
 
 // transferPath asks the coordinator to hand leadership to a host.
@@ -381,20 +371,10 @@ const transferPath = "/pool/transfer"
 
 // serveTransfer hands raft's leadership to the host named in the body.
 func (p *Pool) serveTransfer(w http.ResponseWriter, r *http.Request) {
-	if !p.secrets.Check(r.Header.Get(raftnet.SecretHeader)) {
-		http.Error(w, "pool secret required", http.StatusForbidden)
-		return
+	var m member
+	if readJSON(w, r, &m) {
+		answer(w, p.transferTo(m.UUID), http.StatusConflict)
 	}
-	id, err := io.ReadAll(io.LimitReader(r.Body, 64))
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
-	}
-	if err := p.transferTo(string(id)); err != nil {
-		http.Error(w, err.Error(), http.StatusConflict)
-		return
-	}
-	w.WriteHeader(http.StatusOK)
 }
 
 // transferTo hands raft's leadership, on the coordinator, to the host

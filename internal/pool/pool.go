@@ -211,14 +211,14 @@ func (p *Pool) Routes(r *mux.Router) {
 		}
 		http.Error(w, "this host runs no raft", http.StatusServiceUnavailable)
 	})
-	r.HandleFunc(deltaPath, p.serveDelta).Methods(http.MethodPost)
+	r.HandleFunc(deltaPath, p.peerOnly(p.serveDelta)).Methods(http.MethodPost)
 	r.HandleFunc(joinPath, p.serveJoin).Methods(http.MethodPost)
-	r.HandleFunc(callPath, p.serveCall).Methods(http.MethodPost)
-	r.HandleFunc(transferPath, p.serveTransfer).Methods(http.MethodPost)
-	r.HandleFunc(rejoinPath, p.serveRejoin).Methods(http.MethodPost)
-	r.HandleFunc(readdPath, p.serveReadd).Methods(http.MethodPost)
-	r.HandleFunc(secretPath, p.serveSecret).Methods(http.MethodPost)
-	r.HandleFunc(leavePath, p.serveLeave).Methods(http.MethodPost)
+	r.HandleFunc(callPath, p.peerOnly(p.serveCall)).Methods(http.MethodPost)
+	r.HandleFunc(transferPath, p.peerOnly(p.serveTransfer)).Methods(http.MethodPost)
+	r.HandleFunc(rejoinPath, p.peerOnly(p.serveRejoin)).Methods(http.MethodPost)
+	r.HandleFunc(readdPath, p.peerOnly(p.serveReadd)).Methods(http.MethodPost)
+	r.HandleFunc(secretPath, p.peerOnly(p.serveSecret)).Methods(http.MethodPost)
+	r.HandleFunc(leavePath, p.peerOnly(p.serveLeave)).Methods(http.MethodPost)
 }
 
 // Register installs the pool calls this layer serves.
@@ -320,10 +320,6 @@ const (
 
 // serveDelta applies a member's change on the coordinator.
 func (p *Pool) serveDelta(w http.ResponseWriter, r *http.Request) {
-	if !p.secrets.Check(r.Header.Get(raftnet.SecretHeader)) {
-		http.Error(w, "pool secret required", http.StatusForbidden)
-		return
-	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxDelta))
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusRequestEntityTooLarge)

@@ -2,16 +2,13 @@ package pool
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"time"
 
 	"toolstackd/internal/api"
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/pool/dbraft"
-	"toolstackd/internal/pool/raftnet"
 	"toolstackd/internal/pool/secret"
 	"toolstackd/internal/xerr"
 )
@@ -65,7 +62,10 @@ func (p *Pool) rotateSecret(c *api.Call, _ dm.PoolRotateSecretArgs) (dm.Void, er
 	}
 	for _, step := range []string{stepAccept, stepRotate, stepRetire} {
 		for _, addr := range peers {
-			if err := p.sendStep(c.Ctx, addr, secretStep{Step: step, Secret: next}); err != nil {
+			ctx, cancel := context.WithTimeout(c.Ctx, 30*time.Second)
+			err := p.notify(ctx, addr, secretPath, secretStep{Step: step, Secret: next})
+			cancel()
+			if err != nil {
 				p.log.Warn("pool.rotate_secret: a host did not take a step", "host", addr, "step", step, "err", err)
 				return dm.Void{}, xerr.New(xerr.CannotContactHost, addr)
 			}
@@ -76,25 +76,6 @@ func (p *Pool) rotateSecret(c *api.Call, _ dm.PoolRotateSecretArgs) (dm.Void, er
 	}
 	p.log.Info("the pool secret was rotated")
 	return dm.Void{}, nil
-}
-
-func (p *Pool) sendStep(ctx context.Context, addr string, st secretStep) error {
-	body, err := json.Marshal(st) //nolint:gosec // the pool secret goes to a member, under the current one
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	resp, err := p.post(ctx, addr, secretPath, "application/json", body)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = resp.Body.Close() }()
-	if resp.StatusCode != http.StatusOK {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return fmt.Errorf("%s: %s", resp.Status, msg)
-	}
-	return nil
 }
 
 // takeStep applies one step of a rotation to this host's secret.
@@ -115,18 +96,8 @@ func (p *Pool) takeStep(st secretStep) error {
 
 // serveSecret takes a step of a rotation the coordinator runs.
 func (p *Pool) serveSecret(w http.ResponseWriter, r *http.Request) {
-	if !p.secrets.Check(r.Header.Get(raftnet.SecretHeader)) {
-		http.Error(w, "pool secret required", http.StatusForbidden)
-		return
-	}
 	var st secretStep
-	if err := json.NewDecoder(io.LimitReader(r.Body, 4096)).Decode(&st); err != nil {
-		http.Error(w, "a rotation step is JSON", http.StatusBadRequest)
-		return
+	if readJSON(w, r, &st) {
+		answer(w, p.takeStep(st), http.StatusBadRequest)
 	}
-	if err := p.takeStep(st); err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
-	}
-	w.WriteHeader(http.StatusOK)
 }

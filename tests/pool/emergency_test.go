@@ -25,12 +25,8 @@ func TestEmergencyTransitionAndRecoverSlaves(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var pools []string
-	raw, err := c.Call(ctx, p.Addr(0), "pool.get_all", s)
-	if err != nil || json.Unmarshal(raw, &pools) != nil || len(pools) != 1 {
-		t.Fatalf("pool.get_all: %s %v", raw, err)
-	}
-	if _, err := c.Call(ctx, p.Addr(0), "pool.set_name_description", s, pools[0], "before"); err != nil {
+	pool := poolRef(t, ctx, c, p, 0, s)
+	if _, err := c.Call(ctx, p.Addr(0), "pool.set_name_description", s, pool, "before"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.Call(ctx, p.Addr(0), "pool.sync_database", s); err != nil {
@@ -50,38 +46,26 @@ func TestEmergencyTransitionAndRecoverSlaves(t *testing.T) {
 	if err != nil {
 		t.Fatalf("login on the new master: %v", err)
 	}
-	if got, err := c.CallString(ctx, p.Addr(2), "pool.get_name_description", s2, pools[0]); err != nil || got != "before" {
+	if got, err := c.CallString(ctx, p.Addr(2), "pool.get_name_description", s2, pool); err != nil || got != "before" {
 		t.Fatalf("the new master's state: %q, %v", got, err)
 	}
-	if _, err := c.Call(ctx, p.Addr(2), "pool.set_name_description", s2, pools[0], "after"); err != nil {
+	if _, err := c.Call(ctx, p.Addr(2), "pool.set_name_description", s2, pool, "after"); err != nil {
 		t.Fatalf("a write on the new master: %v", err)
 	}
 	// The others come back (with their old idea of the pool) and are
 	// brought into the new one.
 	p.Restart(0)
 	p.Restart(1)
-	raw, err = c.Call(ctx, p.Addr(2), "pool.recover_slaves", s2)
+	raw, err := c.Call(ctx, p.Addr(2), "pool.recover_slaves", s2)
 	var back []string
 	if err != nil || json.Unmarshal(raw, &back) != nil || len(back) != 2 {
 		t.Fatalf("pool.recover_slaves: %s %v", raw, err)
 	}
 	for _, i := range []int{0, 1} {
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			_, err := p.Login(ctx, c, i)
-			e, ok := testdaemon.AsError(err)
-			ls, lerr := p.LocalLogin(ctx, c, i)
-			var got string
-			if lerr == nil {
-				got, lerr = c.CallString(ctx, p.Addr(i), "pool.get_name_description", ls, pools[0])
-			}
-			if ok && e.Code == "HOST_IS_SLAVE" && p.IndexOf(e.Params[0]) == 2 && got == "after" {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("host %d after recover_slaves: login %v, replica %q %v", i, err, got, lerr)
-			}
-			time.Sleep(200 * time.Millisecond)
+		waitReplica(t, ctx, c, p, i, pool, "after", 30*time.Second)
+		_, err := p.Login(ctx, c, i)
+		if e, ok := testdaemon.AsError(err); !ok || e.Code != "HOST_IS_SLAVE" || p.IndexOf(e.Params[0]) != 2 {
+			t.Fatalf("login on host %d after recover_slaves: %v", i, err)
 		}
 	}
 }
@@ -126,30 +110,12 @@ func TestRotateSecret(t *testing.T) {
 	if resp.StatusCode != http.StatusForbidden {
 		t.Fatalf("the old secret got %s", resp.Status)
 	}
-	var pools []string
-	raw, err := c.Call(ctx, p.Addr(0), "pool.get_all", s)
-	if err != nil || json.Unmarshal(raw, &pools) != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Call(ctx, p.Addr(0), "pool.set_name_description", s, pools[0], "rotated"); err != nil {
+	pool := poolRef(t, ctx, c, p, 0, s)
+	if _, err := c.Call(ctx, p.Addr(0), "pool.set_name_description", s, pool, "rotated"); err != nil {
 		t.Fatal(err)
 	}
 	for i := 1; i < p.Len(); i++ {
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			ls, err := p.LocalLogin(ctx, c, i)
-			var got string
-			if err == nil {
-				got, err = c.CallString(ctx, p.Addr(i), "pool.get_name_description", ls, pools[0])
-			}
-			if got == "rotated" {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("host %d after the rotation: %q %v", i, got, err)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		waitReplica(t, ctx, c, p, i, pool, "rotated", 10*time.Second)
 	}
 }
 
@@ -164,34 +130,19 @@ func TestEject(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var hosts []string
-	raw, err := c.Call(ctx, p.Addr(0), "host.get_all", s)
-	if err != nil || json.Unmarshal(raw, &hosts) != nil || len(hosts) != 3 {
-		t.Fatalf("host.get_all: %s %v", raw, err)
-	}
-	ejected := ""
-	for _, h := range hosts {
-		a, err := c.CallString(ctx, p.Addr(0), "host.get_address", s, h)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if p.IndexOf(a) == 2 {
-			ejected = h
-		}
-	}
-	if _, err := c.Call(ctx, p.Addr(0), "pool.eject", s, ejected); err != nil {
+	if _, err := c.Call(ctx, p.Addr(0), "pool.eject", s, hostRefs(t, ctx, c, p, 0, s)[2]); err != nil {
 		t.Fatal(err)
 	}
 	// The pool lists two hosts.
-	raw, err = c.Call(ctx, p.Addr(0), "host.get_all", s)
-	if err != nil || json.Unmarshal(raw, &hosts) != nil || len(hosts) != 2 {
-		t.Fatalf("host.get_all after the eject: %s %v", raw, err)
+	if left := hostRefs(t, ctx, c, p, 0, s); len(left) != 2 {
+		t.Fatalf("hosts after the eject: %v", left)
 	}
 	// The ejected host answers as a pool of its own, same password.
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		s2, err := p.Login(ctx, c, 2)
 		if err == nil {
+			var raw []byte
 			raw, err = c.Call(ctx, p.Addr(2), "host.get_all", s2)
 			var own []string
 			if err == nil && json.Unmarshal(raw, &own) == nil && len(own) == 1 {
@@ -204,27 +155,9 @@ func TestEject(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	// The pool goes on: a write, replicated to the member left.
-	var pools []string
-	raw, err = c.Call(ctx, p.Addr(0), "pool.get_all", s)
-	if err != nil || json.Unmarshal(raw, &pools) != nil {
+	pool := poolRef(t, ctx, c, p, 0, s)
+	if _, err := c.Call(ctx, p.Addr(0), "pool.set_name_description", s, pool, "two hosts"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Call(ctx, p.Addr(0), "pool.set_name_description", s, pools[0], "two hosts"); err != nil {
-		t.Fatal(err)
-	}
-	deadline = time.Now().Add(10 * time.Second)
-	for {
-		ls, err := p.LocalLogin(ctx, c, 1)
-		var got string
-		if err == nil {
-			got, err = c.CallString(ctx, p.Addr(1), "pool.get_name_description", ls, pools[0])
-		}
-		if got == "two hosts" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("member 1 after the eject: %q %v", got, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitReplica(t, ctx, c, p, 1, pool, "two hosts", 10*time.Second)
 }

@@ -2,7 +2,6 @@ package pool
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"toolstackd/internal/pooltest"
+	"toolstackd/internal/testdaemon"
 )
 
 // TestFigures measures issue 12's figures through real processes, each
@@ -42,19 +42,7 @@ func TestFigures(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var hosts []string
-	raw, err := c.Call(ctx, p.Addr(coord), "host.get_all", s)
-	if err != nil || json.Unmarshal(raw, &hosts) != nil {
-		t.Fatal(err)
-	}
-	byIndex := map[int]string{}
-	for _, h := range hosts {
-		a, err := c.CallString(ctx, p.Addr(coord), "host.get_address", s, h)
-		if err != nil {
-			t.Fatal(err)
-		}
-		byIndex[p.IndexOf(a)] = h
-	}
+	byIndex := hostRefs(t, ctx, c, p, coord, s)
 	local := startCycles(t, ctx, c, p.Addr(coord), s, byIndex[coord], 30)
 	remote := startCycles(t, ctx, c, p.Addr(coord), s, byIndex[member], 30)
 	t.Logf("VM.start_on + VM.hard_shutdown (simulator): on the coordinator p50 %v; on a member (forwarded) p50 %v; ratio %.2f",
@@ -71,7 +59,7 @@ func writeLatency(t *testing.T, ctx context.Context, c *pooltest.Client, addr st
 	}
 	vms := make([]string, clients)
 	for k := range vms {
-		vms[k], err = c.CallString(ctx, addr, "VM.create", s, vmRecord(fmt.Sprint("latency-", k)))
+		vms[k], err = c.CallString(ctx, addr, "VM.create", s, testdaemon.VMRecord(fmt.Sprint("latency-", k)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -109,7 +97,7 @@ func writeLatency(t *testing.T, ctx context.Context, c *pooltest.Client, addr st
 // cycles of a new diskless VM on host.
 func startCycles(t *testing.T, ctx context.Context, c *pooltest.Client, addr, s, host string, n int) time.Duration {
 	t.Helper()
-	vm, err := c.CallString(ctx, addr, "VM.create", s, vmRecord("cycles"))
+	vm, err := c.CallString(ctx, addr, "VM.create", s, testdaemon.VMRecord("cycles"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,11 +129,7 @@ func failover(t *testing.T, ctx context.Context, p *pooltest.Pool, n int) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		pools, err := c.Call(ctx, p.Addr(coord), "pool.get_all", s)
-		var refs []string
-		if err != nil || json.Unmarshal(pools, &refs) != nil || len(refs) != 1 {
-			t.Fatalf("pool.get_all: %s %v", pools, err)
-		}
+		pool := poolRef(t, ctx, c, p, coord, s)
 		killed := time.Now()
 		p.Kill(coord)
 		var took time.Duration
@@ -160,7 +144,7 @@ func failover(t *testing.T, ctx context.Context, p *pooltest.Pool, n int) {
 				cctx, cancel := context.WithTimeout(ctx, time.Second)
 				s, err := p.Login(cctx, c, i)
 				if err == nil {
-					_, err = c.Call(cctx, p.Addr(i), "pool.set_name_description", s, refs[0], fmt.Sprint("round ", round))
+					_, err = c.Call(cctx, p.Addr(i), "pool.set_name_description", s, pool, fmt.Sprint("round ", round))
 				}
 				cancel()
 				if err == nil {

@@ -41,21 +41,8 @@ func TestCallsRunOnTheirHost(t *testing.T) {
 		}
 		return v
 	}
-	// The member's host, by the address the pool reaches it at.
-	var hosts []string
-	if err := json.Unmarshal(call("host.get_all"), &hosts); err != nil {
-		t.Fatal(err)
-	}
-	member := ""
-	for _, h := range hosts {
-		if p.IndexOf(str(call("host.get_address", h))) == 1 {
-			member = h
-		}
-	}
-	if member == "" {
-		t.Fatal("no host has member 1's address")
-	}
-	vm := str(call("VM.create", vmRecord("on-a-member")))
+	member := hostRefs(t, ctx, c, p, 0, s)[1]
+	vm := str(call("VM.create", testdaemon.VMRecord("on-a-member")))
 	call("VM.start_on", vm, member, false, false)
 	if ps := str(call("VM.get_power_state", vm)); ps != "Running" {
 		t.Fatalf("power state on the coordinator: %s", ps)
@@ -85,25 +72,6 @@ func TestCallsRunOnTheirHost(t *testing.T) {
 	}
 }
 
-// vmRecord is a VM.create record for a small diskless HVM guest.
-func vmRecord(name string) map[string]any {
-	return map[string]any{
-		"name_label": name, "name_description": "", "user_version": 1, "is_a_template": false,
-		"affinity": "OpaqueRef:NULL", "memory_target": 128 << 20,
-		"memory_static_max": 128 << 20, "memory_dynamic_max": 128 << 20, "memory_dynamic_min": 128 << 20, "memory_static_min": 64 << 20,
-		"VCPUs_params": map[string]string{}, "VCPUs_max": 1, "VCPUs_at_startup": 1,
-		"actions_after_shutdown": "destroy", "actions_after_reboot": "restart", "actions_after_crash": "destroy",
-		"PV_bootloader": "", "PV_kernel": "", "PV_ramdisk": "", "PV_args": "", "PV_bootloader_args": "", "PV_legacy_args": "",
-		"HVM_boot_policy": "BIOS order", "HVM_boot_params": map[string]string{"order": "cd"}, "HVM_shadow_multiplier": 1.0,
-		"platform": map[string]string{"acpi": "1"}, "PCI_bus": "", "other_config": map[string]string{},
-		"recommendations": "", "xenstore_data": map[string]string{}, "ha_always_run": false, "ha_restart_priority": "",
-		"tags": []string{}, "blocked_operations": map[string]string{}, "protection_policy": "OpaqueRef:NULL",
-		"is_snapshot_from_vmpp": false, "appliance": "OpaqueRef:NULL", "start_delay": 0, "shutdown_delay": 0, "order": 0,
-		"suspend_SR": "OpaqueRef:NULL", "version": 0, "generation_id": "", "hardware_platform_version": 0,
-		"has_vendor_device": false, "reference_label": "", "domain_type": "hvm", "NVRAM": map[string]string{},
-	}
-}
-
 // A member that dies is not live on the coordinator within a bound, and
 // live again once it is back.
 func TestMemberLiveness(t *testing.T) {
@@ -114,22 +82,9 @@ func TestMemberLiveness(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var hosts []string
-	raw, err := c.Call(ctx, p.Addr(0), "host.get_all", s)
-	if err != nil || json.Unmarshal(raw, &hosts) != nil {
-		t.Fatalf("host.get_all: %v", err)
-	}
-	metrics := ""
-	for _, h := range hosts {
-		a, err := c.CallString(ctx, p.Addr(0), "host.get_address", s, h)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if p.IndexOf(a) == 2 {
-			if metrics, err = c.CallString(ctx, p.Addr(0), "host.get_metrics", s, h); err != nil {
-				t.Fatal(err)
-			}
-		}
+	metrics, err := c.CallString(ctx, p.Addr(0), "host.get_metrics", s, hostRefs(t, ctx, c, p, 0, s)[2])
+	if err != nil {
+		t.Fatal(err)
 	}
 	live := func() bool {
 		raw, err := c.Call(ctx, p.Addr(0), "host_metrics.get_live", s, metrics)

@@ -259,30 +259,11 @@ func (e *env) template(name string) string {
 // newVM makes a VM with VM.create from a record based on a template's.
 func (e *env) newVM(name string, tweak map[string]any) string {
 	e.t.Helper()
-	rec := vmRecord(name)
+	rec := testdaemon.VMRecord(name)
 	for k, v := range tweak {
 		rec[k] = v
 	}
 	return e.str(e.call("VM.create", rec))
-}
-
-// vmRecord is a VM.create record for a small HVM guest.
-func vmRecord(name string) map[string]any {
-	return map[string]any{
-		"name_label": name, "name_description": "", "user_version": 1, "is_a_template": false,
-		"affinity": "OpaqueRef:NULL", "memory_target": 128 << 20,
-		"memory_static_max": 128 << 20, "memory_dynamic_max": 128 << 20, "memory_dynamic_min": 128 << 20, "memory_static_min": 64 << 20,
-		"VCPUs_params": map[string]string{}, "VCPUs_max": 1, "VCPUs_at_startup": 1,
-		"actions_after_shutdown": "destroy", "actions_after_reboot": "restart", "actions_after_crash": "destroy",
-		"PV_bootloader": "", "PV_kernel": "", "PV_ramdisk": "", "PV_args": "", "PV_bootloader_args": "", "PV_legacy_args": "",
-		"HVM_boot_policy": "BIOS order", "HVM_boot_params": map[string]string{"order": "cd"}, "HVM_shadow_multiplier": 1.0,
-		"platform": map[string]string{"acpi": "1"}, "PCI_bus": "", "other_config": map[string]string{},
-		"recommendations": "", "xenstore_data": map[string]string{}, "ha_always_run": false, "ha_restart_priority": "",
-		"tags": []string{}, "blocked_operations": map[string]string{}, "protection_policy": "OpaqueRef:NULL",
-		"is_snapshot_from_vmpp": false, "appliance": "OpaqueRef:NULL", "start_delay": 0, "shutdown_delay": 0, "order": 0,
-		"suspend_SR": "OpaqueRef:NULL", "version": 0, "generation_id": "", "hardware_platform_version": 0,
-		"has_vendor_device": false, "reference_label": "", "domain_type": "hvm", "NVRAM": map[string]string{},
-	}
 }
 
 // network is the management network first boot made.

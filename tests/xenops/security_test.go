@@ -17,6 +17,7 @@ import (
 
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
+	"toolstackd/internal/testdaemon"
 	"toolstackd/internal/xenops"
 	"toolstackd/internal/xenops/qemu"
 	"toolstackd/internal/xenops/sim"
@@ -93,7 +94,7 @@ func (e *env) xmlrpc(method string, params ...any) string {
 func TestVMCreateIgnoresRuntimeState(t *testing.T) {
 	e := simEnv(t, sim.Config{})
 	vdi := e.addVDI("crafted-image", filepath.Join(e.dir, "crafted.img"), 1<<20)
-	call := vmRecord("forged-suspended")
+	call := testdaemon.VMRecord("forged-suspended")
 	call["power_state"] = "Suspended"
 	call["suspend_VDI"] = vdi
 	call["last_booted_record"] = "forged"

@@ -99,6 +99,27 @@ func (p *pool) live() []*node {
 	return append([]*node(nil), p.nodes...)
 }
 
+// kill takes a node out of the pool and closes it (raft stops without a
+// transfer); it returns the nodes left.
+func (p *pool) kill(n *node) []*node {
+	p.mu.Lock()
+	p.nodes = slices.DeleteFunc(p.nodes, func(x *node) bool { return x == n })
+	rest := append([]*node(nil), p.nodes...)
+	p.mu.Unlock()
+	p.close(n)
+	return rest
+}
+
+// revive brings a killed node back from its files, as a follower.
+func (p *pool) revive(n *node) {
+	p.open(n)
+	p.wire(n)
+	p.start(n, false)
+	p.mu.Lock()
+	p.nodes = append(p.nodes, n)
+	p.mu.Unlock()
+}
+
 // newPool makes n hosts; the first boots a database and makes a pool of
 // itself, the others join it as voters.
 func newPool(t *testing.T, n int) *pool {
@@ -343,16 +364,7 @@ func TestLeaderLossKeepsAcknowledgedWrites(t *testing.T) {
 		time.Sleep(300 * time.Millisecond)
 		// Kill: shut raft down without a transfer, then bring the host
 		// back from its files as a follower.
-		p.mu.Lock()
-		var rest []*node
-		for _, n := range p.nodes {
-			if n != leader {
-				rest = append(rest, n)
-			}
-		}
-		p.nodes = rest
-		p.mu.Unlock()
-		p.close(leader)
+		rest := p.kill(leader)
 		close(stop)
 		wg.Wait()
 		next := p.waitLeader(rest...)
@@ -365,15 +377,10 @@ func TestLeaderLossKeepsAcknowledgedWrites(t *testing.T) {
 				}
 			}
 		}
-		p.open(leader)
-		p.wire(leader)
+		p.revive(leader)
 		if got := leader.r.AppliedIndex(); got == 0 {
 			t.Fatalf("round %d: a restarted host's file records no applied index", round)
 		}
-		p.start(leader, false)
-		p.mu.Lock()
-		p.nodes = append(p.nodes, leader)
-		p.mu.Unlock()
 		p.converge()
 		t.Logf("round %d: %d acknowledged writes kept; new leader %s", round, len(acked), next.id)
 	}
@@ -398,21 +405,13 @@ func TestFileBehindSnapshotCatchesUp(t *testing.T) {
 	}
 	p.converge()
 	// The member's file as it is now: what a power cut may leave.
-	p.mu.Lock()
-	p.nodes = slices.DeleteFunc(p.nodes, func(n *node) bool { return n == member })
-	p.mu.Unlock()
-	p.close(member)
+	p.kill(member)
 	file := filepath.Join(member.dir, "toolstackd.db")
 	old, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.open(member)
-	p.wire(member)
-	p.start(member, false)
-	p.mu.Lock()
-	p.nodes = append(p.nodes, member)
-	p.mu.Unlock()
+	p.revive(member)
 	for i := range 20 {
 		if _, err := createVM(leader.d, fmt.Sprint("after-", i)); err != nil {
 			t.Fatal(err)
@@ -422,18 +421,10 @@ func TestFileBehindSnapshotCatchesUp(t *testing.T) {
 	if err := member.r.Compact(); err != nil {
 		t.Fatal(err)
 	}
-	p.mu.Lock()
-	p.nodes = slices.DeleteFunc(p.nodes, func(n *node) bool { return n == member })
-	p.mu.Unlock()
-	p.close(member)
+	p.kill(member)
 	if err := os.WriteFile(file, old, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p.open(member)
-	p.wire(member)
-	p.start(member, false)
-	p.mu.Lock()
-	p.nodes = append(p.nodes, member)
-	p.mu.Unlock()
+	p.revive(member)
 	p.converge()
 }

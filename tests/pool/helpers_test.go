@@ -1,0 +1,62 @@
+package pool
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"toolstackd/internal/pooltest"
+)
+
+// hostRefs maps host index to host ref, by the address the pool reaches
+// each host at, through the session s on host at.
+func hostRefs(t *testing.T, ctx context.Context, c *pooltest.Client, p *pooltest.Pool, at int, s string) map[int]string {
+	t.Helper()
+	var hosts []string
+	raw, err := c.Call(ctx, p.Addr(at), "host.get_all", s)
+	if err != nil || json.Unmarshal(raw, &hosts) != nil {
+		t.Fatalf("host.get_all: %s %v", raw, err)
+	}
+	refs := map[int]string{}
+	for _, h := range hosts {
+		a, err := c.CallString(ctx, p.Addr(at), "host.get_address", s, h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		refs[p.IndexOf(a)] = h
+	}
+	return refs
+}
+
+// poolRef is the pool's ref, through the session s on host at.
+func poolRef(t *testing.T, ctx context.Context, c *pooltest.Client, p *pooltest.Pool, at int, s string) string {
+	t.Helper()
+	var pools []string
+	raw, err := c.Call(ctx, p.Addr(at), "pool.get_all", s)
+	if err != nil || json.Unmarshal(raw, &pools) != nil || len(pools) != 1 {
+		t.Fatalf("pool.get_all: %s %v", raw, err)
+	}
+	return pools[0]
+}
+
+// waitReplica waits until host i's own replica (a slave-local session)
+// holds want as the pool's name_description.
+func waitReplica(t *testing.T, ctx context.Context, c *pooltest.Client, p *pooltest.Pool, i int, pool, want string, bound time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(bound)
+	for {
+		ls, err := p.LocalLogin(ctx, c, i)
+		var got string
+		if err == nil {
+			got, err = c.CallString(ctx, p.Addr(i), "pool.get_name_description", ls, pool)
+		}
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("host %d's replica after %v: %q (want %q), %v", i, bound, got, want, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
