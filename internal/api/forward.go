@@ -56,15 +56,56 @@ func forwardedIdentity(ctx context.Context) (Identity, bool) {
 	return id, ok
 }
 
+// ownHost reports whether a message is about what each host keeps for
+// itself: sessions and their tasks (in memory, never replicated), which
+// its calls always find here.
+func ownHost(m *schema.Message) bool {
+	switch m.Class.Name {
+	case "session", "task", "event":
+		return true
+	}
+	return false
+}
+
 // remote reports whether the routed call runs on another host.
 func (s *Server) remote(r *request) bool {
-	if len(r.target.Hosts) == 0 || r.target.Host() == s.Cfg.HostRef || r.target.Host() == schema.NullRef {
+	if ownHost(r.msg) || len(r.target.Hosts) == 0 || r.target.Host() == s.Cfg.HostRef || r.target.Host() == schema.NullRef {
 		return false
 	}
 	if _, fwd := forwardedIdentity(r.ctx); fwd {
 		return false // it was sent here: it runs here
 	}
 	return s.forwarder.Load() != nil
+}
+
+// toCoordinator reports whether a call made over a member's local socket
+// goes whole to the coordinator, as xapi's do (xe on a member): not the
+// session's own calls, nor event waits, nor tasks (sessions and their
+// tasks are each host's own: an Async call keeps its task here, and its
+// work goes where its route says), nor calls of a slave-local session,
+// which reads the member's replica.
+func (s *Server) toCoordinator(r *request) bool {
+	if r.sess == nil || !r.sess.local || r.sess.replica || r.async || s.forwarder.Load() == nil {
+		return false
+	}
+	if _, fwd := forwardedIdentity(r.ctx); fwd {
+		return false
+	}
+	return !ownHost(r.msg) && s.notCoordinator() != nil
+}
+
+// forwardWhole sends a call to the coordinator (the pool's master).
+func (s *Server) forwardWhole(c *Call, r *request) (any, error) {
+	master := schema.NullRef
+	for _, p := range c.Snapshot().All(s.Model.Class("pool")) {
+		master, _ = p.Get(p.Class.Field("master")).(string)
+	}
+	if master == schema.NullRef || master == "" {
+		return nil, s.notCoordinator()
+	}
+	fr := *r
+	fr.target.Hosts = []string{master}
+	return s.forward(c, &fr)
 }
 
 // forward runs a routed call on its host and returns its canonical
@@ -83,7 +124,7 @@ func (s *Server) forward(c *Call, r *request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.decodeReply(r.msg, reply)
+	return s.decodeResult(r.msg.Result, reply)
 }
 
 // encodeCall writes a call as a JSON-RPC 2.0 request.
@@ -121,10 +162,10 @@ type jsonReply struct {
 	} `json:"error"`
 }
 
-// decodeReply turns a host's JSON-RPC reply into the call's canonical
-// result, or its XenAPI error. The result is read exactly as a call's
-// parameter of the result's type would be.
-func (s *Server) decodeReply(m *schema.Message, body []byte) (any, error) {
+// decodeResult turns a host's JSON-RPC reply into a canonical result of
+// type t, or its XenAPI error. The result is read exactly as a call's
+// parameter of that type would be.
+func (s *Server) decodeResult(t *schema.Type, body []byte) (any, error) {
 	var rep jsonReply
 	if err := json.Unmarshal(body, &rep); err != nil {
 		return nil, xerr.New(xerr.InternalError, "a forwarded call's reply: "+err.Error())
@@ -132,7 +173,7 @@ func (s *Server) decodeReply(m *schema.Message, body []byte) (any, error) {
 	if rep.Error != nil {
 		return nil, xerr.New(rep.Error.Message, rep.Error.Data...)
 	}
-	if m.Result == nil || m.Result.Kind == schema.KVoid {
+	if t == nil || t.Kind == schema.KVoid {
 		return nil, nil
 	}
 	var call bytes.Buffer
@@ -143,7 +184,7 @@ func (s *Server) decodeReply(m *schema.Message, body []byte) (any, error) {
 	if err != nil || len(req.Params) != 1 {
 		return nil, xerr.New(xerr.InternalError, fmt.Sprintf("a forwarded call's result: %v", err))
 	}
-	return decodeValue(m.Result, req.Params[0], "result")
+	return decodeValue(t, req.Params[0], "result")
 }
 
 // ServeForwarded answers a call another host forwarded here, to run as

@@ -193,6 +193,9 @@ func (s *Server) route(r *request) error {
 // is the task's outcome, as xapi reports it.
 func (s *Server) execute(r *request) (any, error) {
 	c := &Call{Ctx: r.ctx, Server: s, Session: r.sess, Msg: r.msg, Args: r.args}
+	if s.toCoordinator(r) {
+		return s.forwardWhole(c, r)
+	}
 	if r.async {
 		ref, err := s.startTask(c, *r)
 		if err != nil {

@@ -466,11 +466,40 @@ func (d *Daemon) ExitState() *os.ProcessState {
 }
 
 // Signal sends sig to the daemon (SIGSTOP freezes it, SIGCONT thaws it).
+//
+// SIGSTOP returns once the process is stopped (the kernel stops it
+// asynchronously: a daemon running on another core could otherwise still
+// answer a call made right after), or after two seconds.
 func (d *Daemon) Signal(sig os.Signal) error {
 	if !d.Alive() {
 		return errors.New("the daemon has exited")
 	}
-	return d.cmd.Process.Signal(sig)
+	if err := d.cmd.Process.Signal(sig); err != nil {
+		return err
+	}
+	if sig == syscall.SIGSTOP {
+		for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			if procState(d.PID) == 'T' {
+				break
+			}
+		}
+	}
+	return nil
+}
+
+// procState is a process's state letter from /proc/PID/stat (0 if it
+// cannot be read).
+func procState(pid int) byte {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	// The command name is in parentheses and may hold spaces: the state
+	// follows the last ')'.
+	if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) {
+		return b[i+2]
+	}
+	return 0
 }
 
 // Kill sends SIGKILL and returns once the process is gone.

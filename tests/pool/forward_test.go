@@ -1,7 +1,11 @@
 package pool
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
+	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -149,5 +153,67 @@ func runPoolClient(t *testing.T, interpreter, script, needs string) {
 	t.Logf("%s", out)
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A call over a member's local superuser socket (xe on the member) goes
+// to the coordinator, as xapi's do: the write is the pool's, a read sees
+// the coordinator's state, and an Async call's work runs where its route
+// says (its task is the member's: sessions are each host's own).
+func TestLocalSocketGoesToTheCoordinator(t *testing.T) {
+	ctx := testCtx(t)
+	p := startPool(t, ctx)
+	sock := filepath.Join(p.Hosts[1].DataDir, "xapi.sock")
+	local := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		},
+	}}
+	call := func(method string, params ...any) json.RawMessage {
+		t.Helper()
+		body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+		resp, err := local.Post("http://localhost/jsonrpc", "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out struct {
+			Result json.RawMessage
+			Error  *struct {
+				Message string
+				Data    []any
+			}
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || out.Error != nil {
+			t.Fatalf("%s over the member's local socket: %v %+v", method, err, out.Error)
+		}
+		return out.Result
+	}
+	var ls, task string
+	_ = json.Unmarshal(call("session.login_with_password", "root", ""), &ls)
+	c := pooltest.NewClient(netip.Addr{})
+	s, err := p.Login(ctx, c, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := poolRef(t, ctx, c, p, 0, s)
+	call("pool.set_name_description", ls, pool, "from a member's socket")
+	if got, err := c.CallString(ctx, p.Addr(0), "pool.get_name_description", s, pool); err != nil || got != "from a member's socket" {
+		t.Fatalf("on the coordinator: %q %v", got, err)
+	}
+	if err := json.Unmarshal(call("Async.pool.sync_database", ls), &task); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var status string
+		_ = json.Unmarshal(call("task.get_status", ls, task), &status)
+		if status == "success" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("task status %s", status)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
