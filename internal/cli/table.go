@@ -84,6 +84,7 @@ func (s *Server) buildTable() {
 		s.addClassCommands(v)
 	}
 	s.addCommands()
+	s.addPoolCommands()
 	for _, cmd := range s.cmds {
 		cmd.finish()
 		if cmd.Flags&(flagVMSelectors|flagHostSelectors|flagSRSelectors) != 0 && cmd.accepts == nil {
