@@ -74,6 +74,13 @@ func TestCallsRunOnTheirHost(t *testing.T) {
 	if ps := str(call("VM.get_power_state", vm)); ps != "Halted" {
 		t.Fatalf("after hard_shutdown: %s", ps)
 	}
+	// VM.start places the VM on a host of the pool and runs it there.
+	call("VM.start", vm, false, false)
+	on := str(call("VM.get_resident_on", vm))
+	if ps := str(call("VM.get_power_state", vm)); ps != "Running" || on == "OpaqueRef:NULL" {
+		t.Fatalf("after VM.start: %s on %s", ps, on)
+	}
+	t.Logf("VM.start placed the VM on %s", on)
 }
 
 // A member that dies is not live on the coordinator within a bound, and
