@@ -19,6 +19,8 @@ func (s *Server) addPoolCommands() {
 		"(its VMs and local storage stay with the pool's records no more).", onObject("pool.eject", dm.Host.Class, "host-uuid"))
 	s.register("pool-designate-new-master", "Hands the pool's coordination to the host with this uuid.",
 		onObject("pool.designate_new_master", dm.Host.Class, "host-uuid"))
+	s.register("host-forget", "Forgets the host with this uuid, gone for good: it leaves the pool's records and raft "+
+		"(a live host is ejected instead).", onObject("host.destroy", dm.Host.Class, "uuid"))
 	s.register("pool-sync-database", "Returns once every member holds everything the coordinator committed.", call0("pool.sync_database"))
 	s.register("pool-emergency-transition-to-master", "On a member of a pool that lost its quorum: this host takes "+
 		"over as the coordinator from what its replica holds.", call0("pool.emergency_transition_to_master"))

@@ -173,3 +173,29 @@ func deleteAll(tx *db.Tx, rows []*db.Row) error {
 	}
 	return nil
 }
+
+// hostDestroy is host.destroy (xe host-forget): the coordinator forgets a
+// host that is gone for good, taking it out of raft and removing its
+// records as an eject does. A live host must be ejected instead
+// (HOST_IS_LIVE); the coordinator cannot forget itself.
+func (p *Pool) hostDestroy(c *api.Call, a dm.HostDestroyArgs) (dm.Void, error) {
+	host, ok := c.Snapshot().Get(dm.Host.Class, string(a.Self))
+	if !ok {
+		return dm.Void{}, xerr.New(xerr.HandleInvalid, "host", string(a.Self))
+	}
+	if host.UUID() == p.cfg.HostUUID {
+		return dm.Void{}, xerr.New(xerr.HostIsLive, string(a.Self))
+	}
+	if m, ok := c.Snapshot().Get(dm.HostMetrics.Class, host.String(dm.Host.Metrics)); ok && m.Get(dm.HostMetrics.Live) == true {
+		return dm.Void{}, xerr.New(xerr.HostIsLive, string(a.Self))
+	}
+	if p.cfg.Repl.Mode() == dbraft.Standalone {
+		// Not in a pool: nothing but the record to forget.
+		_, err := p.cfg.Server.DB.Update(func(tx *db.Tx) error {
+			tx.Lenient = true
+			return deleteAll(tx, hostRows(tx, host))
+		})
+		return dm.Void{}, err
+	}
+	return dm.Void{}, p.removeHost(host.UUID())
+}

@@ -231,6 +231,7 @@ func (p *Pool) Register(srv *api.Server) {
 	api.Register(srv, p.emergencyResetMaster)
 	api.Register(srv, p.rotateSecret)
 	api.Register(srv, p.eject)
+	api.Register(srv, p.hostDestroy)
 }
 
 // Member reports whether this host is in a pool and not its coordinator

@@ -161,3 +161,40 @@ func TestEject(t *testing.T) {
 	}
 	waitReplica(t, ctx, c, p, 1, pool, "two hosts", 10*time.Second)
 }
+
+// host.destroy (xe host-forget) forgets a dead member: it leaves the
+// pool's records; a live host is refused (HOST_IS_LIVE).
+func TestForgetDeadHost(t *testing.T) {
+	ctx := testCtx(t)
+	p := startPool(t, ctx)
+	c := pooltest.NewClient(netip.Addr{})
+	s, err := p.Login(ctx, c, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refs := hostRefs(t, ctx, c, p, 0, s)
+	_, err = c.Call(ctx, p.Addr(0), "host.destroy", s, refs[1])
+	if e, ok := testdaemon.AsError(err); !ok || e.Code != "HOST_IS_LIVE" {
+		t.Fatalf("forgetting a live host: %v", err)
+	}
+	p.Kill(2)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err = c.Call(ctx, p.Addr(0), "host.destroy", s, refs[2])
+		if err == nil {
+			break
+		}
+		if e, ok := testdaemon.AsError(err); !ok || e.Code != "HOST_IS_LIVE" || time.Now().After(deadline) {
+			t.Fatalf("forgetting a dead host: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if left := hostRefs(t, ctx, c, p, 0, s); len(left) != 2 {
+		t.Fatalf("hosts after host.destroy: %v", left)
+	}
+	pool := poolRef(t, ctx, c, p, 0, s)
+	if _, err := c.Call(ctx, p.Addr(0), "pool.set_name_description", s, pool, "two left"); err != nil {
+		t.Fatal(err)
+	}
+	waitReplica(t, ctx, c, p, 1, pool, "two left", 10*time.Second)
+}
