@@ -3,14 +3,12 @@ package pool
 import (
 	"encoding/json"
 	"net/http"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"toolstackd/internal/pooltest"
 	"toolstackd/internal/testdaemon"
 )
 
@@ -18,13 +16,7 @@ import (
 // goes on from the surviving member: pool.emergency_transition_to_master
 // there, then pool.recover_slaves brings the others back, from its state.
 func TestEmergencyTransitionAndRecoverSlaves(t *testing.T) {
-	ctx := testCtx(t)
-	p := startPool(t, ctx)
-	c := pooltest.NewClient(netip.Addr{})
-	s, err := p.Login(ctx, c, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, p, c, s := joinedPool(t)
 	pool := poolRef(t, ctx, c, p, 0, s)
 	if _, err := c.Call(ctx, p.Addr(0), "pool.set_name_description", s, pool, "before"); err != nil {
 		t.Fatal(err)
@@ -74,13 +66,7 @@ func TestEmergencyTransitionAndRecoverSlaves(t *testing.T) {
 // working, and the pool goes on: a write reaches every replica and a call
 // runs on a member.
 func TestRotateSecret(t *testing.T) {
-	ctx := testCtx(t)
-	p := startPool(t, ctx)
-	c := pooltest.NewClient(netip.Addr{})
-	s, err := p.Login(ctx, c, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, p, c, s := joinedPool(t)
 	read := func(i int) string {
 		b, err := os.ReadFile(filepath.Join(p.Hosts[i].DataDir, "pool-secret"))
 		if err != nil {
@@ -123,13 +109,7 @@ func TestRotateSecret(t *testing.T) {
 // a pool of its own within 60 s, with the pool's root password; the pool
 // goes on without it.
 func TestEject(t *testing.T) {
-	ctx := testCtx(t)
-	p := startPool(t, ctx)
-	c := pooltest.NewClient(netip.Addr{})
-	s, err := p.Login(ctx, c, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, p, c, s := joinedPool(t)
 	if _, err := c.Call(ctx, p.Addr(0), "pool.eject", s, hostRefs(t, ctx, c, p, 0, s)[2]); err != nil {
 		t.Fatal(err)
 	}
@@ -165,15 +145,9 @@ func TestEject(t *testing.T) {
 // host.destroy (xe host-forget) forgets a dead member: it leaves the
 // pool's records; a live host is refused (HOST_IS_LIVE).
 func TestForgetDeadHost(t *testing.T) {
-	ctx := testCtx(t)
-	p := startPool(t, ctx)
-	c := pooltest.NewClient(netip.Addr{})
-	s, err := p.Login(ctx, c, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, p, c, s := joinedPool(t)
 	refs := hostRefs(t, ctx, c, p, 0, s)
-	_, err = c.Call(ctx, p.Addr(0), "host.destroy", s, refs[1])
+	_, err := c.Call(ctx, p.Addr(0), "host.destroy", s, refs[1])
 	if e, ok := testdaemon.AsError(err); !ok || e.Code != "HOST_IS_LIVE" {
 		t.Fatalf("forgetting a live host: %v", err)
 	}

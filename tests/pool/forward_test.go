@@ -22,13 +22,7 @@ import (
 // starts on a member (simulator), the pool sees it running there, and
 // the member's own replica agrees.
 func TestCallsRunOnTheirHost(t *testing.T) {
-	ctx := testCtx(t)
-	p := startPool(t, ctx)
-	c := pooltest.NewClient(netip.Addr{})
-	s, err := p.Login(ctx, c, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, p, c, s := joinedPool(t)
 	call := func(method string, params ...any) json.RawMessage {
 		t.Helper()
 		raw, err := c.Call(ctx, p.Addr(0), method, append([]any{s}, params...)...)
@@ -86,13 +80,7 @@ func TestCallsRunOnTheirHost(t *testing.T) {
 // A member that dies is not live on the coordinator within a bound, and
 // live again once it is back.
 func TestMemberLiveness(t *testing.T) {
-	ctx := testCtx(t)
-	p := startPool(t, ctx)
-	c := pooltest.NewClient(netip.Addr{})
-	s, err := p.Login(ctx, c, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, p, c, s := joinedPool(t)
 	metrics, err := c.CallString(ctx, p.Addr(0), "host.get_metrics", s, hostRefs(t, ctx, c, p, 0, s)[2])
 	if err != nil {
 		t.Fatal(err)

@@ -3,11 +3,26 @@ package pool
 import (
 	"context"
 	"encoding/json"
+	"net/netip"
 	"testing"
 	"time"
 
 	"toolstackd/internal/pooltest"
 )
+
+// joinedPool starts three hosts joined into a pool (startPool), with a
+// client and a root session on the coordinator, host 0.
+func joinedPool(t *testing.T) (context.Context, *pooltest.Pool, *pooltest.Client, string) {
+	t.Helper()
+	ctx := testCtx(t)
+	p := startPool(t, ctx)
+	c := pooltest.NewClient(netip.Addr{})
+	s, err := p.Login(ctx, c, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ctx, p, c, s
+}
 
 // hostRefs maps host index to host ref, by the address the pool reaches
 // each host at, through the session s on host at.
