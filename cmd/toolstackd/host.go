@@ -116,6 +116,9 @@ func (h *host) openDatabase(o options, cfg *api.Config) (first bool, err error) 
 	facts := o.hostFacts()
 	if first {
 		cfg.HostRef, err = firstBoot(h.db, o.dataDir, cfg.PasswordIterations, facts, log)
+		if err == nil && o.witness {
+			err = makeWitness(h.db, cfg.HostRef)
+		}
 	} else {
 		cfg.HostRef, err = loadHost(h.db, o.dataDir, facts, pool.HasState(o.dataDir), log)
 	}
@@ -153,6 +156,19 @@ func firstBoot(d *db.DB, dataDir string, iterations int, facts api.HostFacts, lo
 	}
 	log.Info("initialised a new pool", "host", host.UUID())
 	return ref, nil
+}
+
+// makeWitness makes this host a witness: disabled, so that placement
+// never puts a VM on it, and marked as such for operators. It joins a pool
+// as any host does and votes in raft.
+func makeWitness(d *db.DB, hostRef string) error {
+	_, err := d.Update(func(tx *db.Tx) error {
+		if err := tx.Set(dm.Host.Enabled, hostRef, false); err != nil {
+			return err
+		}
+		return tx.AddToMap(dm.Host.OtherConfig, hostRef, "witness", "true")
+	})
+	return err
 }
 
 // rootHashFile holds root's password hash across a pool.eject: the host

@@ -32,6 +32,7 @@ type options struct {
 	dataDir     string
 	listen      string
 	advertise   string
+	witness     bool
 	listenHTTPS string
 	socket      string
 	backend     string
@@ -82,6 +83,7 @@ func rootCmd() *cobra.Command {
 	f.StringVar(&o.dataDir, "data-dir", defaultDataDir(), "where the host's state lives")
 	f.StringVar(&o.listen, "listen", "127.0.0.1:8080", "HTTP address for XML-RPC, JSON-RPC and the other endpoints")
 	f.StringVar(&o.advertise, "advertise", "", "the address (ip:port) other hosts of a pool reach this one at, e.g. a proxy in front of it; empty: the --listen address (host.address is its IP)")
+	f.BoolVar(&o.witness, "witness", false, "run as a pool's witness: a raft voter that never runs VMs (host.enabled is false), so that a pool of two hosts fails over on its own")
 	f.StringVar(&o.listenHTTPS, "listen-https", "", "HTTPS address (self-signed certificate made on first boot); empty: none")
 	f.StringVar(&o.socket, "socket", "", "local Unix socket whose callers are the local superuser (default DATA_DIR/xapi.sock)")
 	f.StringVar(&o.backend, "backend", "simulator", "VM backend: simulator or qemu")

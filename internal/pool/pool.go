@@ -368,6 +368,29 @@ func (p *Pool) OnLeader() {
 	if err := p.balanceVoters(); err != nil {
 		p.log.Warn("could not rebalance the pool's voters", "err", err)
 	}
+	p.handOffIfWitness()
+}
+
+// handOffIfWitness gives leadership away when a witness was elected (it
+// votes, so raft may elect it): the coordinator should be a host that
+// runs VMs. With no other voter left it stays.
+func (p *Pool) handOffIfWitness() {
+	row, ok := p.cfg.Server.DB.Snapshot().Get(dm.Host.Class, p.cfg.Server.Cfg.HostRef)
+	if !ok {
+		return
+	}
+	if oc, _ := row.Get(dm.Host.OtherConfig).(map[string]string); oc["witness"] != "true" {
+		return
+	}
+	rf := p.cfg.Repl.Raft()
+	if rf == nil {
+		return
+	}
+	if err := rf.LeadershipTransfer().Error(); err != nil {
+		p.log.Info("a witness coordinates the pool: no other voter could take over", "err", err)
+		return
+	}
+	p.log.Info("a witness was elected and handed the pool to another voter")
 }
 
 // HasState reports whether the host whose data dir is dir is in a pool

@@ -103,6 +103,8 @@ type Options struct {
 	// but the hosts do not know them. It is for checking the proxies
 	// against a daemon that has no pool support.
 	NoAdvertise bool
+	// HostArgs are flags for one host only (by index), after the others.
+	HostArgs map[int][]string
 	// Daemon is how every host runs (Backend, ExtraArgs, Password,
 	// timeouts...); Start sets each host's Listen and Binary, and
 	// defaults Backend to "simulator", Password to
@@ -198,6 +200,7 @@ func Start(t testing.TB, o Options) *Pool {
 			do.ExtraArgs = append(do.ExtraArgs, "--advertise", p.advert[i])
 		}
 		do.ExtraArgs = append(do.ExtraArgs, o.Daemon.ExtraArgs...)
+		do.ExtraArgs = append(do.ExtraArgs, o.HostArgs[i]...)
 		d := testdaemon.Start(t, do)
 		p.Hosts = append(p.Hosts, d)
 	}

@@ -2,13 +2,16 @@ package pool
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"toolstackd/internal/pooltest"
 	"toolstackd/internal/testdaemon"
 )
 
@@ -171,4 +174,49 @@ func TestForgetDeadHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitReplica(t, ctx, c, p, 1, pool, "two left", 10*time.Second)
+}
+
+// Two hosts and a witness (--witness: a voter that never runs VMs): VMs
+// are placed on the two hosts only, and the pool fails over on its own
+// to the other host when the coordinator dies (a witness elected hands
+// the pool on).
+func TestWitness(t *testing.T) {
+	ctx := testCtx(t)
+	p := pooltest.Start(t, pooltest.Options{Hosts: 3, Proxy: true, HostArgs: map[int][]string{2: {"--witness"}}})
+	for i := 1; i < p.Len(); i++ {
+		if err := p.JoinOne(ctx, i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := pooltest.NewClient(netip.Addr{})
+	s, err := p.Login(ctx, c, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refs := hostRefs(t, ctx, c, p, 0, s)
+	for n := range 4 {
+		vm, err := c.CallString(ctx, p.Addr(0), "VM.create", s, testdaemon.VMRecord(fmt.Sprint("placed-", n)))
+		if err == nil {
+			_, err = c.Call(ctx, p.Addr(0), "VM.start", s, vm, false, false)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if on, err := c.CallString(ctx, p.Addr(0), "VM.get_resident_on", s, vm); err != nil || on == refs[2] {
+			t.Fatalf("VM %d placed on %q (the witness is %s): %v", n, on, refs[2], err)
+		}
+	}
+	p.Kill(0)
+	start := time.Now()
+	for {
+		i, _, err := p.FindCoordinator(ctx, c)
+		if err == nil && i == 1 {
+			t.Logf("host %d coordinates %v after the kill", i, time.Since(start).Round(time.Millisecond))
+			break
+		}
+		if time.Since(start) > 30*time.Second {
+			t.Fatalf("no coordinator 30 s after the kill: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
