@@ -284,7 +284,7 @@ func TestErrorsAndExitCodes(t *testing.T) {
 		{[]string{"vm-list", "colour=red"}, "Error: Unknown field 'colour'\n"},
 		{[]string{"vm-start", "vm=nothing"}, "Error: No matching VMs found\n"},
 		{[]string{"vdi-import", "uuid=nope", "filename=/etc/hostname"}, "Error code: UUID_INVALID\nError parameters: VDI, nope\n"},
-		{[]string{"pool-join", "master-address=a", "master-username=b", "master-password=c"}, "Error code: NOT_IMPLEMENTED\nError parameters: pool-join\n"},
+		{[]string{"pool-disable-external-auth"}, "Error code: NOT_IMPLEMENTED\nError parameters: pool-disable-external-auth\n"},
 		{[]string{"vm-list", "-pw", "wrong"}, "Authentication failed\nFor usage run: 'xe help'\n"},
 	} {
 		if got := d.fails(c.args...); got != c.want {
