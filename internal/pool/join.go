@@ -29,13 +29,13 @@ const MaxVoters = 5
 // joinTimeout bounds a whole join, both sides.
 const joinTimeout = 60 * time.Second
 
-// joinRequest is what a joining host sends the coordinator.
+// joinRequest is what a joining host sends the coordinator, with the
+// coordinator's credentials in the request's basic authorization (checked
+// before the body is read).
 type joinRequest struct {
-	User     string `json:"user"`
-	Password string `json:"password"`
-	UUID     string `json:"uuid"`    // the joiner's host uuid: its raft ID
-	Address  string `json:"address"` // where the pool reaches it: its raft address
-	Rows     []byte `json:"rows"`    // its own rows (replica.EncodeRows)
+	UUID    string `json:"uuid"`    // the joiner's host uuid: its raft ID
+	Address string `json:"address"` // where the pool reaches it: its raft address
+	Rows    []byte `json:"rows"`    // its own rows (replica.EncodeRows)
 }
 
 // joinReply is the coordinator's answer: the secret and the raft index
@@ -67,17 +67,22 @@ func (p *Pool) join(c *api.Call, a dm.PoolJoinArgs) (dm.Void, error) {
 	if err != nil {
 		return dm.Void{}, err
 	}
-	// The coordinator checks its own credentials, as xapi's join logs in
-	// to the master with them (over TLS where the hosts serve HTTPS).
-	req := joinRequest{User: a.MasterUsername, Password: a.MasterPassword, UUID: p.cfg.HostUUID,
-		Address: p.cfg.Advertise, Rows: replica.EncodeRows(ownRows(snap, p.cfg.Server.Cfg.HostRef))}
-	body, err := json.Marshal(req) //nolint:gosec // the coordinator's own credentials, to the coordinator
+	req := joinRequest{UUID: p.cfg.HostUUID, Address: p.cfg.Advertise,
+		Rows: replica.EncodeRows(ownRows(snap, p.cfg.Server.Cfg.HostRef))}
+	body, err := json.Marshal(req)
 	if err != nil {
 		return dm.Void{}, err
 	}
 	ctx, cancel := context.WithTimeout(c.Ctx, joinTimeout)
 	defer cancel()
-	resp, err := p.post(ctx, master, joinPath, "application/json", body)
+	hreq, err := p.request(ctx, master, joinPath, "application/json", body)
+	if err != nil {
+		return dm.Void{}, err
+	}
+	// The coordinator checks its own credentials, as xapi's join logs in
+	// to the master with them (over TLS where the hosts serve HTTPS).
+	hreq.SetBasicAuth(a.MasterUsername, a.MasterPassword)
+	resp, err := p.client.Do(hreq)
 	if err != nil {
 		p.log.Warn("pool.join: cannot reach the master", "master", master, "err", err)
 		return dm.Void{}, xerr.New(xerr.JoiningHostConnectionFailed)
@@ -216,19 +221,21 @@ func (p *Pool) serveJoin(w http.ResponseWriter, r *http.Request) {
 		xe := xerr.From(err)
 		reply(joinReply{Error: append([]string{xe.Code}, xe.Params...)})
 	}
-	var req joinRequest
-	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxDelta)).Decode(&req); err != nil {
-		http.Error(w, "a join request is JSON", http.StatusBadRequest)
-		return
-	}
 	if p.Member() {
 		fail(xerr.New(xerr.HostIsSlave, p.Coordinator()))
 		return
 	}
 	ctx, cancel := context.WithTimeout(api.WithOrigin(r.Context(), api.Origin{Remote: r.RemoteAddr}), joinTimeout)
 	defer cancel()
-	if err := p.cfg.Server.CheckPoolAdmin(ctx, req.User, req.Password); err != nil {
+	// Credentials first: nobody else gets a byte of the body read.
+	user, pw, _ := r.BasicAuth()
+	if err := p.cfg.Server.CheckPoolAdmin(ctx, user, pw); err != nil {
 		fail(err)
+		return
+	}
+	var req joinRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxDelta)).Decode(&req); err != nil {
+		http.Error(w, "a join request is JSON", http.StatusBadRequest)
 		return
 	}
 	index, err := p.admit(ctx, req)

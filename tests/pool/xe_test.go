@@ -3,6 +3,7 @@ package pool
 import (
 	"context"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"strings"
@@ -54,5 +55,24 @@ func TestXePoolJoin(t *testing.T) {
 	run([]string{"TOOLSTACKD_DATA_DIR=" + p.Hosts[1].DataDir}, "pool-param-set", "uuid="+pool, "name-description=set with xe on a member")
 	if got := strings.TrimSpace(remote(0, "pool-param-get", "uuid="+pool, "param-name=name-description")); got != "set with xe on a member" {
 		t.Fatalf("the coordinator after xe on the member's socket: %q", got)
+	}
+}
+
+// pool.join with a wrong password for the coordinator fails as a login
+// does, and the host stays a pool of its own.
+func TestJoinWrongPassword(t *testing.T) {
+	ctx := testCtx(t)
+	p := pooltest.Start(t, pooltest.Options{Hosts: 2, Proxy: true})
+	c := pooltest.NewClient(netip.Addr{})
+	s, err := p.Login(ctx, c, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Call(ctx, p.Addr(1), "pool.join", s, p.Advertised(0), "root", "not the password")
+	if e, ok := testdaemon.AsError(err); !ok || e.Code != "SESSION_AUTHENTICATION_FAILED" {
+		t.Fatalf("a join with a wrong password: %v", err)
+	}
+	if _, err := p.Login(ctx, c, 1); err != nil {
+		t.Fatalf("the host after a failed join: %v", err)
 	}
 }
