@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 
+	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/api/wire"
 	"toolstackd/internal/schema"
 	"toolstackd/internal/xerr"
@@ -97,8 +98,8 @@ func (s *Server) toCoordinator(r *request) bool {
 // forwardWhole sends a call to the coordinator (the pool's master).
 func (s *Server) forwardWhole(c *Call, r *request) (any, error) {
 	master := schema.NullRef
-	for _, p := range c.Snapshot().All(s.Model.Class("pool")) {
-		master, _ = p.Get(p.Class.Field("master")).(string)
+	for _, p := range c.Snapshot().All(dm.Pool.Class) {
+		master = p.String(dm.Pool.Master)
 	}
 	if master == schema.NullRef || master == "" {
 		return nil, s.notCoordinator()

@@ -12,7 +12,6 @@ import (
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/pool/dbraft"
-	"toolstackd/internal/schema"
 	"toolstackd/internal/xerr"
 )
 
@@ -92,81 +91,14 @@ func (p *Pool) removeHost(uuid string) error {
 			return nil
 		}
 		tx.Lenient = true
-		return deleteAll(tx, hostRows(tx, host))
+		return deleteAll(tx, hostRecords(tx, host, true))
 	})
 	return err
 }
 
-// hostRows are the records that go with a host when it leaves the pool.
-func hostRows(tx *db.Tx, host *db.Row) []*db.Row {
-	self := host.Ref
-	out := []*db.Row{host}
-	add := func(c *schema.Class, ref string) {
-		if r, ok := tx.Get(c, ref); ok {
-			out = append(out, r)
-		}
-	}
-	add(dm.HostMetrics.Class, host.String(dm.Host.Metrics))
-	onHost := func(c *schema.Class, f *schema.Field) {
-		for _, r := range tx.All(c) {
-			if r.String(f) == self {
-				out = append(out, r)
-			}
-		}
-	}
-	onHost(dm.HostCPU.Class, dm.HostCPU.Host)
-	onHost(dm.PIF.Class, dm.PIF.Host)
-	// Its PBDs, and the SRs only it could see, with their disks.
-	srs := map[string]bool{}
-	for _, r := range tx.All(dm.PBD.Class) {
-		if r.String(dm.PBD.Host) == self {
-			out = append(out, r)
-			if sr, ok := tx.Get(dm.SR.Class, r.String(dm.PBD.SR)); ok && sr.Get(dm.SR.Shared) != true {
-				srs[sr.Ref] = true
-			}
-		}
-	}
-	vdis := map[string]bool{}
-	for sr := range srs {
-		add(dm.SR.Class, sr)
-	}
-	for _, r := range tx.All(dm.VDI.Class) {
-		if srs[r.String(dm.VDI.SR)] {
-			out = append(out, r)
-			vdis[r.Ref] = true
-		}
-	}
-	// The VMs resident on it, with their devices and metrics.
-	vms := map[string]bool{}
-	for _, r := range tx.All(dm.VM.Class) {
-		if r.String(dm.VM.ResidentOn) == self {
-			out = append(out, r)
-			vms[r.Ref] = true
-			add(dm.VMMetrics.Class, r.String(dm.VM.Metrics))
-			add(dm.VMGuestMetrics.Class, r.String(dm.VM.GuestMetrics))
-		}
-	}
-	for _, r := range tx.All(dm.VBD.Class) {
-		if vms[r.String(dm.VBD.VM)] || vdis[r.String(dm.VBD.VDI)] {
-			out = append(out, r)
-		}
-	}
-	for _, r := range tx.All(dm.VIF.Class) {
-		if vms[r.String(dm.VIF.VM)] {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
-// deleteAll deletes rows, each once.
+// deleteAll deletes rows (hostRecords lists each once).
 func deleteAll(tx *db.Tx, rows []*db.Row) error {
-	seen := map[string]bool{}
 	for _, r := range rows {
-		if seen[r.Ref] {
-			continue
-		}
-		seen[r.Ref] = true
 		if err := tx.Delete(r.Class, r.Ref); err != nil {
 			return err
 		}
@@ -193,7 +125,7 @@ func (p *Pool) hostDestroy(c *api.Call, a dm.HostDestroyArgs) (dm.Void, error) {
 		// Not in a pool: nothing but the record to forget.
 		_, err := p.cfg.Server.DB.Update(func(tx *db.Tx) error {
 			tx.Lenient = true
-			return deleteAll(tx, hostRows(tx, host))
+			return deleteAll(tx, hostRecords(tx, host, true))
 		})
 		return dm.Void{}, err
 	}

@@ -156,51 +156,86 @@ func joinable(snap db.Reader, self string) error {
 
 // ownRows are the rows a joining host brings into the pool: its host
 // record and metrics, its CPUs, its storage (PBDs, their SRs, their VDIs)
-// and its control domain.
+// and its control domain (hostRecords without what only leaving needs).
 func ownRows(snap db.Reader, self string) []*db.Row {
-	var out []*db.Row
-	add := func(c *schema.Class, ref string) {
-		if r, ok := snap.Get(c, ref); ok {
-			out = append(out, r)
-		}
-	}
 	host, ok := snap.Get(dm.Host.Class, self)
 	if !ok {
 		return nil
 	}
-	out = append(out, host)
-	add(dm.HostMetrics.Class, host.String(dm.Host.Metrics))
-	snap.Ascend(dm.HostCPU.Class, func(r *db.Row) bool {
-		if r.String(dm.HostCPU.Host) == self {
-			out = append(out, r)
+	return hostRecords(snap, host, false)
+}
+
+// hostRecords are the records that belong to a host: the host, its
+// metrics and CPUs, its PBDs with the SRs only it sees and their VDIs,
+// and its control domain with its metrics. leaving adds what goes with a
+// host that leaves the pool: its PIFs, every VM resident on it, and the
+// VBDs and VIFs of those VMs and disks. Relations are read through their
+// derived sets, so nothing else in the pool is scanned.
+func hostRecords(r db.Reader, host *db.Row, leaving bool) []*db.Row {
+	var out []*db.Row
+	seen := map[string]bool{}
+	keep := func(row *db.Row) {
+		if !seen[row.Ref] {
+			seen[row.Ref] = true
+			out = append(out, row)
 		}
-		return true
-	})
-	srs := map[string]bool{}
-	snap.Ascend(dm.PBD.Class, func(r *db.Row) bool {
-		if r.String(dm.PBD.Host) == self {
-			out = append(out, r)
-			srs[r.String(dm.PBD.SR)] = true
-		}
-		return true
-	})
-	for sr := range srs {
-		add(dm.SR.Class, sr)
 	}
-	snap.Ascend(dm.VDI.Class, func(r *db.Row) bool {
-		if srs[r.String(dm.VDI.SR)] {
-			out = append(out, r)
+	keep(host)
+	add := func(c *schema.Class, refs ...string) {
+		for _, ref := range refs {
+			if row, ok := r.Get(c, ref); ok {
+				keep(row)
+			}
 		}
-		return true
-	})
-	snap.Ascend(dm.VM.Class, func(r *db.Row) bool {
-		if ctrl, _ := r.Get(dm.VM.IsControlDomain).(bool); ctrl && r.String(dm.VM.ResidentOn) == self {
-			out = append(out, r)
-			add(dm.VMMetrics.Class, r.String(dm.VM.Metrics))
-			add(dm.VMGuestMetrics.Class, r.String(dm.VM.GuestMetrics))
+	}
+	refs := func(row *db.Row, f *schema.Field) []string { s, _ := r.Value(row, f).([]string); return s }
+	add(dm.HostMetrics.Class, host.String(dm.Host.Metrics))
+	add(dm.HostCPU.Class, refs(host, dm.Host.HostCPUs)...)
+	if leaving {
+		add(dm.PIF.Class, refs(host, dm.Host.PIFs)...)
+	}
+	var vdis []*db.Row
+	for _, pbd := range refs(host, dm.Host.PBDs) {
+		add(dm.PBD.Class, pbd)
+		row, ok := r.Get(dm.PBD.Class, pbd)
+		if !ok {
+			continue
 		}
-		return true
-	})
+		sr, ok := r.Get(dm.SR.Class, row.String(dm.PBD.SR))
+		if !ok || sr.Get(dm.SR.Shared) == true {
+			continue
+		}
+		keep(sr)
+		for _, ref := range refs(sr, dm.SR.VDIs) {
+			if vdi, ok := r.Get(dm.VDI.Class, ref); ok {
+				vdis = append(vdis, vdi)
+			}
+		}
+	}
+	for _, vdi := range vdis {
+		keep(vdi)
+	}
+	for _, ref := range refs(host, dm.Host.ResidentVMs) {
+		vm, ok := r.Get(dm.VM.Class, ref)
+		if !ok {
+			continue
+		}
+		if ctrl, _ := vm.Get(dm.VM.IsControlDomain).(bool); !ctrl && !leaving {
+			continue
+		}
+		keep(vm)
+		add(dm.VMMetrics.Class, vm.String(dm.VM.Metrics))
+		add(dm.VMGuestMetrics.Class, vm.String(dm.VM.GuestMetrics))
+		if leaving {
+			add(dm.VBD.Class, refs(vm, dm.VM.VBDs)...)
+			add(dm.VIF.Class, refs(vm, dm.VM.VIFs)...)
+		}
+	}
+	if leaving {
+		for _, vdi := range vdis {
+			add(dm.VBD.Class, refs(vdi, dm.VDI.VBDs)...)
+		}
+	}
 	return out
 }
 

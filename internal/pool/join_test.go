@@ -92,3 +92,68 @@ func TestMasterAddress(t *testing.T) {
 		t.Errorf("an empty master address: %v", err)
 	}
 }
+
+// What goes with a host: its own storage and VMs and their devices, not
+// a shared SR nor what sits on other hosts; a joiner brings its control
+// domain and storage but no PIFs or other VMs.
+func TestHostRecords(t *testing.T) {
+	d, self := bootedDB(t)
+	ids := map[string]string{}
+	_, err := d.Update(func(tx *db.Tx) error {
+		ins := func(name string, c *schema.Class, row []any) string {
+			ref, err := tx.Insert(c, "", row)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids[name] = ref
+			return ref
+		}
+		local := ins("local", dm.SR.Class, (&dm.SRRecord{NameLabel: "local"}).Row())
+		shared := ins("shared", dm.SR.Class, (&dm.SRRecord{NameLabel: "nfs", Shared: true}).Row())
+		ins("pbd", dm.PBD.Class, (&dm.PBDRecord{Host: dm.HostRef(self), SR: dm.SRRef(local)}).Row())
+		ins("sharedpbd", dm.PBD.Class, (&dm.PBDRecord{Host: dm.HostRef(self), SR: dm.SRRef(shared)}).Row())
+		disk := ins("vdi", dm.VDI.Class, (&dm.VDIRecord{SR: dm.SRRef(local)}).Row())
+		ins("sharedvdi", dm.VDI.Class, (&dm.VDIRecord{SR: dm.SRRef(shared)}).Row())
+		vm := ins("vm", dm.VM.Class, (&dm.VMRecord{NameLabel: "guest", ResidentOn: dm.HostRef(self)}).Row())
+		ins("vbd", dm.VBD.Class, (&dm.VBDRecord{VM: dm.VMRef(vm), VDI: dm.VDIRef(disk), Userdevice: "0"}).Row())
+		ins("elsewhere", dm.VM.Class, (&dm.VMRecord{NameLabel: "not here"}).Row())
+		net := ins("net", dm.Network.Class, (&dm.NetworkRecord{NameLabel: "n"}).Row())
+		ins("pif", dm.PIF.Class, (&dm.PIFRecord{Host: dm.HostRef(self), Network: dm.NetworkRef(net)}).Row())
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	has := func(rows []*db.Row) map[string]bool {
+		in := map[string]bool{}
+		for _, r := range rows {
+			for name, ref := range ids {
+				if r.Ref == ref {
+					in[name] = true
+				}
+			}
+		}
+		return in
+	}
+	host, _ := d.Snapshot().Get(dm.Host.Class, self)
+	leaving := has(hostRecords(d.Snapshot(), host, true))
+	for _, name := range []string{"local", "pbd", "sharedpbd", "vdi", "vm", "vbd", "pif"} {
+		if !leaving[name] {
+			t.Errorf("a leaving host's records lack %s", name)
+		}
+	}
+	for _, name := range []string{"shared", "sharedvdi", "elsewhere", "net"} {
+		if leaving[name] {
+			t.Errorf("a leaving host's records hold %s", name)
+		}
+	}
+	joining := has(ownRows(d.Snapshot(), self))
+	for _, name := range []string{"pif", "vm", "vbd", "shared"} {
+		if joining[name] {
+			t.Errorf("a joiner would bring %s", name)
+		}
+	}
+	if !joining["vdi"] || !joining["pbd"] {
+		t.Errorf("a joiner would not bring its storage: %v", joining)
+	}
+}
