@@ -405,7 +405,9 @@ func (p *Pool) designateNewMaster(c *api.Call, a dm.PoolDesignateNewMasterArgs) 
 	if leader == "" {
 		return dm.Void{}, xerr.New(xerr.CannotContactHost, "the coordinator")
 	}
-	return dm.Void{}, p.notifyXen(c.Ctx, leader, transferPath, member{UUID: host.UUID()})
+	ctx, cancel := context.WithTimeout(c.Ctx, 60*time.Second)
+	defer cancel()
+	return dm.Void{}, p.notifyXen(ctx, leader, transferPath, member{UUID: host.UUID()})
 }
 
 // transferPath asks the coordinator to hand leadership to a host.

@@ -122,7 +122,7 @@ func Open(cfg Config) (*Pool, error) {
 		return nil, err
 	}
 	p.lcfg = raftnet.Config{Advertise: cfg.Advertise, Secrets: p.secrets.Valid, TLS: cfg.TLS}
-	var dialer net.Dialer
+	dialer := net.Dialer{Timeout: 10 * time.Second}
 	if cfg.LocalIP != nil {
 		p.lcfg.LocalAddr = &net.TCPAddr{IP: cfg.LocalIP}
 		dialer.LocalAddr = p.lcfg.LocalAddr
@@ -130,11 +130,13 @@ func Open(cfg Config) (*Pool, error) {
 	if _, err := raftnet.NewStreamLayer(p.lcfg); err != nil {
 		return nil, err // the configuration is checked once, at start
 	}
+	// No overall timeout here: every request carries its own deadline in
+	// its context (a forwarded VM operation may rightly take minutes; a
+	// small message has seconds).
 	p.client = &http.Client{
-		Timeout: 30 * time.Second,
 		Transport: &http.Transport{
-			DialContext: dialer.DialContext, TLSClientConfig: cfg.TLS,
-			MaxIdleConnsPerHost: 8, IdleConnTimeout: 90 * time.Second, ResponseHeaderTimeout: 30 * time.Second,
+			DialContext: dialer.DialContext, TLSClientConfig: cfg.TLS, TLSHandshakeTimeout: 10 * time.Second,
+			MaxIdleConnsPerHost: 8, IdleConnTimeout: 90 * time.Second,
 		},
 	}
 	cfg.Server.SetPoolRole(p)
