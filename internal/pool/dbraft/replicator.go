@@ -142,7 +142,6 @@ type Replicator struct {
 	watchDone chan struct{}
 	stopWatch chan struct{}
 	flights   chan *flight
-	done      chan struct{}
 	wg        sync.WaitGroup
 }
 
@@ -183,7 +182,7 @@ func New(opts Options) *Replicator {
 		opts.Log = slog.Default()
 	}
 	r := &Replicator{opts: opts, log: opts.Log, own: map[uint64]*flight{},
-		appliedCh: make(chan struct{}), done: make(chan struct{})}
+		appliedCh: make(chan struct{})}
 	r.cond = sync.NewCond(&r.mu)
 	var b [8]byte
 	_, _ = randRead(b[:])
@@ -460,7 +459,6 @@ func (r *Replicator) complete() {
 			r.store.Append(b)
 		}
 	}
-	close(r.done)
 }
 
 // wait waits for a flight's replication and reports its outcome.
