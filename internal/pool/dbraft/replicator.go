@@ -118,9 +118,9 @@ type Replicator struct {
 	mu    sync.Mutex
 	cond  *sync.Cond
 	queue []*db.Batch
-	mode  Mode
-	// modeNow mirrors mode for readers on every call's path (Mode).
-	modeNow atomic.Int32
+	// mode is what the replicator does now: written under mu, read
+	// without it on every call's path (Mode).
+	mode atomic.Int32
 	// epoch grows at every abort: flights of an older epoch are dropped.
 	epoch uint64
 	// own are this leader's entries in raft, by sequence number.
@@ -247,13 +247,12 @@ func (r *Replicator) WaitApplied(ctx context.Context, i uint64) error {
 
 // Mode reports what the replicator does now.
 func (r *Replicator) Mode() Mode {
-	return Mode(r.modeNow.Load())
+	return Mode(r.mode.Load())
 }
 
 func (r *Replicator) setMode(m Mode) {
 	r.mu.Lock()
-	r.mode = m
-	r.modeNow.Store(int32(m))
+	r.mode.Store(int32(m))
 	r.mu.Unlock()
 	r.cond.Broadcast()
 }
@@ -262,7 +261,7 @@ func (r *Replicator) setMode(m Mode) {
 // database's publication lock and never blocks.
 func (r *Replicator) Append(b *db.Batch) {
 	r.mu.Lock()
-	if r.mode == Standalone {
+	if Mode(r.mode.Load()) == Standalone {
 		r.mu.Unlock()
 		r.store.Append(b)
 		return
@@ -312,7 +311,7 @@ func (r *Replicator) send() {
 		}
 		group := r.queue
 		r.queue = nil
-		mode, epoch := r.mode, r.epoch
+		mode, epoch := Mode(r.mode.Load()), r.epoch
 		r.mu.Unlock()
 		for len(group) > 0 {
 			n := 1
