@@ -50,10 +50,7 @@ func (p *Pool) emergencyTransitionToMaster(c *api.Call, _ dm.PoolEmergencyTransi
 		return dm.Void{}, nil // already its own master
 	}
 	p.log.Warn("emergency transition to master: this host takes over the pool alone")
-	p.stopWatching()
-	if err := p.cfg.Repl.Stop(); err != nil {
-		p.log.Warn("stopping raft", "err", err)
-	}
+	p.stopRaft()
 	trans, err := p.transport()
 	if err != nil {
 		return dm.Void{}, err
@@ -69,12 +66,8 @@ func (p *Pool) emergencyTransitionToMaster(c *api.Call, _ dm.PoolEmergencyTransi
 	}
 	ctx, cancel := context.WithTimeout(c.Ctx, 30*time.Second)
 	defer cancel()
-	for p.cfg.Repl.Mode() != dbraft.Leader {
-		select {
-		case <-ctx.Done():
-			return dm.Void{}, fmt.Errorf("raft did not elect this host: %w", ctx.Err())
-		case <-time.After(20 * time.Millisecond):
-		}
+	if err := p.cfg.Repl.WaitLeading(ctx); err != nil {
+		return dm.Void{}, err
 	}
 	// Hosts that come back start from a snapshot of this host's state.
 	return dm.Void{}, p.cfg.Repl.Compact()
@@ -127,15 +120,21 @@ func (p *Pool) emergencyResetMaster(c *api.Call, a dm.PoolEmergencyResetMasterAr
 	return dm.Void{}, p.notifyXen(ctx, master, readdPath, member{UUID: p.cfg.HostUUID, Address: p.cfg.Advertise})
 }
 
+// stopRaft stops raft, and what watches it, to start it again another
+// way (a failure to stop cleanly is logged: raft is down either way).
+func (p *Pool) stopRaft() {
+	p.stopWatching()
+	if err := p.cfg.Repl.Stop(); err != nil {
+		p.log.Warn("stopping raft", "err", err)
+	}
+}
+
 // rejoin drops this host's raft state and starts raft afresh: the
 // coordinator's snapshot will replace its database.
 func (p *Pool) rejoin() error {
 	p.joinMu.Lock()
 	defer p.joinMu.Unlock()
-	p.stopWatching()
-	if err := p.cfg.Repl.Stop(); err != nil {
-		p.log.Warn("stopping raft", "err", err)
-	}
+	p.stopRaft()
 	if err := os.RemoveAll(p.raftDir()); err != nil {
 		return err
 	}

@@ -335,12 +335,8 @@ func (p *Pool) becomePool(ctx context.Context) error {
 	if err := p.startRaft(true); err != nil {
 		return err
 	}
-	for p.cfg.Repl.Mode() != dbraft.Leader {
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("pool: raft did not elect this host: %w", ctx.Err())
-		case <-time.After(20 * time.Millisecond):
-		}
+	if err := p.cfg.Repl.WaitLeading(ctx); err != nil {
+		return err
 	}
 	if err := p.cfg.Repl.Compact(); err != nil {
 		return fmt.Errorf("pool: the first snapshot: %w", err)

@@ -272,6 +272,20 @@ func (r *Replicator) LeaderAddr() string {
 	return string(addr)
 }
 
+// WaitLeading waits until this host leads the pool and takes writes
+// (raft elected it and it applied everything committed before), or ctx
+// ends.
+func (r *Replicator) WaitLeading(ctx context.Context) error {
+	for r.Mode() != Leader {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("dbraft: raft did not elect this host: %w", ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
 // WaitLeader waits until raft knows a leader or ctx ends.
 func (r *Replicator) WaitLeader(ctx context.Context) (string, error) {
 	t := time.NewTicker(20 * time.Millisecond)
