@@ -209,16 +209,23 @@ func finish(t *testing.T, ctx context.Context, p *pooltest.Pool, w *pooltest.Wor
 	w.Check(t, final, time.Minute)
 }
 
-// The coordinator is killed with SIGKILL under the workload, again and
-// again; another host takes over, the killed one comes back as a member.
-func TestCoordinatorKill(t *testing.T) {
+// underWorkload starts a joined pool of three and the workload on it (4
+// clients, 8 keys).
+func underWorkload(t *testing.T) (context.Context, *pooltest.Pool, *pooltest.Workload, *pooltest.Run) {
+	t.Helper()
 	ctx := testCtx(t)
 	p := startPool(t, ctx)
 	w := &pooltest.Workload{Clients: 4, Keys: 8, OpTimeout: 5 * time.Second}
 	if err := w.Setup(ctx, p); err != nil {
 		t.Fatal(err)
 	}
-	run := w.Start(ctx)
+	return ctx, p, w, w.Start(ctx)
+}
+
+// The coordinator is killed with SIGKILL under the workload, again and
+// again; another host takes over, the killed one comes back as a member.
+func TestCoordinatorKill(t *testing.T) {
+	ctx, p, w, run := underWorkload(t)
 	n, start := rounds(2, 100), time.Now()
 	done := 0
 	for ; done < n && time.Since(start) < budget(); done++ {
@@ -252,13 +259,7 @@ func TestCoordinatorKill(t *testing.T) {
 // coordinator with calls in flight, must not have acknowledged anything
 // it then loses.
 func TestCoordinatorPause(t *testing.T) {
-	ctx := testCtx(t)
-	p := startPool(t, ctx)
-	w := &pooltest.Workload{Clients: 4, Keys: 8, OpTimeout: 5 * time.Second}
-	if err := w.Setup(ctx, p); err != nil {
-		t.Fatal(err)
-	}
-	run := w.Start(ctx)
+	ctx, p, w, run := underWorkload(t)
 	n, start := rounds(2, 20), time.Now()
 	for round := 0; round < n && time.Since(start) < budget(); round++ {
 		waitProgress(run, 50, 20*time.Second)
@@ -282,13 +283,7 @@ func TestCoordinatorPause(t *testing.T) {
 // peer link, the clients still reaching every host) and the partition is
 // healed while the clients write, cycle after cycle.
 func TestPartitionHeal(t *testing.T) {
-	ctx := testCtx(t)
-	p := startPool(t, ctx)
-	w := &pooltest.Workload{Clients: 4, Keys: 8, OpTimeout: 5 * time.Second}
-	if err := w.Setup(ctx, p); err != nil {
-		t.Fatal(err)
-	}
-	run := w.Start(ctx)
+	ctx, p, w, run := underWorkload(t)
 	n, start := rounds(3, 100), time.Now()
 	done := 0
 	for ; done < n && time.Since(start) < budget(); done++ {
