@@ -7,15 +7,17 @@ import (
 )
 
 // advertiseAddr is the address ("ip:port") the other hosts of a pool reach
-// this one at: --advertise, or the listen address (with the host's own
-// address when it listens on every interface).
+// this one at: --advertise, or the HTTPS listen address when the host
+// serves HTTPS (pool traffic then speaks TLS), or the listen address (with
+// the host's own address when it listens on every interface).
 func (o options) advertiseAddr() string {
 	if o.advertise != "" {
 		return o.advertise
 	}
-	host, port, err := net.SplitHostPort(o.listen)
+	listen := o.poolListen()
+	host, port, err := net.SplitHostPort(listen)
 	if err != nil {
-		return o.listen
+		return listen
 	}
 	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
 		host = api.ProbeHost().Address
@@ -23,9 +25,19 @@ func (o options) advertiseAddr() string {
 	return net.JoinHostPort(host, port)
 }
 
-// port is the API's port.
+// poolListen is the listener the other hosts of a pool talk to: the HTTPS
+// one when there is one.
+func (o options) poolListen() string {
+	if o.listenHTTPS != "" {
+		return o.listenHTTPS
+	}
+	return o.listen
+}
+
+// port is the port of the API the pool talks to (HTTPS when served): the
+// default port of pool.join's master address.
 func (o options) port() string {
-	_, port, _ := net.SplitHostPort(o.listen)
+	_, port, _ := net.SplitHostPort(o.poolListen())
 	return port
 }
 

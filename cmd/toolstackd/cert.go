@@ -4,15 +4,35 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"math/big"
 	"net"
 	"os"
 	"path/filepath"
 	"time"
 )
+
+// poolTLS is the pool layer's TLS configuration when the host serves
+// HTTPS: its certificate (made now if this is the first time) is the one
+// the other hosts pin. nil when it does not: pool traffic is plain HTTP.
+func (o options) poolTLS() (*tls.Config, error) {
+	if o.listenHTTPS == "" {
+		return nil, nil
+	}
+	certPath, keyPath, err := ensureCertificate(o.dataDir)
+	if err != nil {
+		return nil, fmt.Errorf("certificate: %w", err)
+	}
+	pair, err := tls.LoadX509KeyPair(certPath, keyPath)
+	if err != nil {
+		return nil, fmt.Errorf("certificate: %w", err)
+	}
+	return &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}, nil
+}
 
 // ensureCertificate makes a self-signed server certificate under the data
 // dir the first time it is needed and returns the certificate and key

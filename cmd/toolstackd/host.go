@@ -76,8 +76,12 @@ func openHost(o options, log *slog.Logger) (_ *host, err error) {
 // and its siblings, and raft if this host is in a pool.
 func (h *host) openPool(o options) error {
 	row, _ := h.db.Snapshot().Get(dm.Host.Class, h.srv.Cfg.HostRef)
+	tlsCfg, err := o.poolTLS()
+	if err != nil {
+		return err
+	}
 	cfg := pool.Config{DataDir: o.dataDir, Advertise: o.advertiseAddr(), Port: o.port(), LocalIP: o.localIP(),
-		HostUUID: row.UUID(), Server: h.srv, Repl: h.repl, Log: h.log, Eject: o.onEject}
+		TLS: tlsCfg, HostUUID: row.UUID(), Server: h.srv, Repl: h.repl, Log: h.log, Eject: o.onEject}
 	p, err := pool.Open(cfg)
 	if err != nil {
 		return err
@@ -234,7 +238,7 @@ func (h *host) registerModules(o options, hostRef string, first bool) error {
 	// storage layer's datapaths.
 	disks := &storageDisks{s: stor}
 	h.xm, err = xenops.Register(h.srv, h.router, xenops.Config{Backend: o.backend, DataDir: o.dataDir, HostRef: hostRef, Log: h.log,
-		ListenAddr: o.listen, Disks: disks})
+		ListenAddr: o.listen, Disks: disks, HostMemory: int64(o.hostMemory)})
 	if err != nil {
 		return fmt.Errorf("xenops: %w", err)
 	}

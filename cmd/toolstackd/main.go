@@ -36,6 +36,7 @@ type options struct {
 	listenHTTPS string
 	socket      string
 	backend     string
+	hostMemory  memSize
 	logLevel    string
 	redoLog     string
 	debugListen string
@@ -82,11 +83,12 @@ func rootCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&o.dataDir, "data-dir", defaultDataDir(), "where the host's state lives")
 	f.StringVar(&o.listen, "listen", "127.0.0.1:8080", "HTTP address for XML-RPC, JSON-RPC and the other endpoints")
-	f.StringVar(&o.advertise, "advertise", "", "the address (ip:port) other hosts of a pool reach this one at, e.g. a proxy in front of it; empty: the --listen address (host.address is its IP)")
+	f.StringVar(&o.advertise, "advertise", "", "the address (ip:port) other hosts of a pool reach this one at, e.g. a proxy in front of it; empty: the --listen-https address if set, else the --listen address (host.address is its IP)")
 	f.BoolVar(&o.witness, "witness", false, "run as a pool's witness: a raft voter that never runs VMs (host.enabled is false), so that a pool of two hosts fails over on its own")
-	f.StringVar(&o.listenHTTPS, "listen-https", "", "HTTPS address (self-signed certificate made on first boot); empty: none")
+	f.StringVar(&o.listenHTTPS, "listen-https", "", "HTTPS address (self-signed certificate made on first boot); empty: none. When set, the host's pool traffic goes over it, each peer checked by its pinned certificate")
 	f.StringVar(&o.socket, "socket", "", "local Unix socket whose callers are the local superuser (default DATA_DIR/xapi.sock)")
 	f.StringVar(&o.backend, "backend", "simulator", "VM backend: simulator or qemu")
+	f.Var(&o.hostMemory, "host-memory", "the memory VMs may use on this host, e.g. 16GiB (a simulated host's size); 0: the simulator's is unbounded, QEMU's is the host's available memory")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&o.redoLog, "redo-log", "", "mirror the database into a redo log at this file or block device (e.g. on shared storage)")
 	f.StringVar(&o.debugListen, "debug-listen", "", "serve Go's profiler (net/http/pprof) on this address, e.g. 127.0.0.1:6060; empty: off")

@@ -1,6 +1,7 @@
 package api
 
 import (
+	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/forwarding"
 	"toolstackd/internal/schema"
@@ -108,4 +109,24 @@ func (s *Server) admit(c *Call, marks []forwarding.Mark) (release func(), err er
 			s.Log.Error("cannot release operation marks", "method", c.Msg.Wire, "key", key, "err", err)
 		}
 	}, nil
+}
+
+// schedule records the host a placed VM is starting or resuming on
+// (VM.scheduled_to_be_resident_on) while the call runs, as xapi does:
+// clients see where it is going, and a placement made meanwhile keeps the
+// reservation. The returned function clears it, whatever the outcome.
+func (s *Server) schedule(vm, host string) (clear func()) {
+	set := func(to string) {
+		_, err := s.DB.Update(func(tx *db.Tx) error {
+			if _, ok := tx.Get(dm.VM.Class, vm); !ok {
+				return nil // destroyed meanwhile
+			}
+			return tx.Set(dm.VM.ScheduledToBeResidentOn, vm, to)
+		})
+		if err != nil {
+			s.Log.Warn("cannot record where a VM is scheduled", "vm", vm, "host", to, "err", err)
+		}
+	}
+	set(host)
+	return func() { set(schema.NullRef) }
 }

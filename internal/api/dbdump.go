@@ -35,10 +35,17 @@ func (s *Server) HTTPSession(w http.ResponseWriter, r *http.Request, roles schem
 			id = c.Value
 		}
 	}
-	var sess *Session
+	sess, handled := s.peerSession(w, r)
 	switch {
+	case handled:
+		return nil
+	case sess != nil:
 	case id != "":
-		sess = s.sessions.get(id)
+		if sess = s.sessions.get(id); sess == nil {
+			if sess, handled = s.remoteSession(w, r, id); handled {
+				return nil
+			}
+		}
 	default:
 		if user, pw, ok := r.BasicAuth(); ok {
 			// Checked as a login is: same limits, same cost for any name.

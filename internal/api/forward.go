@@ -9,6 +9,7 @@ import (
 
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/api/wire"
+	"toolstackd/internal/db"
 	"toolstackd/internal/schema"
 	"toolstackd/internal/xerr"
 )
@@ -113,6 +114,9 @@ func (s *Server) forwardWhole(c *Call, r *request) (any, error) {
 // result.
 func (s *Server) forward(c *Call, r *request) (any, error) {
 	host := r.target.Host()
+	if !hostLive(c.Snapshot(), host) {
+		return nil, xerr.New(xerr.HostOffline, host)
+	}
 	body, err := s.encodeCall(r)
 	if err != nil {
 		return nil, err
@@ -200,8 +204,24 @@ func (s *Server) ServeForwarded(w http.ResponseWriter, r *http.Request, id Ident
 // caller's on the coordinator, known here only for this call.
 func forwardedSession(ctx context.Context, id Identity) *Session {
 	sess := &Session{Ref: id.Session, User: id.User, Originator: id.Originator, Roles: id.Roles,
-		LocalSuperuser: id.Superuser, Subject: schema.NullRef}
+		LocalSuperuser: id.Superuser, Subject: schema.NullRef, remote: true}
 	sess.ctx, sess.cancel = context.WithCancel(ctx)
 	sess.touch()
 	return sess
+}
+
+// hostLive reports whether the database believes a host live: its
+// metrics say so (a host without metrics is given the benefit of the
+// doubt: the forwarding itself will tell).
+func hostLive(snap db.Reader, host string) bool {
+	h, ok := snap.Get(dm.Host.Class, host)
+	if !ok {
+		return true
+	}
+	m, ok := snap.Get(dm.HostMetrics.Class, h.String(dm.Host.Metrics))
+	if !ok {
+		return true
+	}
+	live, _ := m.Get(dm.HostMetrics.Live).(bool)
+	return live
 }

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 
+	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/forwarding"
 	"toolstackd/internal/schema"
 	"toolstackd/internal/xerr"
@@ -216,6 +217,9 @@ func (s *Server) admitAndRun(c *Call, r *request) (any, error) {
 			return nil, err
 		}
 		defer release()
+		if r.target.Placed != "" && c.Snapshot().Count(dm.Host.Class) > 1 {
+			defer s.schedule(r.target.Placed, r.target.Host())()
+		}
 	}
 	if s.remote(r) {
 		return s.forward(c, r)

@@ -36,6 +36,7 @@ type Session struct {
 	userRef string // the user row it authenticated as by password, or ""
 	local   bool   // opened over the local socket
 	replica bool   // opened by slave_local_login: this host's own replica
+	remote  bool   // the coordinator's, for one forwarded call or request
 
 	lastActive atomic.Int64 // unix nanoseconds
 	flushed    atomic.Int64 // last_active as last written to the database

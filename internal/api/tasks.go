@@ -101,8 +101,10 @@ func (s *Server) newTask(sess *Session, label, description string, cancel contex
 	ref := db.NewRef()
 	// An HTTP request authenticated with basic auth or over the local
 	// socket has a session of its own that is not in the table (no ref):
-	// its tasks belong to no session, as tasks made inside the server do.
-	if sess != nil && sess.Ref == "" {
+	// its tasks belong to no session, as tasks made inside the server do;
+	// so do those of a session this host only borrows from the
+	// coordinator (a forwarded request), which is not in its table.
+	if sess != nil && (sess.Ref == "" || sess.remote) {
 		sess = nil
 	}
 	if sess != nil {

@@ -210,6 +210,33 @@ func TestDeletedWindowIsBounded(t *testing.T) {
 	}
 }
 
+// A lenient transaction (a replicated batch, a joining host's rows) may
+// bring a child before its parent: the parent's derived set holds the
+// child once the parent arrives, in the same transaction or a later one.
+func TestLenientChildBeforeParent(t *testing.T) {
+	d := newDB(t)
+	vm := db.NewRef()
+	vbd := func(parent string) []any {
+		row := (&dm.VBDRecord{VM: dm.VMRef(parent), VDI: schema.NullRef, Userdevice: "0", Mode: "RW", Type: "Disk", Metrics: schema.NullRef}).Row()
+		return row
+	}
+	var child string
+	mustUpdate(t, d, func(tx *db.Tx) (err error) {
+		tx.Lenient = true
+		child, err = tx.Insert(dm.VBD.Class, "", vbd(vm))
+		return err
+	})
+	mustUpdate(t, d, func(tx *db.Tx) error {
+		_, err := tx.Insert(dm.VM.Class, vm, (&dm.VMRecord{NameLabel: "late parent"}).Row())
+		return err
+	})
+	s := d.Snapshot()
+	row, _ := s.Get(dm.VM.Class, vm)
+	if got, _ := s.Value(row, dm.VM.VBDs).([]string); !slices.Equal(got, []string{child}) {
+		t.Fatalf("the parent that came second has VBDs %v, want [%s]", got, child)
+	}
+}
+
 func TestOneToManyRelation(t *testing.T) {
 	d := newDB(t)
 	vm1, vm2 := createVM(t, d, "vm1"), createVM(t, d, "vm2")

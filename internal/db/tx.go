@@ -307,11 +307,13 @@ func (tx *Tx) relate(f *schema.Field, ref string, old, now any, gen uint64) {
 		if f.ManyToMany {
 			tx.editPartnerSet(inv, p, ref, true, gen)
 		} else {
-			if _, ok := tx.Get(inv.Class, p); !ok {
-				continue // a dangling ref (lenient load): no parent to keep
-			}
+			// Kept even while the parent is missing (a lenient load or a
+			// replicated batch may bring a child before its parent): the
+			// parent's set is right the moment it arrives.
 			tx.wrel(inv).ReplaceOrInsert(pair{p, ref})
-			tx.touchRow(inv.Class, p, gen)
+			if _, ok := tx.Get(inv.Class, p); ok {
+				tx.touchRow(inv.Class, p, gen)
+			}
 		}
 	}
 }

@@ -34,8 +34,10 @@
 // HOST_OFFLINE or CANNOT_CONTACT_HOST when it tries to forward, and so
 // should the caller. Where it has to choose among hosts (placement, SR
 // access) it only considers hosts it believes live: this host, and hosts
-// whose host_metrics say live. Placement here checks enabled hosts and SR
-// visibility; memory and HA plans are the placement module's business.
+// whose host_metrics say live. Placement checks that a host is enabled,
+// sees the VM's SRs and networks and has room for its memory (see room),
+// then takes the VM's affinity host or the one with the most room; HA's
+// plan is the HA module's business.
 // Nothing is written: taking the marks and forwarding are the caller's.
 //
 // # Errors
@@ -76,6 +78,10 @@ type Target struct {
 	// Marks are the current_operations entries the call holds while it
 	// runs, in the route's order, without duplicates.
 	Marks []Mark
+	// Placed is the VM a RoutePlacement call starts or resumes on
+	// Hosts[0] (the caller records it in scheduled_to_be_resident_on
+	// while the call runs); empty otherwise.
+	Placed string
 }
 
 // Host is the (first) host to run on.
@@ -132,7 +138,7 @@ func ResolveRoute(r *schema.Route, msg *schema.Message, args []any, snap db.Read
 	case schema.RouteVMResident:
 		t.Kind, t.Hosts, err = res.vmResident(r)
 	case schema.RoutePlacement:
-		t.Hosts, err = res.placement(r.Targets[0])
+		t.Placed, t.Hosts, err = res.placement(r.Targets[0])
 	case schema.RouteSRAccess:
 		t.Hosts, err = res.srAccess(r.Targets, nil)
 	case schema.RouteSRPlugged:
@@ -385,23 +391,99 @@ func (res *resolver) vmResident(r *schema.Route) (schema.RouteKind, []string, er
 	return schema.RouteCoordinator, []string{res.coord}, nil
 }
 
-// placement chooses a host to start or resume a VM on.
-func (res *resolver) placement(p schema.Path) ([]string, error) {
+// placement chooses a host to start or resume a VM on: the host it is
+// scheduled on, else among the live enabled hosts that see its SRs and
+// networks and have room for its memory, its affinity host, else the one
+// with the most room.
+func (res *resolver) placement(p schema.Path) (string, []string, error) {
 	vm, err := res.one(p)
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
 	if h := vm.String(dm.VM.ScheduledToBeResidentOn); res.validHost(h) {
-		return []string{h}, nil
+		return vm.Ref, []string{h}, nil
 	}
-	cands := res.seeing(res.vmSRs(vm), true)
+	need, _ := vm.Get(dm.VM.MemoryStaticMax).(int64)
+	nets := res.vmNetworks(vm)
+	var cands []string
+	room := map[string]int64{}
+	for _, h := range res.seeing(res.vmSRs(vm), true) {
+		free, known := res.room(h)
+		if (known && free < need) || !res.onNetworks(h, nets) {
+			continue
+		}
+		cands = append(cands, h)
+		room[h] = free
+	}
 	if len(cands) == 0 {
-		return nil, xerr.New(xerr.NoHostsAvailable)
+		return "", nil, xerr.New(xerr.NoHostsAvailable)
 	}
 	if a := vm.String(dm.VM.Affinity); slices.Contains(cands, a) {
-		return []string{a}, nil
+		return vm.Ref, []string{a}, nil
 	}
-	return []string{res.prefer(cands)}, nil
+	best := cands[:0:0]
+	for _, h := range cands {
+		switch {
+		case len(best) == 0 || room[h] > room[best[0]]:
+			best = append(best[:0], h)
+		case room[h] == room[best[0]]:
+			best = append(best, h)
+		}
+	}
+	return vm.Ref, []string{res.prefer(best)}, nil
+}
+
+// room is the memory a host has for another VM: what its metrics say is
+// free (the host keeps it current as domains start and stop; see
+// xenops). known is false for a host without metrics.
+func (res *resolver) room(host string) (free int64, known bool) {
+	h, ok := res.get(dm.Host.Class, host)
+	if !ok {
+		return 0, false
+	}
+	m, ok := res.get(dm.HostMetrics.Class, h.String(dm.Host.Metrics))
+	if !ok {
+		return 0, false
+	}
+	free, _ = m.Get(dm.HostMetrics.MemoryFree).(int64)
+	return free, true
+}
+
+// vmNetworks are the networks of a VM's VIFs.
+func (res *resolver) vmNetworks(vm *db.Row) []string {
+	var nets []string
+	vifs, _ := res.snap.Value(vm, dm.VM.VIFs).([]string)
+	for _, ref := range vifs {
+		if vif, ok := res.get(dm.VIF.Class, ref); ok {
+			if n := vif.String(dm.VIF.Network); !slices.Contains(nets, n) {
+				nets = append(nets, n)
+			}
+		}
+	}
+	return nets
+}
+
+// onNetworks reports whether a host reaches every network in nets: it
+// has a PIF on each, or the network has no PIF at all (a network inside
+// the host, which every host can make).
+func (res *resolver) onNetworks(host string, nets []string) bool {
+	for _, ref := range nets {
+		n, ok := res.get(dm.Network.Class, ref)
+		if !ok {
+			continue
+		}
+		pifs, _ := res.snap.Value(n, dm.Network.PIFs).([]string)
+		if len(pifs) == 0 {
+			continue
+		}
+		if !slices.ContainsFunc(pifs, func(p string) bool {
+			pif, ok := res.get(dm.PIF.Class, p)
+			return ok && pif.String(dm.PIF.Host) == host
+		}) {
+			return false
+		}
+	}
+	return true
 }
 
 // srAccess chooses a host that can see every SR the targets name (and

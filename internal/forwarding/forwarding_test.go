@@ -248,6 +248,67 @@ func TestPlacementPrefersAffinityAndSkipsDownHosts(t *testing.T) {
 	}
 }
 
+// Placement skips hosts without room for the VM's memory or without its
+// networks, and takes the one with the most room.
+func TestPlacementByMemoryAndNetworks(t *testing.T) {
+	d := twoHostPool(t)
+	m := dm.Model.Message("VM.start")
+	set := func(fn func(tx *db.Tx) error) {
+		t.Helper()
+		if _, err := d.Update(fn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	place := func() (string, error) {
+		got, err := forwarding.Resolve(m, []any{vmAny, false, false}, d.Snapshot(), h1)
+		if err != nil {
+			return "", err
+		}
+		if got.Placed != vmAny {
+			t.Errorf("placed %q, want %s", got.Placed, vmAny)
+		}
+		return got.Host(), nil
+	}
+	set(func(tx *db.Tx) error {
+		if err := tx.Set(dm.VM.MemoryStaticMax, vmAny, int64(1<<30)); err != nil {
+			return err
+		}
+		if err := tx.Set(dm.HostMetrics.MemoryFree, h1+"-metrics", int64(4<<30)); err != nil {
+			return err
+		}
+		return tx.Set(dm.HostMetrics.MemoryFree, h2+"-metrics", int64(8<<30))
+	})
+	if h, err := place(); err != nil || h != h2 {
+		t.Fatalf("most room is h2: got %s, %v", h, err)
+	}
+	// h2 starts a 5 GiB VM (its metrics say so): h1 has more room now.
+	set(func(tx *db.Tx) error { return tx.Set(dm.HostMetrics.MemoryFree, h2+"-metrics", int64(3<<30)) })
+	if h, err := place(); err != nil || h != h1 {
+		t.Fatalf("h2 holds a 5 GiB VM: got %s, %v", h, err)
+	}
+	// Neither host has room for 4 GiB more.
+	set(func(tx *db.Tx) error { return tx.Set(dm.VM.MemoryStaticMax, vmAny, int64(5<<30)) })
+	if _, err := place(); !xerr.HasCode(err, xerr.NoHostsAvailable) {
+		t.Fatalf("no room: got %v, want NO_HOSTS_AVAILABLE", err)
+	}
+	// A network with a PIF only on h2 keeps the VM off h1.
+	set(func(tx *db.Tx) error {
+		if err := tx.Set(dm.VM.MemoryStaticMax, vmAny, int64(1<<30)); err != nil {
+			return err
+		}
+		net := "OpaqueRef:net-h2"
+		insert(t, tx, dm.Network.Class, net, map[string]any{"name_label": "h2 only"})
+		if err := tx.Set(dm.PIF.Network, pif2, net); err != nil {
+			return err
+		}
+		insert(t, tx, dm.VIF.Class, "OpaqueRef:vif-any", map[string]any{"VM": vmAny, "network": net, "device": "0"})
+		return nil
+	})
+	if h, err := place(); err != nil || h != h2 {
+		t.Fatalf("network only on h2: got %s, %v", h, err)
+	}
+}
+
 func TestErrors(t *testing.T) {
 	snap := twoHostPool(t).Snapshot()
 	for _, tc := range []struct {

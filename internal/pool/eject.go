@@ -21,8 +21,9 @@ const leavePath = "/pool/leave"
 // eject is pool.eject. The route runs it on the host to be ejected, as
 // xapi does: it asks the coordinator to take it out of raft and to remove
 // its records (host, metrics, CPUs, PIFs, PBDs, its local SRs and their
-// disks, the VMs resident on it), then starts afresh as a pool of its own
-// (Config.Eject) once the call is answered, keeping root's password.
+// disks, the VMs resident on it, its pinned certificates), then starts
+// afresh as a pool of its own (Config.Eject) once the call is answered,
+// keeping root's password.
 func (p *Pool) eject(c *api.Call, a dm.PoolEjectArgs) (dm.Void, error) {
 	host, ok := c.Snapshot().Get(dm.Host.Class, string(a.Host))
 	if !ok {

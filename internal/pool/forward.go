@@ -97,19 +97,10 @@ func (p *Pool) addressOf(hostRef string) string {
 
 // serveCall runs a call the coordinator forwarded here.
 func (p *Pool) serveCall(w http.ResponseWriter, r *http.Request) {
-	var id api.Identity
-	if err := json.Unmarshal([]byte(r.Header.Get(headerIdentity)), &id); err != nil || id.Roles&^api.AllRoles != 0 {
-		http.Error(w, "a forwarded call names who it runs as", http.StatusBadRequest)
+	id, status, err := p.identityOf(r)
+	if err != nil {
+		http.Error(w, err.Error(), status)
 		return
-	}
-	if idx, err := strconv.ParseUint(r.Header.Get(headerIndex), 10, 64); err == nil {
-		ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
-		err := p.cfg.Repl.WaitApplied(ctx, idx)
-		cancel()
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-			return
-		}
 	}
 	p.cfg.Server.ServeForwarded(w, r, id)
 }

@@ -36,6 +36,8 @@ type joinRequest struct {
 	UUID    string `json:"uuid"`    // the joiner's host uuid: its raft ID
 	Address string `json:"address"` // where the pool reaches it: its raft address
 	Rows    []byte `json:"rows"`    // its own rows (replica.EncodeRows)
+	// Cert is its certificate (PEM) when it speaks TLS: the pool pins it.
+	Cert string `json:"cert,omitempty"`
 }
 
 // joinReply is the coordinator's answer: the secret and the raft index
@@ -69,6 +71,9 @@ func (p *Pool) join(c *api.Call, a dm.PoolJoinArgs) (dm.Void, error) {
 	}
 	req := joinRequest{UUID: p.cfg.HostUUID, Address: p.cfg.Advertise,
 		Rows: replica.EncodeRows(ownRows(snap, p.cfg.Server.Cfg.HostRef))}
+	if own := ownCert(p.cfg.TLS); own != nil {
+		req.Cert = certPEM(own)
+	}
 	body, err := json.Marshal(req)
 	if err != nil {
 		return dm.Void{}, err
@@ -82,7 +87,11 @@ func (p *Pool) join(c *api.Call, a dm.PoolJoinArgs) (dm.Void, error) {
 	// The coordinator checks its own credentials, as xapi's join logs in
 	// to the master with them (over TLS where the hosts serve HTTPS).
 	hreq.SetBasicAuth(a.MasterUsername, a.MasterPassword)
-	resp, err := p.client.Do(hreq)
+	// Nothing is pinned yet: the coordinator's certificate is taken on
+	// this first contact and trusted alone until the pool's database,
+	// with the pool's certificates, arrives.
+	first, seen := p.firstContact()
+	resp, err := first.Do(hreq)
 	if err != nil {
 		p.log.Warn("pool.join: cannot reach the master", "master", master, "err", err)
 		return dm.Void{}, xerr.New(xerr.JoiningHostConnectionFailed)
@@ -99,6 +108,10 @@ func (p *Pool) join(c *api.Call, a dm.PoolJoinArgs) (dm.Void, error) {
 	if err := p.secrets.Set(reply.Secret); err != nil {
 		return dm.Void{}, err
 	}
+	if fp := seen(); fp != "" {
+		p.joinPin.Store(&fp)
+		defer p.joinPin.Store(nil)
+	}
 	if err := p.startRaft(false); err != nil {
 		return dm.Void{}, err
 	}
@@ -107,6 +120,10 @@ func (p *Pool) join(c *api.Call, a dm.PoolJoinArgs) (dm.Void, error) {
 	if err := p.cfg.Repl.WaitApplied(ctx, reply.Index); err != nil {
 		p.log.Error("pool.join: the pool's database did not arrive", "err", err)
 		return dm.Void{}, xerr.New(xerr.JoiningHostServiceFailed)
+	}
+	if fp := seen(); fp != "" && !pinned(p.cfg.Server.DB.Snapshot(), fp) {
+		p.log.Warn("pool.join: the coordinator's certificate is not pinned in the pool's database: this host will not accept it",
+			"coordinator", master, "fingerprint", fp)
 	}
 	p.log.Info("joined the pool", "coordinator", master)
 	return dm.Void{}, nil
@@ -170,7 +187,8 @@ func ownRows(snap db.Reader, self string) []*db.Row {
 // and its control domain with its metrics. leaving adds what goes with a
 // host that leaves the pool: its PIFs, every VM resident on it, and the
 // VBDs and VIFs of those VMs and disks. Relations are read through their
-// derived sets, so nothing else in the pool is scanned.
+// derived sets, so nothing else in the pool is scanned. Its certificates
+// go too, so that a host that left is no longer accepted as a peer.
 func hostRecords(r db.Reader, host *db.Row, leaving bool) []*db.Row {
 	var out []*db.Row
 	seen := map[string]bool{}
@@ -191,8 +209,21 @@ func hostRecords(r db.Reader, host *db.Row, leaving bool) []*db.Row {
 	refs := func(row *db.Row, f *schema.Field) []string { s, _ := r.Value(row, f).([]string); return s }
 	add(dm.HostMetrics.Class, host.String(dm.Host.Metrics))
 	add(dm.HostCPU.Class, refs(host, dm.Host.HostCPUs)...)
+	for _, ref := range refs(host, dm.Host.PIFs) {
+		pif, ok := r.Get(dm.PIF.Class, ref)
+		if !ok {
+			continue
+		}
+		keep(pif)
+		add(dm.PIFMetrics.Class, pif.String(dm.PIF.Metrics))
+		if !leaving {
+			// Joining, the network comes too: the coordinator puts the
+			// PIF on the pool's network with the same bridge, or adds it.
+			add(dm.Network.Class, pif.String(dm.PIF.Network))
+		}
+	}
 	if leaving {
-		add(dm.PIF.Class, refs(host, dm.Host.PIFs)...)
+		add(dm.Certificate.Class, refs(host, dm.Host.Certificates)...) // its pins: it is refused from now on
 	}
 	var vdis []*db.Row
 	for _, pbd := range refs(host, dm.Host.PBDs) {
@@ -243,6 +274,42 @@ func hostRecords(r db.Reader, host *db.Row, leaving bool) []*db.Row {
 var joinClasses = map[*schema.Class]bool{
 	dm.Host.Class: true, dm.HostMetrics.Class: true, dm.HostCPU.Class: true, dm.PBD.Class: true, dm.SR.Class: true,
 	dm.VDI.Class: true, dm.VM.Class: true, dm.VMMetrics.Class: true, dm.VMGuestMetrics.Class: true,
+	dm.PIF.Class: true, dm.PIFMetrics.Class: true, dm.Network.Class: true,
+}
+
+// mergeNetworks puts a joining host's PIFs on the pool's networks: a
+// network of the joiner whose bridge a pool network has already is
+// dropped and its PIFs moved to the pool's (the management network of
+// every host is "xenbr0", so each host's PIF on it lands on one pool-wide
+// network, as xapi's join does); any other network joins the pool.
+func mergeNetworks(snap db.Reader, rows []replica.Row) []replica.Row {
+	byBridge := map[string]string{}
+	snap.Ascend(dm.Network.Class, func(n *db.Row) bool {
+		if b := n.String(dm.Network.Bridge); b != "" {
+			byBridge[b] = n.Ref
+		}
+		return true
+	})
+	moved := map[string]string{}
+	out := rows[:0]
+	for _, row := range rows {
+		if row.Class == dm.Network.Class {
+			if b, _ := row.Values[dm.Network.Bridge.Index].(string); b != "" && byBridge[b] != "" && byBridge[b] != row.Ref {
+				moved[row.Ref] = byBridge[b]
+				continue
+			}
+		}
+		out = append(out, row)
+	}
+	for _, row := range out {
+		if row.Class != dm.PIF.Class {
+			continue
+		}
+		if n, _ := row.Values[dm.PIF.Network.Index].(string); moved[n] != "" {
+			row.Values[dm.PIF.Network.Index] = moved[n]
+		}
+	}
+	return out
 }
 
 // serveJoin is the coordinator's side of pool.join.
@@ -292,6 +359,10 @@ func (p *Pool) admit(ctx context.Context, req joinRequest) (uint64, error) {
 	if _, _, err := net.SplitHostPort(req.Address); err != nil {
 		return 0, xerr.New(xerr.InvalidValue, "address", req.Address)
 	}
+	cert, err := p.joinCert(req.Cert)
+	if err != nil {
+		return 0, err
+	}
 	rows, err := replica.Decode(p.cfg.Server.Model, req.Rows)
 	if err != nil {
 		return 0, xerr.New(xerr.InvalidValue, "rows", err.Error())
@@ -306,7 +377,23 @@ func (p *Pool) admit(ctx context.Context, req joinRequest) (uint64, error) {
 	if err := p.becomePool(ctx); err != nil {
 		return 0, err
 	}
-	if _, err := p.cfg.Server.DB.Update(func(tx *db.Tx) error { return replica.ApplyTx(tx, rows) }); err != nil {
+	rows = mergeNetworks(p.cfg.Server.DB.Snapshot(), rows)
+	_, err = p.cfg.Server.DB.Update(func(tx *db.Tx) error {
+		if err := replica.ApplyTx(tx, rows); err != nil {
+			return err
+		}
+		if cert == nil {
+			return nil
+		}
+		// Pinned before the joiner's raft starts: the pool reaches it
+		// only through this certificate.
+		host, ok := tx.ByUUID(dm.Host.Class, req.UUID)
+		if !ok {
+			return xerr.New(xerr.InvalidValue, "rows", "no host row with the joining host's uuid")
+		}
+		return putHostCert(tx, host.Ref, cert)
+	})
+	if err != nil {
 		return 0, err
 	}
 	rf := p.cfg.Repl.Raft()
@@ -337,6 +424,14 @@ func (p *Pool) becomePool(ctx context.Context) error {
 	}
 	if err := p.cfg.Repl.WaitLeading(ctx); err != nil {
 		return err
+	}
+	if own := ownCert(p.cfg.TLS); own != nil {
+		// The coordinator's own pin, in the snapshot every joiner starts from.
+		if _, err := p.cfg.Server.DB.Update(func(tx *db.Tx) error {
+			return putHostCert(tx, p.cfg.Server.Cfg.HostRef, own)
+		}); err != nil {
+			return fmt.Errorf("pool: pinning this host's certificate: %w", err)
+		}
 	}
 	if err := p.cfg.Repl.Compact(); err != nil {
 		return fmt.Errorf("pool: the first snapshot: %w", err)

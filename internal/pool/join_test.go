@@ -6,6 +6,7 @@ import (
 	"toolstackd/internal/api"
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
+	"toolstackd/internal/pool/replica"
 	"toolstackd/internal/schema"
 	"toolstackd/internal/xerr"
 )
@@ -148,12 +149,52 @@ func TestHostRecords(t *testing.T) {
 		}
 	}
 	joining := has(ownRows(d.Snapshot(), self))
-	for _, name := range []string{"pif", "vm", "vbd", "shared"} {
+	for _, name := range []string{"vm", "vbd", "shared"} {
 		if joining[name] {
 			t.Errorf("a joiner would bring %s", name)
 		}
 	}
-	if !joining["vdi"] || !joining["pbd"] {
-		t.Errorf("a joiner would not bring its storage: %v", joining)
+	if !joining["vdi"] || !joining["pbd"] || !joining["pif"] || !joining["net"] {
+		t.Errorf("a joiner would not bring its storage and its PIFs with their networks: %v", joining)
+	}
+}
+
+// A joiner's network whose bridge the pool has is dropped and its PIFs
+// put on the pool's; another network joins as it is.
+func TestMergeNetworks(t *testing.T) {
+	pool := db.New(dm.Model, db.Options{})
+	var poolNet string
+	if _, err := pool.Update(func(tx *db.Tx) (err error) {
+		poolNet, err = tx.Insert(dm.Network.Class, "", (&dm.NetworkRecord{NameLabel: "pool", Bridge: "xenbr0"}).Row())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	row := func(c *schema.Class, ref string, values []any) replica.Row {
+		return replica.Row{Op: replica.OpPut, Class: c, Ref: ref, Values: values}
+	}
+	mgmt, other := "OpaqueRef:joiner-mgmt", "OpaqueRef:joiner-other"
+	rows := []replica.Row{
+		row(dm.PIF.Class, "OpaqueRef:pif0", (&dm.PIFRecord{Device: "eth0", Network: dm.NetworkRef(mgmt)}).Row()),
+		row(dm.Network.Class, mgmt, (&dm.NetworkRecord{NameLabel: "joiner's", Bridge: "xenbr0"}).Row()),
+		row(dm.PIF.Class, "OpaqueRef:pif1", (&dm.PIFRecord{Device: "eth1", Network: dm.NetworkRef(other)}).Row()),
+		row(dm.Network.Class, other, (&dm.NetworkRecord{NameLabel: "only the joiner's", Bridge: "xenbr1"}).Row()),
+	}
+	out := mergeNetworks(pool.Snapshot(), rows)
+	nets := map[string]bool{}
+	pifs := map[string]string{}
+	for _, r := range out {
+		switch r.Class {
+		case dm.Network.Class:
+			nets[r.Ref] = true
+		case dm.PIF.Class:
+			pifs[r.Ref], _ = r.Values[dm.PIF.Network.Index].(string)
+		}
+	}
+	if nets[mgmt] || !nets[other] || len(nets) != 1 {
+		t.Errorf("networks kept: %v, want only %s", nets, other)
+	}
+	if pifs["OpaqueRef:pif0"] != poolNet || pifs["OpaqueRef:pif1"] != other {
+		t.Errorf("PIFs' networks: %v, want pif0 on the pool's %s", pifs, poolNet)
 	}
 }

@@ -11,6 +11,11 @@
 //     mounted at raftnet.Path, so one port serves clients and peers. A
 //     host's raft ID is its host uuid and its raft address the address
 //     peers reach it at (--advertise, by default the listen address).
+//   - A host that serves HTTPS (Config.TLS) talks to the others over it
+//     alone, raft included, and accepts a peer only by its certificate
+//     pinned in the database (Certificate rows of type host_internal; see
+//     pin.go); a host without HTTPS speaks plain HTTP, authenticated by
+//     the pool secret as always.
 //   - POST /pool/db takes a member's own database changes (deltas, see
 //     dbraft) on the coordinator; POST /pool/join is the coordinator's
 //     side of pool.join.
@@ -77,7 +82,9 @@ type Config struct {
 	// LocalIP, when set, is the address outgoing pool connections leave
 	// from (hosts sharing a machine on 127.0.0.N).
 	LocalIP net.IP
-	// TLS, when set, makes intra-pool connections speak TLS.
+	// TLS, when set, makes intra-pool connections speak TLS, each peer
+	// checked by its pinned certificate (see pin.go); its first
+	// certificate is this host's own, the one its HTTPS listener serves.
 	TLS *tls.Config
 	// HostUUID is this host's uuid: its raft server ID.
 	HostUUID string
@@ -105,6 +112,9 @@ type Pool struct {
 	client *http.Client
 
 	joinMu sync.Mutex // one join (either side) at a time
+	// joinPin is the coordinator's certificate fingerprint seen by a join
+	// in progress on this host, trusted until the pool's database arrives.
+	joinPin atomic.Pointer[string]
 
 	stopWatch chan struct{} // closed to stop watching raft (under joinMu or at Close)
 	watching  sync.WaitGroup
@@ -121,7 +131,11 @@ func Open(cfg Config) (*Pool, error) {
 	if p.secrets, err = secret.Open(cfg.DataDir); err != nil {
 		return nil, err
 	}
-	p.lcfg = raftnet.Config{Advertise: cfg.Advertise, Secrets: p.secrets.Valid, TLS: cfg.TLS}
+	var clientTLS *tls.Config
+	if cfg.TLS != nil {
+		clientTLS = pinnedTLS(cfg.TLS, p.verifyPeer)
+	}
+	p.lcfg = raftnet.Config{Advertise: cfg.Advertise, Secrets: p.secrets.Valid, TLS: clientTLS}
 	dialer := net.Dialer{Timeout: 10 * time.Second}
 	if cfg.LocalIP != nil {
 		p.lcfg.LocalAddr = &net.TCPAddr{IP: cfg.LocalIP}
@@ -135,8 +149,10 @@ func Open(cfg Config) (*Pool, error) {
 	// small message has seconds).
 	p.client = &http.Client{
 		Transport: &http.Transport{
-			DialContext: dialer.DialContext, TLSClientConfig: cfg.TLS, TLSHandshakeTimeout: 10 * time.Second,
+			DialContext: dialer.DialContext, TLSClientConfig: clientTLS, TLSHandshakeTimeout: 10 * time.Second,
 			MaxIdleConnsPerHost: 8, IdleConnTimeout: 90 * time.Second,
+			// Disk transfers pass through here: big buffers, fewer calls.
+			ReadBufferSize: 256 << 10, WriteBufferSize: 256 << 10,
 		},
 	}
 	cfg.Server.SetPoolRole(p)
@@ -217,6 +233,7 @@ func (p *Pool) Routes(r *mux.Router) {
 	r.HandleFunc(joinPath, p.serveJoin).Methods(http.MethodPost)
 	r.HandleFunc(callPath, p.peerOnly(p.serveCall)).Methods(http.MethodPost)
 	r.HandleFunc(transferPath, p.peerOnly(p.serveTransfer)).Methods(http.MethodPost)
+	r.HandleFunc(sessionPath, p.peerOnly(p.serveSession)).Methods(http.MethodPost)
 	r.HandleFunc(rejoinPath, p.peerOnly(p.serveRejoin)).Methods(http.MethodPost)
 	r.HandleFunc(readdPath, p.peerOnly(p.serveReadd)).Methods(http.MethodPost)
 	r.HandleFunc(secretPath, p.peerOnly(p.serveSecret)).Methods(http.MethodPost)

@@ -22,6 +22,7 @@ import (
 	"toolstackd/internal/api"
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
+	"toolstackd/internal/forwarding"
 	"toolstackd/internal/netguard"
 	"toolstackd/internal/schema"
 	"toolstackd/internal/storage/imageformat"
@@ -115,33 +116,8 @@ func resolveVDI(snap db.Reader, id string) (*db.Row, error) {
 	return nil, xerr.New(xerr.UUIDInvalid, "VDI", id)
 }
 
-// httpStatus picks the HTTP status for a XenAPI error.
-func httpStatus(err error) int {
-	switch xerr.From(err).Code {
-	case xerr.HandleInvalid, xerr.UUIDInvalid:
-		return http.StatusNotFound
-	case xerr.InvalidValue, xerr.ValueNotSupported, xerr.ImportErrorCannotHandleChunked, xerr.ImportError:
-		return http.StatusBadRequest
-	case xerr.VDIInUse, xerr.OtherOperationInProgress:
-		return http.StatusConflict
-	case xerr.VDIReadonly, xerr.RBACPermissionDenied:
-		return http.StatusForbidden
-	case xerr.SRFull:
-		return http.StatusInsufficientStorage
-	case xerr.VDITooSmall:
-		return http.StatusRequestEntityTooLarge
-	case xerr.SRNotAttached, xerr.SRHasNoPBDs:
-		return http.StatusServiceUnavailable
-	}
-	return http.StatusInternalServerError
-}
-
-func writeError(w http.ResponseWriter, err error) {
-	xe := xerr.From(err)
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.WriteHeader(httpStatus(err))
-	_, _ = fmt.Fprintln(w, strings.Join(append([]string{xe.Code}, xe.Params...), " ")) //nolint:gosec // text/plain, not HTML: nothing to script; a client that is gone needs no error
-}
+// writeError answers with a XenAPI error, as every HTTP handler does.
+func writeError(w http.ResponseWriter, err error) { api.WriteHTTPError(w, err) }
 
 // xferTask is the task of one transfer: the API's task facility, whose
 // context task.cancel cancels, with progress held below 1 until the
@@ -228,11 +204,6 @@ func appendable(d Datapath) bool {
 	return d.Kind == "file" && d.Format == "qcow2" && !d.ReadOnly && imageformat.Appendable(d.Path)
 }
 
-// legacyUpload reports an HTTP/1.0-style upload with neither a length nor
-// chunking: its body runs to the end of the connection.
-func legacyUpload(r *http.Request) bool {
-	return r.ContentLength == 0 && r.Header.Get("Content-Length") == "" && len(r.TransferEncoding) == 0
-}
 
 // xferRequest authenticates an import or export request and reads its
 // query; when either fails, the response is written and ok is false.
@@ -254,10 +225,14 @@ func (s *Service) serveImport(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	vdi, err := resolveVDI(s.db.Snapshot(), q.VDI)
+	snap := s.db.Snapshot()
+	vdi, err := resolveVDI(snap, q.VDI)
 	if err != nil {
 		writeError(w, err)
 		return
+	}
+	if s.srv.ProxyHTTP(w, r, sess, forwarding.VDIHost(snap, s.srv.Cfg.HostRef, vdi.Ref)) {
+		return // served by the host with the disk
 	}
 	srRef := vdi.String(dm.VDI.SR)
 	b, err := s.attached(srRef)
@@ -289,14 +264,21 @@ func (s *Service) serveImport(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	task, ctx, err := s.xferTask(r.Context(), sess, q.Task, "VDI import")
+	rctx := r.Context()
+	if api.LegacyUpload(r) {
+		// Its connection is taken over below, and net/http cancels the
+		// request's context when the client ends its side: the end of
+		// the body, not a reason to stop.
+		rctx = context.WithoutCancel(rctx)
+	}
+	task, ctx, err := s.xferTask(rctx, sess, q.Task, "VDI import")
 	if err != nil {
 		writeError(w, err)
 		return
 	}
 	body := io.Reader(r.Body)
 	var conn net.Conn
-	if legacyUpload(r) {
+	if api.LegacyUpload(r) {
 		// xapi's protocol: answer at once, then read to the end.
 		hj, ok := w.(http.Hijacker)
 		if !ok {
@@ -584,6 +566,9 @@ func (s *Service) serveExport(w http.ResponseWriter, r *http.Request) {
 			writeError(w, err)
 			return
 		}
+	}
+	if s.srv.ProxyHTTP(w, r, sess, forwarding.VDIHost(snap, s.srv.Cfg.HostRef, vdi.Ref)) {
+		return // served by the host with the disk
 	}
 	b, err := s.attached(vdi.String(dm.VDI.SR))
 	if err != nil {

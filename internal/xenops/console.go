@@ -1,14 +1,14 @@
 package xenops
 
 import (
-	"io"
 	"net"
 	"net/http"
-	"sync"
 	"time"
 
+	"toolstackd/internal/api"
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
+	"toolstackd/internal/forwarding"
 	"toolstackd/internal/netguard"
 	"toolstackd/internal/schema"
 )
@@ -24,7 +24,8 @@ var consoleRoles = schema.RoleSet(0).With(schema.RolePoolAdmin).With(schema.Role
 // QEMU's VNC server for an rfb console, the serial port's bytes for a
 // vt100 one.
 func (m *Manager) serveConsole(w http.ResponseWriter, r *http.Request) {
-	if m.srv.HTTPSession(w, r, consoleRoles) == nil {
+	sess := m.srv.HTTPSession(w, r, consoleRoles)
+	if sess == nil {
 		return
 	}
 	snap := m.db.Snapshot()
@@ -45,6 +46,9 @@ func (m *Manager) serveConsole(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		http.Error(w, "the console's VM is gone", http.StatusNotFound)
 		return
+	}
+	if m.srv.ProxyHTTP(w, r, sess, forwarding.VMHost(snap, m.host, vm.Ref)) {
+		return // the domain runs on another host of the pool
 	}
 	path, err := m.be.ConsolePath(vm.UUID(), con.String(dm.Console.Protocol))
 	if err != nil {
@@ -76,29 +80,5 @@ func (m *Manager) serveConsole(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	m.log.Debug("console connected", "vm", vm.UUID(), "protocol", con.String(dm.Console.Protocol), "peer", r.RemoteAddr)
-	proxy(client, client, backend)
-}
-
-// proxy copies both ways until either side ends, then closes both.
-func proxy(client net.Conn, fromClient io.Reader, backend net.Conn) {
-	var once sync.Once
-	closeBoth := func() {
-		once.Do(func() {
-			_ = client.Close()
-			_ = backend.Close()
-		})
-	}
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		_, _ = io.Copy(backend, fromClient) // ends when either side closes: both end the session
-		closeBoth()
-	}()
-	go func() {
-		defer wg.Done()
-		_, _ = io.Copy(client, backend)
-		closeBoth()
-	}()
-	wg.Wait()
+	api.Splice(client, client, backend)
 }

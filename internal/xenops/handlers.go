@@ -44,6 +44,21 @@ func (m *Manager) registerHandlers() {
 		return m.vmSetMemory(c, a.Self, dm.VMOperationsChangingMemoryLimits, memoryLimits{staticMax: a.Value, dynamicMin: a.Value, dynamicMax: a.Value}, false)
 	})
 	api.Register(srv, m.vmAssertCanBootHere)
+	api.Register(srv, func(c *api.Call, a dm.HostComputeFreeMemoryArgs) (int64, error) {
+		// What placement reads: the host's metrics, which it keeps
+		// current as its domains start and stop.
+		snap := c.Snapshot()
+		h, ok := snap.Get(dm.Host.Class, string(a.Host))
+		if !ok {
+			return 0, xerr.New(xerr.HandleInvalid, dm.Host.Class.Name, string(a.Host))
+		}
+		metrics, ok := snap.Get(dm.HostMetrics.Class, h.String(dm.Host.Metrics))
+		if !ok {
+			return 0, nil
+		}
+		free, _ := metrics.Get(dm.HostMetrics.MemoryFree).(int64)
+		return free, nil
+	})
 	api.Register(srv, func(c *api.Call, a dm.VMGetAllowedVBDDevicesArgs) ([]string, error) {
 		return m.allowedDevices(c, a.VM, dm.VM.VBDs, dm.VBD.Class, dm.VBD.Userdevice, maxVBDDevices)
 	})

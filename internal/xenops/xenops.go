@@ -520,6 +520,47 @@ func (m *Manager) setDomainless(tx *db.Tx, row *db.Row, power string, f *schema.
 			return err
 		}
 	}
+	return m.noteFreeMemory(tx)
+}
+
+// noteFreeMemory keeps this host's host_metrics current in a transaction
+// that starts or ends a domain here: memory_total is the memory VMs may
+// use (Config.HostMemory, else what the host reported at first boot) and
+// memory_free that less the memory of the VMs resident here. Placement
+// reads it (forwarding), so a start elsewhere in the pool sees this one.
+func (m *Manager) noteFreeMemory(tx *db.Tx) error {
+	host, ok := tx.Get(dm.Host.Class, m.host)
+	if !ok {
+		return nil
+	}
+	ref := host.String(dm.Host.Metrics)
+	metrics, ok := tx.Get(dm.HostMetrics.Class, ref)
+	if !ok {
+		return nil
+	}
+	total, _ := metrics.Get(dm.HostMetrics.MemoryTotal).(int64)
+	if m.cfg.HostMemory > 0 && total != m.cfg.HostMemory {
+		total = m.cfg.HostMemory
+		if err := tx.Set(dm.HostMetrics.MemoryTotal, ref, total); err != nil {
+			return err
+		}
+	}
+	free := total
+	for _, vm := range strs(tx.Value(host, dm.Host.ResidentVMs)) {
+		row, ok := tx.Get(dm.VM.Class, vm)
+		if !ok || row.Get(dm.VM.IsControlDomain) == true {
+			continue
+		}
+		n, _ := row.Get(dm.VM.MemoryTarget).(int64)
+		if sm, _ := row.Get(dm.VM.MemoryStaticMax).(int64); n <= 0 {
+			n = sm
+		}
+		free -= n
+	}
+	free = max(free, 0)
+	if cur, _ := metrics.Get(dm.HostMetrics.MemoryFree).(int64); cur != free {
+		return tx.Set(dm.HostMetrics.MemoryFree, ref, free)
+	}
 	return nil
 }
 
@@ -603,6 +644,9 @@ func (m *Manager) setLive(tx *db.Tx, ref string, info backend.DomainInfo, power 
 		return err
 	}
 	if err := m.updateMetrics(tx, row, info, now); err != nil {
+		return err
+	}
+	if err := m.noteFreeMemory(tx); err != nil {
 		return err
 	}
 	return refreshVM(tx, ref)
@@ -764,6 +808,9 @@ func (m *Manager) reconcile() {
 		}
 	}
 	m.refreshAll()
+	if _, err := m.db.Update(m.noteFreeMemory); err != nil {
+		m.log.Warn("cannot record the host's free memory", "err", err)
+	}
 }
 
 // cleanupDomain removes what is left of a domain: its process (if any),

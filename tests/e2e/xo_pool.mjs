@@ -2,13 +2,16 @@
 // pointed at a member, it follows HOST_IS_SLAVE to the coordinator; after
 // pool.designate_new_master hands the pool to another host, its next calls
 // reach the new coordinator (the old one ended its sessions: SESSION_INVALID,
-// a new login, HOST_IS_SLAVE).
+// a new login, HOST_IS_SLAVE); after the coordinator is killed, a client
+// opened on a surviving host reaches the one raft elected.
 //
 // Run by tests/pool (TestXOFollowsTheCoordinator) with
 //   POOL_URLS      the hosts' URLs, coordinator first, space separated
 //   POOL_PASSWORD  root's password
-// It prints one line per check and exits non-zero on the first failure.
+// It prints KILL THE COORDINATOR when the test must kill the coordinator and
+// write back the index of the host it killed. It prints one line per check and exits non-zero on the first failure.
 import assert from 'node:assert/strict'
+import { createInterface } from 'node:readline'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { createClient } from 'xen-api'
 
@@ -25,6 +28,16 @@ async function retrying(what, fn, ms = 30e3) {
       await sleep(200)
     }
   }
+}
+
+// askToKill tells the test to kill the coordinator and returns the index
+// (in POOL_URLS) of the host it killed.
+async function askToKill() {
+  console.log('KILL THE COORDINATOR')
+  for await (const line of createInterface({ input: process.stdin })) {
+    return Number(line)
+  }
+  throw new Error('the test closed stdin without killing')
 }
 
 function hostOf(url) {
@@ -55,7 +68,33 @@ assert.equal(name, 'after transfer')
 assert.equal(xapi._url.hostname, hostOf(urls[1]), `the client now talks to the new coordinator (it talks to ${xapi._url.hostname}; urls ${urls})`)
 console.log('ok calls reach the new coordinator after pool.designate_new_master')
 
+// The coordinator is killed (kill -9) by the test: a client opened on any
+// surviving host follows HOST_IS_SLAVE to the coordinator raft elected,
+// where a write and its read succeed.
 await xapi.disconnect().catch(() => {})
+const killed = await askToKill()
+let after
+const survivor = await retrying('a client after the coordinator was killed', async () => {
+  for (const [i, url] of urls.entries()) {
+    if (i === killed) continue
+    const c = createClient({ url, auth: { user: 'root', password }, allowUnauthorized: true, transport: 'json-rpc' })
+    try {
+      await c.connect()
+      const pool = (await c.call('pool.get_all'))[0]
+      await c.call('pool.set_name_description', pool, 'after a kill')
+      after = await c.call('pool.get_name_description', pool)
+      return c
+    } catch (error) {
+      await c.disconnect().catch(() => {})
+      throw error
+    }
+  }
+}, 60e3)
+assert.equal(after, 'after a kill')
+assert.notEqual(survivor._url.hostname, hostOf(urls[killed]), 'the client reached a live coordinator')
+console.log('ok a client reaches the new coordinator after the old one was killed')
+await survivor.disconnect().catch(() => {})
+
 // xen-api's event loop may sit in a long event.from poll after disconnect:
 // end the process rather than wait for it.
 process.exit(0)

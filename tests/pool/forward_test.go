@@ -1,9 +1,11 @@
 package pool
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"net/netip"
@@ -16,6 +18,7 @@ import (
 
 	"toolstackd/internal/pooltest"
 	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/xerr"
 )
 
 // A call routed to a member runs there: a VM made on the coordinator
@@ -106,6 +109,16 @@ func TestMemberLiveness(t *testing.T) {
 	waitFor(true, 30*time.Second)
 	p.Kill(2)
 	t.Logf("a killed member is not live after %v", waitFor(false, 30*time.Second))
+	// A call routed to it is refused at once: HOST_OFFLINE [host].
+	dead := hostRefs(t, ctx, c, p, 0, s)[2]
+	vm, err := c.CallString(ctx, p.Addr(0), "VM.create", s, testdaemon.VMRecord("for a dead host"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Call(ctx, p.Addr(0), "VM.start_on", s, vm, dead, false, false)
+	if pooltest.Code(err) != xerr.HostOffline || !strings.Contains(err.Error(), dead) {
+		t.Fatalf("VM.start_on a dead member: %v, want HOST_OFFLINE [%s]", err, dead)
+	}
 	p.Restart(2)
 	t.Logf("a restarted member is live again after %v", waitFor(true, 30*time.Second))
 }
@@ -144,10 +157,40 @@ func runPoolClient(t *testing.T, interpreter, script, needs string) {
 	cmd := exec.CommandContext(ctx, bin, script)
 	cmd.Dir = filepath.Join(testdaemon.SourceRoot(), "tests", "e2e")
 	cmd.Env = append(os.Environ(), "POOL_URLS="+strings.Join(urls, " "), "POOL_PASSWORD="+p.Password())
-	out, err := cmd.CombinedOutput()
-	t.Logf("%s", out)
+	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var errOut bytes.Buffer
+	cmd.Stderr = &errOut
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// The script asks, with a line of its own, for the coordinator to be
+	// killed, and reads back which host was.
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		line := sc.Text()
+		t.Logf("%s: %s", script, line)
+		if line != "KILL THE COORDINATOR" {
+			continue
+		}
+		c := pooltest.NewClient(netip.Addr{})
+		i, _, err := p.FindCoordinator(ctx, c)
+		if err != nil {
+			t.Fatalf("finding the coordinator to kill: %v", err)
+		}
+		p.Kill(i)
+		t.Logf("killed the coordinator, host %d", i)
+		fmt.Fprintf(stdin, "%d\n", i)
+	}
+	_ = stdin.Close()
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("%s: %v\n%s", script, err, errOut.String())
 	}
 }
 
