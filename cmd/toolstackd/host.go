@@ -16,6 +16,8 @@ import (
 	"toolstackd/internal/cli"
 	"toolstackd/internal/db"
 	"toolstackd/internal/db/persist"
+	"toolstackd/internal/ha"
+	"toolstackd/internal/ha/lease"
 	"toolstackd/internal/pool"
 	"toolstackd/internal/pool/dbraft"
 	"toolstackd/internal/storage"
@@ -69,7 +71,30 @@ func openHost(o options, log *slog.Logger) (_ *host, err error) {
 	if err := h.openPool(o); err != nil {
 		return nil, err
 	}
+	if err := h.openHA(o); err != nil {
+		return nil, err
+	}
 	return h, nil
+}
+
+// openHA brings up HA: its calls, the lease endpoint and its loops, idle
+// until pool.enable_ha.
+func (h *host) openHA(o options) error {
+	row, _ := h.db.Snapshot().Get(dm.Host.Class, h.srv.Cfg.HostRef)
+	timing, err := lease.ParseTiming(o.haTiming)
+	if err != nil {
+		return fmt.Errorf("--ha-timing: %w", err)
+	}
+	svc, err := ha.New(ha.Config{Server: h.srv, Pool: h.pool, Fencer: h.xm, HostRef: h.srv.Cfg.HostRef, HostUUID: row.UUID(),
+		Timing: timing, Log: h.log})
+	if err != nil {
+		return err
+	}
+	svc.Routes(h.router)
+	svc.Register(h.srv)
+	svc.Start()
+	h.closers = append(h.closers, func() error { svc.Close(); return nil })
+	return nil
 }
 
 // openPool brings up the pool layer: the intra-pool endpoints, pool.join

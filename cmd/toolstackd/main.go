@@ -37,6 +37,7 @@ type options struct {
 	socket      string
 	backend     string
 	hostMemory  memSize
+	haTiming    string
 	logLevel    string
 	redoLog     string
 	debugListen string
@@ -90,6 +91,7 @@ func rootCmd() *cobra.Command {
 	f.StringVar(&o.backend, "backend", "simulator", "VM backend: simulator or qemu")
 	f.Var(&o.hostMemory, "host-memory", "the memory VMs may use on this host, e.g. 16GiB (a simulated host's size); 0: the simulator's is unbounded, QEMU's is the host's available memory")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&o.haTiming, "ha-timing", "", "HA's timing values over the defaults (docs/ha.md), e.g. lease=10s,renew=2s,grace=5s,watchdog=10s,margin=2s,drift=0.01")
 	f.StringVar(&o.redoLog, "redo-log", "", "mirror the database into a redo log at this file or block device (e.g. on shared storage)")
 	f.StringVar(&o.debugListen, "debug-listen", "", "serve Go's profiler (net/http/pprof) on this address, e.g. 127.0.0.1:6060; empty: off")
 	// Connection limits (issue 10): see internal/netguard.

@@ -92,3 +92,18 @@ func answer(w http.ResponseWriter, err error, status int) {
 	}
 	w.WriteHeader(http.StatusOK)
 }
+
+// NotifyCoordinator sends v as JSON to path on the pool's coordinator (a
+// small intra-pool message, with the pool secret): nil when it answers
+// 200.
+func (p *Pool) NotifyCoordinator(ctx context.Context, path string, v any) error {
+	leader, err := p.cfg.Repl.WaitLeader(ctx)
+	if err != nil {
+		return err
+	}
+	return p.notify(ctx, leader, path, v)
+}
+
+// PeerOnly serves h to hosts of the pool only (the pool secret), for the
+// intra-pool endpoints of other modules (HA's lease renewals).
+func (p *Pool) PeerOnly(h http.HandlerFunc) http.HandlerFunc { return p.peerOnly(h) }

@@ -21,7 +21,10 @@ package lease
 
 import (
 	"errors"
+	"fmt"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -162,6 +165,14 @@ func (l *Ledger) lastOf(host string) time.Time {
 	return l.start
 }
 
+// Renewed reports whether host has renewed with this ledger.
+func (l *Ledger) Renewed(host string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t, ok := l.last[host]
+	return ok && !t.Before(l.start)
+}
+
 // Dead reports whether host can be declared dead at now: FenceAfter has
 // passed since its last renewal (or since this ledger started).
 func (l *Ledger) Dead(host string, now time.Time) bool {
@@ -218,12 +229,12 @@ func (p Phase) String() string {
 }
 
 // PhaseAt is the phase of a host whose lease holds until until (zero:
-// never granted, which counts as held: a host that never had a lease has
-// nothing protected running) at now, with killed reporting whether its
-// protected VMs are all gone.
+// never granted, or lost with the process that held it: a lease long
+// over) at now, with killed reporting whether its protected VMs are all
+// gone.
 func (t Timing) PhaseAt(until, now time.Time, killed bool) Phase {
 	switch {
-	case until.IsZero() || now.Before(until):
+	case now.Before(until):
 		return Held
 	case killed:
 		return Safe
@@ -231,4 +242,47 @@ func (t Timing) PhaseAt(until, now time.Time, killed bool) Phase {
 		return Killing
 	}
 	return Fenced
+}
+
+// ParseTiming reads timing values written as "lease=10s,renew=2s,
+// grace=5s,watchdog=10s,margin=2s,drift=0.01", any subset, over the
+// defaults; the result must pass Check.
+func ParseTiming(s string) (Timing, error) {
+	t := Defaults()
+	if strings.TrimSpace(s) == "" {
+		return t, nil
+	}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		if !ok {
+			return t, fmt.Errorf("%w: %q is not name=value", ErrTiming, kv)
+		}
+		if k == "drift" {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return t, fmt.Errorf("%w: drift %q", ErrTiming, v)
+			}
+			t.Drift = f
+			continue
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return t, fmt.Errorf("%w: %s %q", ErrTiming, k, v)
+		}
+		switch k {
+		case "lease":
+			t.Lease = d
+		case "renew":
+			t.Renew = d
+		case "grace":
+			t.KillGrace = d
+		case "watchdog":
+			t.Watchdog = d
+		case "margin":
+			t.Margin = d
+		default:
+			return t, fmt.Errorf("%w: no value named %q", ErrTiming, k)
+		}
+	}
+	return t, t.Check()
 }

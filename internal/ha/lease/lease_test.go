@@ -74,6 +74,9 @@ func TestLedger(t *testing.T) {
 	if got := l.DeadAmong([]string{"c", "a", "b"}, at(f+time.Second)); !slices.Equal(got, []string{"b", "c"}) {
 		t.Fatalf("dead among: %v", got)
 	}
+	if !l.Renewed("a") || l.Renewed("b") {
+		t.Fatal("Renewed")
+	}
 	l.Forget("a")
 	if l.Dead("a", at(f-time.Second)) {
 		t.Fatal("a forgotten host counts from the start again, not from nothing")
@@ -121,7 +124,24 @@ func TestPhases(t *testing.T) {
 			t.Errorf("at %v killed %v: %v, want %v", tc.now, tc.killed, got, tc.want)
 		}
 	}
-	if tm.PhaseAt(time.Time{}, t0, false) != Held {
-		t.Error("a host never granted a lease has nothing protected to kill")
+	if tm.PhaseAt(time.Time{}, t0, false) != Fenced || tm.PhaseAt(time.Time{}, t0, true) != Safe {
+		t.Error("a host without a lease may run nothing protected")
+	}
+}
+
+func TestParseTiming(t *testing.T) {
+	got, err := ParseTiming("lease=2s, renew=400ms,grace=1s,watchdog=2s,margin=500ms,drift=0.02")
+	want := Timing{Lease: 2 * time.Second, Renew: 400 * time.Millisecond, KillGrace: time.Second, Watchdog: 2 * time.Second,
+		Margin: 500 * time.Millisecond, Drift: 0.02}
+	if err != nil || got != want {
+		t.Fatalf("%+v %v", got, err)
+	}
+	if got, err := ParseTiming(""); err != nil || got != Defaults() {
+		t.Fatalf("empty: %+v %v", got, err)
+	}
+	for _, bad := range []string{"lease", "lease=x", "nap=1s", "renew=9s", "drift=two"} {
+		if _, err := ParseTiming(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
 	}
 }
