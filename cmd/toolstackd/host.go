@@ -18,6 +18,7 @@ import (
 	"toolstackd/internal/db/persist"
 	"toolstackd/internal/ha"
 	"toolstackd/internal/ha/lease"
+	"toolstackd/internal/ha/watchdog"
 	"toolstackd/internal/pool"
 	"toolstackd/internal/pool/dbraft"
 	"toolstackd/internal/storage"
@@ -85,8 +86,12 @@ func (h *host) openHA(o options) error {
 	if err != nil {
 		return fmt.Errorf("--ha-timing: %w", err)
 	}
-	svc, err := ha.New(ha.Config{Server: h.srv, Pool: h.pool, Fencer: h.xm, HostRef: h.srv.Cfg.HostRef, HostUUID: row.UUID(),
-		Timing: timing, Log: h.log})
+	cfg := ha.Config{Server: h.srv, Pool: h.pool, Fencer: h.xm, HostRef: h.srv.Cfg.HostRef, HostUUID: row.UUID(),
+		Timing: timing, Log: h.log}
+	if o.watchdog != "" {
+		cfg.Watchdog = func() (watchdog.Watchdog, error) { return watchdog.Open(o.watchdog, timing.Watchdog) }
+	}
+	svc, err := ha.New(cfg)
 	if err != nil {
 		return err
 	}

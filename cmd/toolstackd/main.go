@@ -38,6 +38,7 @@ type options struct {
 	backend     string
 	hostMemory  memSize
 	haTiming    string
+	watchdog    string
 	logLevel    string
 	redoLog     string
 	debugListen string
@@ -91,6 +92,7 @@ func rootCmd() *cobra.Command {
 	f.StringVar(&o.backend, "backend", "simulator", "VM backend: simulator or qemu")
 	f.Var(&o.hostMemory, "host-memory", "the memory VMs may use on this host, e.g. 16GiB (a simulated host's size); 0: the simulator's is unbounded, QEMU's is the host's available memory")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&o.watchdog, "watchdog", "", "HA's watchdog: a device (/dev/watchdog) it pets while this host holds its lease, or \"fake\" (tests: a process that kills this daemon's process group); empty: none")
 	f.StringVar(&o.haTiming, "ha-timing", "", "HA's timing values over the defaults (docs/ha.md), e.g. lease=10s,renew=2s,grace=5s,watchdog=10s,margin=2s,drift=0.01")
 	f.StringVar(&o.redoLog, "redo-log", "", "mirror the database into a redo log at this file or block device (e.g. on shared storage)")
 	f.StringVar(&o.debugListen, "debug-listen", "", "serve Go's profiler (net/http/pprof) on this address, e.g. 127.0.0.1:6060; empty: off")
@@ -105,6 +107,7 @@ func rootCmd() *cobra.Command {
 	f.IntVar(&o.conns.MaxConnsPerClient, "max-conns-per-client", def.MaxConnsPerClient, "connections open at once from one IP address (the local socket is exempt)")
 	f.IntVar(&o.conns.MaxConns, "max-conns", 0, "connections open at once in total; 0: the file limit (raised to its hard limit at start) less a reserve")
 	cmd.AddCommand(recoverCmd())
+	cmd.AddCommand(fakeWatchdogCmd())
 	return cmd
 }
 
@@ -118,6 +121,11 @@ func run(ctx context.Context, o options) error {
 	case "simulator", "qemu":
 	default:
 		return fmt.Errorf("--backend must be simulator or qemu, not %q", o.backend)
+	}
+	if o.watchdog == "fake" {
+		if err := leadProcessGroup(); err != nil {
+			return fmt.Errorf("--watchdog fake: %w", err)
+		}
 	}
 	if err := os.MkdirAll(o.dataDir, 0o700); err != nil {
 		return fmt.Errorf("data dir: %w", err)

@@ -40,6 +40,7 @@ import (
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/ha/lease"
+	"toolstackd/internal/ha/watchdog"
 	"toolstackd/internal/schema"
 	"toolstackd/internal/xerr"
 )
@@ -79,6 +80,8 @@ type Config struct {
 	Log               *slog.Logger
 	// Now is the clock (tests); nil: time.Now.
 	Now func() time.Time
+	// Watchdog arms the host's watchdog when HA is enabled (nil: none).
+	Watchdog func() (watchdog.Watchdog, error)
 }
 
 // Service is one host's HA.
@@ -91,6 +94,8 @@ type Service struct {
 	ledger   *lease.Ledger   // while this host coordinates (under mu)
 	declared map[string]bool // hosts declared dead, until they renew (under mu)
 	killed   bool            // the protected VMs are gone since the lease ran out
+
+	wd watchdog.Watchdog // armed while HA is on (the loop's own)
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -134,7 +139,8 @@ func (s *Service) Start() {
 	go s.run()
 }
 
-// Close stops the loops. The lease is left to run out.
+// Close stops the loops. With HA on, the protected VMs here are killed
+// first (the lease ends with the process), then the watchdog is disarmed.
 func (s *Service) Close() {
 	select {
 	case <-s.stop:
@@ -142,6 +148,7 @@ func (s *Service) Close() {
 		close(s.stop)
 	}
 	s.wg.Wait()
+	s.stopping()
 }
 
 // enabled reports whether HA is on for the pool.
@@ -172,8 +179,10 @@ func (s *Service) run() {
 		if _, on := enabled(s.cfg.Server.DB.Snapshot()); !on {
 			s.holder.Drop()
 			s.setLedger(false, now)
+			s.disarm()
 			continue
 		}
+		s.arm()
 		s.setLedger(!s.cfg.Pool.Member(), now)
 		if now.Sub(lastRenew) >= s.cfg.Timing.Renew {
 			select {
@@ -188,9 +197,51 @@ func (s *Service) run() {
 			default: // the last renewal is still out
 			}
 		}
-		s.watchLease(now)
+		if phase := s.watchLease(now); s.wd != nil && phase != lease.Fenced {
+			if err := s.wd.Pet(); err != nil {
+				s.log.Error("HA: cannot pet the watchdog", "err", err)
+			}
+		}
 		s.coordinate(now)
 	}
+}
+
+// arm opens the watchdog if there is one and it is not armed yet.
+func (s *Service) arm() {
+	if s.wd != nil || s.cfg.Watchdog == nil {
+		return
+	}
+	wd, err := s.cfg.Watchdog()
+	if err != nil {
+		s.log.Error("HA: cannot arm the watchdog", "err", err)
+		return
+	}
+	s.log.Info("HA: the watchdog is armed", "timeout", s.cfg.Timing.Watchdog)
+	s.wd = wd
+}
+
+// disarm stops the watchdog without a reset.
+func (s *Service) disarm() {
+	if s.wd == nil {
+		return
+	}
+	if err := s.wd.Disarm(); err != nil {
+		s.log.Error("HA: cannot disarm the watchdog", "err", err)
+	}
+	s.wd = nil
+}
+
+// stopping, when the daemon stops with HA on, kills the protected VMs
+// here (their domains would outlive the daemon, and its lease with them)
+// and then disarms the watchdog.
+func (s *Service) stopping() {
+	if _, on := enabled(s.cfg.Server.DB.Snapshot()); on {
+		if left := s.fence(); left > 0 {
+			s.log.Error("HA: stopping with protected VMs that could not be killed: the watchdog stays armed", "left", left)
+			return
+		}
+	}
+	s.disarm()
 }
 
 // setLedger starts a ledger when this host becomes coordinator and drops
@@ -266,8 +317,8 @@ func (s *Service) serveRenew(w http.ResponseWriter, r *http.Request) {
 }
 
 // watchLease kills this host's protected VMs once its lease has run out
-// (docs/ha.md, rule 3).
-func (s *Service) watchLease(now time.Time) {
+// (docs/ha.md, rule 3) and returns the lease's phase.
+func (s *Service) watchLease(now time.Time) lease.Phase {
 	until := s.holder.Until()
 	s.mu.Lock()
 	killed := s.killed
@@ -276,20 +327,27 @@ func (s *Service) watchLease(now time.Time) {
 		killed = false
 	}
 	s.mu.Unlock()
-	switch s.cfg.Timing.PhaseAt(until, now, killed) {
+	phase := s.cfg.Timing.PhaseAt(until, now, killed)
+	switch phase {
 	case lease.Killing, lease.Fenced:
-		snap := s.cfg.Server.DB.Snapshot()
-		left := s.cfg.Fencer.Fence(context.Background(), func(uuid string) bool {
-			vm, ok := snap.ByUUID(dm.VM.Class, uuid)
-			return !ok || protected(vm) // a domain of a VM the records lost is killed too
-		})
-		if left == 0 {
+		if s.fence() == 0 {
 			s.mu.Lock()
 			s.killed = true
 			s.mu.Unlock()
 			s.log.Info("HA: no lease: no protected VM runs here")
 		}
 	}
+	return phase
+}
+
+// fence kills the protected VMs' domains on this host and returns how
+// many are left.
+func (s *Service) fence() int {
+	snap := s.cfg.Server.DB.Snapshot()
+	return s.cfg.Fencer.Fence(context.Background(), func(uuid string) bool {
+		vm, ok := snap.ByUUID(dm.VM.Class, uuid)
+		return !ok || protected(vm) // a domain of a VM the records lost is killed too
+	})
 }
 
 // protected reports whether HA restarts a VM elsewhere.

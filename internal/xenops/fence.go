@@ -18,7 +18,7 @@ func (m *Manager) Fence(ctx context.Context, protect func(uuid string) bool) (le
 		if info.State == backend.DomainGone || !protect(info.UUID) {
 			continue
 		}
-		m.log.Warn("HA: the host's lease ran out: killing a protected VM's domain", "vm", info.UUID, "domid", info.Domid)
+		m.log.Warn("HA: killing a protected VM's domain", "vm", info.UUID, "domid", info.Domid)
 		if err := m.be.Destroy(context.WithoutCancel(ctx), info.UUID); err != nil {
 			m.log.Error("HA: cannot kill a protected VM's domain", "vm", info.UUID, "err", err)
 		}

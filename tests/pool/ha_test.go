@@ -4,6 +4,8 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,10 +21,10 @@ const haTiming = "lease=2s,renew=400ms,grace=1s,watchdog=2s,margin=500ms"
 
 // haPool is a pool of three simulated hosts with HA enabled and a
 // protected VM running on host on.
-func haPool(t *testing.T, on int) (rpc, *pooltest.Pool, map[int]string, string) {
+func haPool(t *testing.T, on int, args ...string) (rpc, *pooltest.Pool, map[int]string, string) {
 	t.Helper()
 	ctx := testCtx(t)
-	p := pooltest.Start(t, pooltest.Options{Hosts: 3, Daemon: testdaemon.Options{ExtraArgs: []string{"--ha-timing", haTiming}}})
+	p := pooltest.Start(t, pooltest.Options{Hosts: 3, Daemon: testdaemon.Options{ExtraArgs: append([]string{"--ha-timing", haTiming}, args...)}})
 	p.Join(t)
 	c := pooltest.NewClient(netip.Addr{})
 	s, err := p.Login(ctx, c, 0)
@@ -102,6 +104,39 @@ func TestHAStoppedHostKillsItsInstance(t *testing.T) {
 	if ps := r.str("VM.get_power_state", vm); ps != "Running" || r.str("VM.get_resident_on", vm) != on {
 		t.Fatalf("after the resumed host fenced itself the VM is %s", ps)
 	}
+}
+
+// A member stopped (SIGSTOP) stops petting its watchdog: the fake
+// watchdog kills its process group, as a reset would, within the
+// watchdog's timeout, and the VM runs again elsewhere.
+func TestHAWatchdogResetsAStoppedHost(t *testing.T) {
+	r, p, hosts, vm := haPool(t, 1, "--watchdog", "fake")
+	pid := p.Hosts[1].PID
+	stopped := time.Now()
+	if err := p.Stop(1); err != nil {
+		t.Fatal(err)
+	}
+	for processAlive(pid) {
+		if time.Since(stopped) > 15*time.Second {
+			t.Fatal("the stopped host was not reset by its watchdog")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("the watchdog reset the stopped host after %v", time.Since(stopped))
+	on, _ := waitRunningElsewhere(r, vm, hosts[1], 30*time.Second)
+	t.Logf("running again on %s %v after the stop", on, time.Since(stopped))
+}
+
+// processAlive reports whether pid is a process that has not exited (a
+// zombie counts as exited).
+func processAlive(pid int) bool {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
 }
 
 // simDomainIn reports whether the simulator under a host's data dir has a

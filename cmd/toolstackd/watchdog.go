@@ -1,0 +1,45 @@
+package main
+
+import (
+	"errors"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"toolstackd/internal/ha/watchdog"
+)
+
+// fakeWatchdogCmd is the fake watchdog's process (internal/ha/watchdog):
+// started by a daemon run with --watchdog fake, fed pets on fd 3.
+func fakeWatchdogCmd() *cobra.Command {
+	var timeout time.Duration
+	var pgid int
+	cmd := &cobra.Command{
+		Use:    watchdog.FakeCommand,
+		Short:  "a fake watchdog for tests: kills a process group that stops petting it",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			in := os.NewFile(3, "pets")
+			if in == nil {
+				return errors.New("no pet pipe on fd 3")
+			}
+			return watchdog.RunFake(in, pgid, timeout)
+		},
+	}
+	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Second, "how long without a pet before the kill")
+	cmd.Flags().IntVar(&pgid, "pgid", 0, "the process group to kill")
+	return cmd
+}
+
+// leadProcessGroup makes this process the leader of a process group of
+// its own, which the fake watchdog kills as a reset would (its QEMUs
+// with it).
+func leadProcessGroup() error {
+	if syscall.Getpgrp() == os.Getpid() {
+		return nil
+	}
+	return syscall.Setpgid(0, 0)
+}
