@@ -22,6 +22,17 @@
 // writes in between fail at once with the last error, and commits that
 // need no disk (sessions) go on. The first write after space returns and
 // the back-off runs out succeeds, without a restart.
+//
+// # A file that follows another durable record
+//
+// In a pool the durable record is raft's log, and the file is the host's
+// copy of what raft applied (SetSync(false)): it is written without fsync,
+// and the pool releases writers as soon as raft has their change, before
+// the file does. A write that fails then refuses nothing (the change is
+// already acknowledged and lives in raft's log): the store keeps the group
+// and tries it again after the back-off, until it succeeds or the store
+// closes; a file left behind is brought forward from the log at the next
+// start. Flush waits for the file to catch up with what was queued.
 package persist
 
 import (
@@ -34,6 +45,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -115,6 +127,10 @@ type Store struct {
 	// fileGen is the generation the file records as of the last write
 	// known to have succeeded.
 	fileGen uint64
+	// following is set (under fileMu) while the file follows a durable
+	// record kept elsewhere (SetSync(false)): failed writes are retried
+	// instead of refused.
+	following atomic.Bool
 
 	// Owned by the commit loop: the error of the last failed write (nil
 	// when writes succeed), the back-off, and when to try again.
@@ -126,13 +142,18 @@ type Store struct {
 	alertAt  time.Time // when the last ALERT was logged
 	alerted  bool      // an ALERT was logged and no write succeeded since
 
-	mu       sync.Mutex
-	cond     *sync.Cond
-	queue    []*db.Batch
-	closing  bool
-	done     chan struct{}
-	syncs    int // bbolt transactions written, for tests of group commit
-	failures int // failed write attempts, for tests
+	mu      sync.Mutex
+	cond    *sync.Cond
+	queue   []*db.Batch
+	closing bool
+	done    chan struct{}
+	// queued counts the batches ever appended, handled those the loop
+	// wrote, refused or dropped; flushed wakes Flush when handled grows.
+	queued, handled uint64
+	stopped         bool // the loop has returned
+	flushed         *sync.Cond
+	syncs           int // bbolt transactions written, for tests of group commit
+	failures        int // failed write attempts, for tests
 	// Observers see every batch after it is on disk, in order (the redo
 	// log uses this).
 	observers []func(*db.Batch)
@@ -192,6 +213,7 @@ func Open(path string, m *schema.Model, opts Options) (s *Store, err error) {
 	s = &Store{bolt: b, model: m, log: opts.Log, path: path, bopts: bopts, maxRetry: opts.MaxRetryInterval,
 		mark: opts.Mark, done: make(chan struct{})}
 	s.cond = sync.NewCond(&s.mu)
+	s.flushed = sync.NewCond(&s.mu)
 	if err := s.checkSchema(path, opts.Upgrades); err != nil {
 		_ = b.Close() // the schema error is the one to report
 		return nil, err
@@ -321,14 +343,34 @@ func (s *Store) Observe(fn func(*db.Batch)) {
 func (s *Store) Append(b *db.Batch) {
 	s.mu.Lock()
 	s.queue = append(s.queue, b)
+	s.queued++
 	s.mu.Unlock()
 	s.cond.Signal()
+}
+
+// Flush waits until every batch appended before it has been written (or
+// refused, on a file that does not follow another record), or the store
+// closed. The pool calls it before it replaces the whole file, so that no
+// earlier write lands on top.
+func (s *Store) Flush() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	target := s.queued
+	for s.handled < target && !s.stopped && s.d != nil {
+		s.flushed.Wait()
+	}
 }
 
 // run is the group-commit loop: it takes every queued batch, writes them
 // in one bbolt transaction (one sync), and tells the database.
 func (s *Store) run() {
-	defer close(s.done)
+	defer func() {
+		s.mu.Lock()
+		s.stopped = true
+		s.mu.Unlock()
+		s.flushed.Broadcast()
+		close(s.done)
+	}()
 	for {
 		s.mu.Lock()
 		for len(s.queue) == 0 && !s.closing {
@@ -341,35 +383,114 @@ func (s *Store) run() {
 		if len(group) == 0 && closing {
 			return
 		}
-		if s.broken != nil && !closing && time.Now().Before(s.retryAt) {
-			// Writes are failing and the back-off has not run out: leave
-			// the disk alone. Commits that need no disk (logins) go
-			// through; the first that does fails at once, with every one
-			// built on it.
-			i := firstPersistent(group)
-			if i > 0 {
-				s.durable(group[:i])
-			}
-			if i < len(group) {
-				s.refuse()
-			}
-			continue
+		n := len(group)
+		if s.following.Load() {
+			n = s.follow(group)
+		} else {
+			s.commit(group, closing)
 		}
-		if err := s.write(group); err != nil {
-			s.writeFailed(err)
-			continue
-		}
-		if s.broken != nil && firstPersistent(group) < len(group) {
-			if s.alerted {
-				s.log.Warn("the database is writable again", "path", s.path, "after", s.broken)
-				s.alerted = false
-			}
-			// The back-off is kept: on a nearly full disk writes that
-			// fit in the file's free pages succeed between failures.
-			s.broken = nil
-		}
-		s.durable(group)
+		s.mu.Lock()
+		s.handled += uint64(n)
+		s.mu.Unlock()
+		s.flushed.Broadcast()
 	}
+}
+
+// commit writes a group whose writers wait for it: on failure they, and
+// every commit built on them, are refused.
+func (s *Store) commit(group []*db.Batch, closing bool) {
+	if s.broken != nil && !closing && time.Now().Before(s.retryAt) {
+		// Writes are failing and the back-off has not run out: leave
+		// the disk alone. Commits that need no disk (logins) go
+		// through; the first that does fails at once, with every one
+		// built on it.
+		i := firstPersistent(group)
+		if i > 0 {
+			s.durable(group[:i])
+		}
+		if i < len(group) {
+			s.refuse()
+		}
+		return
+	}
+	if err := s.write(group); err != nil {
+		s.writeFailed(err)
+		return
+	}
+	s.wrote(group)
+	s.durable(group)
+}
+
+// wrote notes a successful write after failures.
+func (s *Store) wrote(group []*db.Batch) {
+	if s.broken != nil && firstPersistent(group) < len(group) {
+		if s.alerted {
+			s.log.Warn("the database is writable again", "path", s.path, "after", s.broken)
+			s.alerted = false
+		}
+		// The back-off is kept: on a nearly full disk writes that
+		// fit in the file's free pages succeed between failures.
+		s.broken = nil
+	}
+}
+
+// follow writes a group while the file follows a durable record kept
+// elsewhere: its changes are acknowledged already, so a failed write is
+// tried again after the back-off, until it succeeds or the store closes
+// (the file is then behind, and brought forward from the record at the
+// next start). It returns how many queued batches it handled.
+func (s *Store) follow(group []*db.Batch) int {
+	n := len(group)
+	for {
+		if wait := time.Until(s.retryAt); s.broken != nil && wait > 0 {
+			time.Sleep(wait)
+		}
+		err := s.write(group)
+		if err == nil {
+			s.wrote(group)
+			s.durable(group)
+			return n
+		}
+		if !s.following.Load() {
+			// Sync came back on (raft stopped): the file is the record
+			// again, and a failed write refuses as it does there.
+			s.writeFailed(err)
+			return n
+		}
+		s.noteFailure(err)
+		s.mu.Lock()
+		closing := s.closing
+		s.mu.Unlock()
+		if closing {
+			s.log.Error("ALERT: closing with the database file behind the pool's log; it is brought forward at the next start",
+				"path", s.path, "err", err)
+			return n
+		}
+		// Writers do not wait for the file, so while the disk refuses
+		// writes the queue grows with every change: fold it into the
+		// group, one change per row, so that what waits is bounded by
+		// the rows changed rather than by the writes.
+		var more int
+		group, more = s.fold(group)
+		n += more
+	}
+}
+
+// fold merges a group and everything queued behind it into one batch
+// holding the last change to each persistent row; it returns the batch
+// and how many queued batches it took.
+func (s *Store) fold(group []*db.Batch) ([]*db.Batch, int) {
+	s.mu.Lock()
+	queued := s.queue
+	s.queue = nil
+	s.mu.Unlock()
+	all := append(group, queued...)
+	last := db.LastPersistentChanges(all)
+	merged := &db.Batch{From: all[0].From, To: all[len(all)-1].To, Changes: make([]db.Change, len(last))}
+	for i, ch := range last {
+		merged.Changes[i] = *ch
+	}
+	return []*db.Batch{merged}, len(queued)
 }
 
 // durable releases a group that is on disk (or needs no disk).
@@ -396,15 +517,24 @@ func (s *Store) refuse() {
 
 func (s *Store) dropQueue() {
 	s.mu.Lock()
+	s.handled += uint64(len(s.queue))
 	clear(s.queue)
 	s.queue = nil
 	s.mu.Unlock()
+	s.flushed.Broadcast()
 }
 
 // writeFailed fails the group that could not be written and every batch
 // queued behind it (each was built on the failed ones), undoes them in
 // memory, and sets the back-off before the next attempt.
 func (s *Store) writeFailed(err error) {
+	s.noteFailure(err)
+	s.d.Abort(refusalOf(err), s.dropQueue)
+}
+
+// noteFailure logs a failed write (at most one ALERT per backoffMemory)
+// and sets the back-off before the next attempt.
+func (s *Store) noteFailure(err error) {
 	s.mu.Lock()
 	s.failures++
 	s.mu.Unlock()
@@ -412,8 +542,11 @@ func (s *Store) writeFailed(err error) {
 	// At most one alert per backoffMemory, however often a nearly full
 	// disk flips between taking and refusing writes.
 	if now.Sub(s.alertAt) > backoffMemory {
-		s.log.Error("ALERT: the database cannot be written; the changes were refused and undone, and writes will be retried",
-			"path", s.path, "err", err)
+		msg := "ALERT: the database cannot be written; the changes were refused and undone, and writes will be retried"
+		if s.following.Load() {
+			msg = "ALERT: the database file cannot be written; it falls behind the pool's log (nothing is lost), and the write will be retried"
+		}
+		s.log.Error(msg, "path", s.path, "err", err)
 		s.alertAt, s.alerted = now, true
 	} else {
 		s.log.Debug("the database still cannot be written", "path", s.path, "err", err)
@@ -426,7 +559,6 @@ func (s *Store) writeFailed(err error) {
 	}
 	s.lastFail = now
 	s.retryAt = now.Add(s.backoff)
-	s.d.Abort(refusalOf(err), s.dropQueue)
 }
 
 // firstPersistent is the index of the first batch of a group that changes
@@ -521,11 +653,14 @@ func (s *Store) update(gen uint64, fn func(tx *bolt.Tx) error) (err error) {
 
 // SetSync turns fsync after each write on or off. The pool turns it off
 // while raft runs: raft's log is then the durable record, and a file that
-// lost its last writes (a power cut) is brought forward from it; turning
-// it back on syncs what was written.
+// lost its last writes (a power cut, or a process that stopped before the
+// file caught up) is brought forward from it; failed writes are then tried
+// again instead of refused (see the package documentation). Turning it
+// back on syncs what was written.
 func (s *Store) SetSync(on bool) error {
 	s.fileMu.Lock()
 	defer s.fileMu.Unlock()
+	s.following.Store(!on)
 	s.bopts.NoSync = !on
 	if s.bolt == nil {
 		return nil
@@ -621,7 +756,10 @@ func (s *Store) reopen() error {
 	if err := b.View(func(tx *bolt.Tx) error { gen = fileGeneration(tx); return nil }); err != nil {
 		return s.describe(err)
 	}
-	if gen != s.fileGen {
+	if gen != s.fileGen && s.following.Load() {
+		// The failed group is written again whole: nothing to undo.
+		s.fileGen = gen
+	} else if gen != s.fileGen {
 		if s.d == nil {
 			return &Error{s.path, "the file changed under a failed write", fmt.Errorf("generation %d, want %d", gen, s.fileGen)}
 		}

@@ -33,7 +33,7 @@ type node struct {
 }
 
 type pool struct {
-	t     *testing.T
+	t     testing.TB
 	nodes []*node
 	mu    sync.Mutex // guards the leader lookups of Forward
 }
@@ -122,7 +122,7 @@ func (p *pool) revive(n *node) {
 
 // newPool makes n hosts; the first boots a database and makes a pool of
 // itself, the others join it as voters.
-func newPool(t *testing.T, n int) *pool {
+func newPool(t testing.TB, n int) *pool {
 	p := &pool{t: t}
 	for i := range n {
 		addr, trans := raft.NewInmemTransport(raft.ServerAddress(fmt.Sprint("host", i)))
@@ -427,4 +427,48 @@ func TestFileBehindSnapshotCatchesUp(t *testing.T) {
 	}
 	p.revive(member)
 	p.converge()
+}
+
+// The coordinator releases a writer once raft has the change, before its
+// own file does: a coordinator that stops with its file behind (the last
+// writes never reached it) gets them back from raft's log when it
+// returns, its own entries included, and nothing acknowledged is lost.
+func TestLeaderFileBehindLogCatchesUp(t *testing.T) {
+	p := newPool(t, 3)
+	leader := p.waitLeader()
+	for i := range 10 {
+		if _, err := createVM(leader.d, fmt.Sprint("before-", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.converge()
+	file := filepath.Join(leader.dir, "toolstackd.db")
+	leader.store.Flush()
+	old, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{}
+	for i := range 30 {
+		name := fmt.Sprint("after-", i)
+		ref, err := createVM(leader.d, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[ref] = name
+	}
+	// Stop it and put back the file as it was before the last 30 writes.
+	rest := p.kill(leader)
+	if err := os.WriteFile(file, old, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p.waitLeader(rest...)
+	p.revive(leader)
+	p.converge()
+	for ref, name := range want {
+		row, ok := leader.d.Snapshot().Get(dm.VM.Class, ref)
+		if !ok || row.String(dm.VM.NameLabel) != name {
+			t.Fatalf("acknowledged VM %s (%s) is not on the returned host", ref, name)
+		}
+	}
 }

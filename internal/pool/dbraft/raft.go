@@ -75,15 +75,18 @@ func (r *Replicator) Start(o StartOptions) (err error) {
 		return err
 	}
 	// Raft's log is the durable record from now on: the file is written
-	// without waiting for the disk (see catchUp for the way back).
+	// without waiting for the disk (see catchUp for the way back), once
+	// what was written alone is synced.
+	r.setMode(Follower)
+	r.store.Flush()
 	if err := r.store.SetSync(false); err != nil {
+		r.setMode(Standalone)
 		return err
 	}
-	r.setMode(Follower)
 	rf, err := raft.NewRaft(conf, fsm{r}, store, store, snaps, trans)
 	if err != nil {
-		r.setMode(Standalone)
 		_ = r.store.SetSync(true)
+		r.setMode(Standalone)
 		return err
 	}
 	r.raft.Store(rf)
@@ -177,7 +180,7 @@ func (r *Replicator) Recover(o StartOptions, servers []raft.Server) error {
 func (r *Replicator) Forget() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.appliedIndex, r.appliedGen = 0, 0
+	r.appliedIndex, r.appliedGen, r.marked = 0, 0, 0
 }
 
 // watch follows leadership: a new leader applies everything committed
@@ -232,15 +235,17 @@ func (r *Replicator) Stop() error {
 		r.settleLocked(f, 0, raft.ErrRaftShutdown)
 	}
 	r.mu.Unlock()
+	// The file is synced, and takes writes synced, before a write can
+	// rely on it alone.
+	if serr := r.store.SetSync(true); err == nil {
+		err = serr
+	}
 	r.setMode(Standalone)
 	if cerr := r.raftStore.Close(); err == nil {
 		err = cerr
 	}
 	r.raft.Store(nil)
 	r.raftStore = nil
-	if serr := r.store.SetSync(true); err == nil {
-		err = serr
-	}
 	return err
 }
 

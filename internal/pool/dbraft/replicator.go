@@ -14,9 +14,11 @@
 //     of queued batches into one entry (replica.Encode, whole rows) and
 //     hands it to raft without waiting; many entries are in flight at
 //     once. The completer takes them in order: when raft has committed an
-//     entry and applied it here, its batches go to the file (group commit
-//     as before) and their writers return. Batches of in-memory classes
-//     only (sessions, tasks) skip raft but keep their place in the order.
+//     entry and applied it here, its writers return at once (the change
+//     is on a quorum's disks, in raft's log) and its batches go to the
+//     file, which catches up behind (see "The file" below). Batches of
+//     in-memory classes only (sessions, tasks) skip raft but keep their
+//     place in the order.
 //   - On a member, entries from the coordinator are applied by the FSM to
 //     the database (replica.ApplyTx, several entries in one transaction)
 //     and so to the file. A member's own changes (a module writing on the
@@ -32,6 +34,19 @@
 // last durable state; anything that did commit comes back through the log
 // as the new coordinator's. A new leader applies everything committed
 // (raft's barrier) before it takes writes.
+//
+// # The file
+//
+// While raft runs, the host's file is a copy of what raft applied here,
+// not the durable record: it is written without fsync, after the writers
+// were released, and a write that fails is tried again instead of
+// refusing anything (persist.Store.SetSync). Whatever it lacks when the
+// process or the machine stops is in raft's log, and raft's log on
+// internal/pool/raftstore is synced before raft counts an entry
+// committed. Before the whole file is replaced (a snapshot restored) the
+// writes queued for it are flushed, so that none lands on top. With raft
+// stopped (Standalone) a batch goes to the file, synced, before its
+// writer returns, as on a host that never was in a pool.
 //
 // # Restart and snapshots
 //
@@ -124,10 +139,14 @@ type Replicator struct {
 	// epoch grows at every abort: flights of an older epoch are dropped.
 	epoch uint64
 	// own are this leader's entries in raft, by sequence number.
-	own     map[uint64]*flight
-	nonce   uint64 // this process's tag on its entries
-	seq     uint64
-	marks   []mark // raft indexes of batches on their way to the file
+	own   map[uint64]*flight
+	nonce uint64 // this process's tag on its entries
+	seq   uint64
+	marks []mark // raft indexes of batches on their way to the file
+	// marked is the raft index the file holds once the write that asked
+	// for it succeeds (markFor): a failed write, tried again, records the
+	// same.
+	marked  uint64
 	restore uint64 // the index of a snapshot being restored
 	closing bool
 
@@ -142,6 +161,7 @@ type Replicator struct {
 	watchDone chan struct{}
 	stopWatch chan struct{}
 	flights   chan *flight
+	deltas    chan delta // a member's deltas, sent in order by forward
 	wg        sync.WaitGroup
 }
 
@@ -158,8 +178,11 @@ const (
 
 // flight is a group of batches on their way to the file, in order.
 type flight struct {
-	kind    flightKind
-	epoch   uint64
+	kind  flightKind
+	epoch uint64
+	// direct: raft was stopped when the flight was sent; the file's
+	// synced write makes it durable (not raft), and the file releases it.
+	direct  bool
 	batches []*db.Batch
 	index   uint64 // raft index, when known
 	seq     uint64
@@ -214,9 +237,29 @@ func (r *Replicator) OpenStore(path string, opts persist.Options) (*persist.Stor
 func (r *Replicator) Attach(d *db.DB) {
 	r.d = d
 	r.flights = make(chan *flight, maxInFlight)
-	r.wg.Add(2)
+	r.deltas = make(chan delta, maxInFlight)
+	r.wg.Add(3)
 	go r.send()
 	go r.complete()
+	go r.forward()
+}
+
+// delta is a member's change on its way to the coordinator.
+type delta struct {
+	f     *flight
+	entry []byte
+}
+
+// forward sends a member's deltas to the coordinator one at a time, in
+// the order they were made: a delta carries whole column values (a map,
+// a set), so two in flight at once could land in the other order and the
+// older value win (a VM's current_operations keeping an operation that
+// had ended).
+func (r *Replicator) forward() {
+	defer r.wg.Done()
+	for d := range r.deltas {
+		d.f.remote <- r.opts.Forward(context.Background(), d.entry)
+	}
 }
 
 // AppliedIndex is the last raft index this host's database holds.
@@ -272,34 +315,39 @@ func (r *Replicator) Append(b *db.Batch) {
 }
 
 // ReplaceAll rewrites the file from a snapshot (db.Replacer): a restored
-// raft snapshot, or a restored database dump.
-func (r *Replicator) ReplaceAll(snap *db.Snapshot) error { return r.store.ReplaceAll(snap) }
+// raft snapshot, or a restored database dump. Writes released before it
+// reach the file first, so that none lands on top.
+func (r *Replicator) ReplaceAll(snap *db.Snapshot) error {
+	r.store.Flush()
+	return r.store.ReplaceAll(snap)
+}
 
 // markFor is persist's Mark: the newest raft index among the batches up
-// to gen, if any reached the file with this write.
+// to gen (the file is written in order, so it holds every one before).
 func (r *Replicator) markFor(gen uint64) []byte {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var index uint64
 	if r.restore != 0 {
-		index = r.restore
+		// A snapshot may move the file back as well as on.
+		r.marked = r.restore
 	}
 	n := 0
 	for n < len(r.marks) && r.marks[n].gen <= gen {
-		index = max(index, r.marks[n].index)
+		r.marked = max(r.marked, r.marks[n].index)
 		n++
 	}
 	r.marks = r.marks[n:]
-	if index == 0 {
+	if r.marked == 0 {
 		return nil
 	}
-	return binary.BigEndian.AppendUint64(nil, index)
+	return binary.BigEndian.AppendUint64(nil, r.marked)
 }
 
 // send turns queued batches into flights, in order.
 func (r *Replicator) send() {
 	defer r.wg.Done()
 	defer close(r.flights)
+	defer close(r.deltas)
 	for {
 		r.mu.Lock()
 		for len(r.queue) == 0 && !r.closing {
@@ -313,6 +361,7 @@ func (r *Replicator) send() {
 		r.queue = nil
 		mode, epoch := Mode(r.mode.Load()), r.epoch
 		r.mu.Unlock()
+		direct := mode == Standalone
 		for len(group) > 0 {
 			n := 1
 			_, replicated := group[0].Tag.(applied)
@@ -326,6 +375,7 @@ func (r *Replicator) send() {
 			if replicated {
 				f.index = group[n-1].Tag.(applied).index
 			} else {
+				f.direct = direct
 				r.launch(f, mode)
 			}
 			group = group[n:]
@@ -374,7 +424,7 @@ func (r *Replicator) launch(f *flight, mode Mode) {
 			f.remote <- ErrNotLeader
 			return
 		}
-		go func() { f.remote <- r.opts.Forward(context.Background(), entry) }()
+		r.deltas <- delta{f, entry}
 	}
 }
 
@@ -419,10 +469,12 @@ func (r *Replicator) ownFlight(ext []byte) *flight {
 	return f
 }
 
-// complete takes flights in order: replicated ones go to the file, a
-// failed one aborts every commit not yet durable.
+// complete takes flights in order: a replicated one is released and goes
+// to the file, a failed one aborts every commit not yet durable, a direct
+// one (raft stopped) goes to the file, which releases it once synced.
 func (r *Replicator) complete() {
 	defer r.wg.Done()
+	lastDirect := false
 	for f := range r.flights {
 		r.mu.Lock()
 		stale := f.epoch != r.epoch
@@ -454,8 +506,21 @@ func (r *Replicator) complete() {
 			r.marks = append(r.marks, mark{f.lastGen(), f.index})
 		}
 		r.mu.Unlock()
+		if f.direct != lastDirect {
+			// Raft just started or stopped: what is in the file's queue
+			// is written before the order of release changes (a synced
+			// write must not release a replicated batch, nor a release
+			// go ahead of a synced write not yet done).
+			r.store.Flush()
+			lastDirect = f.direct
+		}
 		for _, b := range f.batches {
 			r.store.Append(b)
+		}
+		if !f.direct {
+			// Raft has it (or it needs no disk): its writers need not
+			// wait for the file.
+			r.d.Durable(f.lastGen())
 		}
 	}
 }

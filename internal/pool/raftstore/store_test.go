@@ -436,19 +436,29 @@ func TestCrashMidStoreLogs(t *testing.T) {
 		// up to its death; the kill comes at an arbitrary moment, most
 		// likely in the middle of a transaction's writes or sync.
 		ackedCh := make(chan uint64, 1)
+		started := make(chan struct{})
 		go func() {
 			var acked uint64
 			sc := bufio.NewScanner(out)
 			for sc.Scan() {
 				if v, ok := strings.CutPrefix(sc.Text(), "stored "); ok {
 					if n, err := strconv.ParseUint(v, 10, 64); err == nil {
+						if acked == 0 {
+							close(started)
+						}
 						acked = n
 					}
 				}
 			}
 			ackedCh <- acked
 		}()
-		time.Sleep(time.Duration(100+round*70) * time.Millisecond)
+		// The kill comes once the child is storing (its start takes a
+		// while on a loaded machine), after a delay of its own each round.
+		select {
+		case <-started:
+		case <-time.After(30 * time.Second):
+		}
+		time.Sleep(time.Duration(50+round*70) * time.Millisecond)
 		if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}

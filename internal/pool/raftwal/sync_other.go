@@ -1,0 +1,7 @@
+//go:build !linux
+
+package raftwal
+
+import "os"
+
+func fdatasync(f *os.File) error { return f.Sync() }

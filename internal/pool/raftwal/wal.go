@@ -1,0 +1,610 @@
+// Package raftwal is a prototype of raft's log kept in append-only
+// segment files instead of bbolt, for one measured comparison: how much
+// of a replicated write's latency is the log store's. It is a
+// raft.LogStore for github.com/hashicorp/raft, and it is NOT used by the
+// daemon (the decided design keeps raft's log on bbolt, in
+// internal/pool/raftstore); only its tests and benchmarks run it.
+//
+// # Why it could be faster
+//
+// A bbolt commit syncs twice: the pages, then the meta page that makes
+// them current. An append-only log needs one sync per StoreLogs: the
+// records are written at the end of the current segment and the file is
+// fdatasynced once. A record whose bytes did not all reach the disk
+// before a crash is found by its checksum and cut off at the next Open.
+//
+// # Files
+//
+// A directory holds segments named by the index of their first entry,
+// as 20 decimal digits and ".wal" ("00000000000000000001.wal"). A
+// segment is a sequence of records:
+//
+//	length  uint32, big-endian: the bytes of the body
+//	crc     uint32, big-endian: CRC-32C of the body
+//	body    index uvarint, term uvarint, type byte, appended-at unix
+//	        nanoseconds varint, data length uvarint and data,
+//	        extensions length uvarint and extensions
+//
+// Entries are contiguous: each record's index is one more than the one
+// before, across segments. A new segment starts when the current one
+// passes Options.SegmentBytes. The file "first" holds, as 8 big-endian
+// bytes, the lowest index that is not deleted (raft's log compaction
+// removes a prefix; entries of a segment before it are ignored), written
+// to a temporary file, synced and renamed into place.
+//
+// # Recovery
+//
+// Open reads every segment. In the last one, a record that is short or
+// whose checksum or body does not hold is a torn write: the segment is
+// cut there (and synced) and the log ends at the record before. Anywhere
+// else the same damage is reported as an error wrapping ErrCorrupt:
+// earlier segments were complete and synced before the next began.
+//
+// # Deleting
+//
+// raft deletes either a prefix (compaction after a snapshot) or a suffix
+// (entries of a deposed leader that conflict with the new one's).
+// DeleteRange removes whole segments where it can, moves "first" for a
+// prefix, and truncates the segment holding the first deleted entry of a
+// suffix. A range in the middle of the log is refused.
+package raftwal
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"toolstackd/internal/safepath"
+)
+
+// MaxEntryBytes bounds the data and extensions of one entry each.
+const MaxEntryBytes = 64 << 20
+
+// maxRecord bounds a record's body: both fields at their limit and the
+// fixed fields.
+const maxRecord = 2*MaxEntryBytes + 64
+
+// ErrCorrupt is wrapped by errors about damaged segments.
+var ErrCorrupt = errors.New("raftwal: corrupt log")
+
+var crcTable = crc32.MakeTable(crc32.Castagnoli)
+
+const (
+	segmentSuffix = ".wal"
+	firstName     = "first"
+	headerBytes   = 8
+)
+
+// Options tune Open.
+type Options struct {
+	// SegmentBytes starts a new segment once the current one is larger
+	// (default 64 MiB).
+	SegmentBytes int64
+	// NoSync skips fdatasync (benchmarks only).
+	NoSync bool
+}
+
+// where is an entry's place on disk.
+type where struct {
+	seg *segment
+	off int64
+	n   int32 // body length
+}
+
+type segment struct {
+	first uint64 // index of its first record
+	path  string
+	f     *os.File
+	size  int64
+}
+
+// WAL is a raft.LogStore on segment files. It is safe for concurrent use.
+type WAL struct {
+	dir  string
+	opts Options
+
+	mu    sync.RWMutex
+	segs  []*segment
+	first uint64 // lowest index kept (0: empty log)
+	last  uint64 // highest index stored (0: empty log)
+	// at[i] is where the entry of index base+i is (base: the first
+	// entry of the first segment).
+	base uint64
+	at   []where
+	buf  []byte
+}
+
+var _ raft.LogStore = (*WAL)(nil)
+
+// Open opens (creating it if needed) the log in dir, cutting a torn tail.
+func Open(dir string, opts Options) (*WAL, error) {
+	if opts.SegmentBytes <= 0 {
+		opts.SegmentBytes = 64 << 20
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	w := &WAL{dir: dir, opts: opts}
+	if err := w.load(); err != nil {
+		_ = w.closeFiles()
+		return nil, err
+	}
+	return w, nil
+}
+
+// load reads "first" and every segment.
+func (w *WAL) load() error {
+	firstPath, err := safepath.JoinName(w.dir, firstName)
+	if err != nil {
+		return err
+	}
+	var keep uint64
+	switch b, err := os.ReadFile(firstPath); { //nolint:gosec // the path is under the log's directory (safepath)
+	case err == nil && len(b) == 8:
+		keep = binary.BigEndian.Uint64(b)
+	case err == nil:
+		return fmt.Errorf("%w: %s holds %d bytes", ErrCorrupt, firstPath, len(b))
+	case !errors.Is(err, os.ErrNotExist):
+		return err
+	}
+	names, err := w.segmentNames()
+	if err != nil {
+		return err
+	}
+	for i, name := range names {
+		start, _ := strconv.ParseUint(strings.TrimSuffix(name, segmentSuffix), 10, 64)
+		path, err := safepath.JoinName(w.dir, name)
+		if err != nil {
+			return err
+		}
+		f, err := os.OpenFile(path, os.O_RDWR, 0o600) //nolint:gosec // the path is under the log's directory (safepath)
+		if err != nil {
+			return err
+		}
+		seg := &segment{first: start, path: path, f: f}
+		w.segs = append(w.segs, seg)
+		if w.last != 0 && start != w.last+1 {
+			return fmt.Errorf("%w: segment %s starts at %d, the log before ends at %d", ErrCorrupt, name, start, w.last)
+		}
+		if err := w.scan(seg, i == len(names)-1); err != nil {
+			return err
+		}
+	}
+	if w.last == 0 {
+		return nil
+	}
+	w.first = max(w.base, keep)
+	if w.first > w.last {
+		w.first, w.last = 0, 0
+	}
+	return nil
+}
+
+// segmentNames lists the directory's segments in index order.
+func (w *WAL) segmentNames() ([]string, error) {
+	ents, err := os.ReadDir(w.dir)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, e := range ents {
+		n := e.Name()
+		if !strings.HasSuffix(n, segmentSuffix) {
+			continue
+		}
+		digits := strings.TrimSuffix(n, segmentSuffix)
+		if _, err := strconv.ParseUint(digits, 10, 64); err != nil || len(digits) != 20 {
+			return nil, fmt.Errorf("%w: unexpected file %s", ErrCorrupt, n)
+		}
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names, nil
+}
+
+// scan indexes a segment's records; in the last segment a damaged record
+// ends the log and the file is cut there.
+func (w *WAL) scan(seg *segment, last bool) error {
+	r := bufio.NewReaderSize(seg.f, 1<<16)
+	var off int64
+	next := seg.first
+	var hdr [headerBytes]byte
+	var body []byte
+	for {
+		bad := ""
+		_, err := io.ReadFull(r, hdr[:])
+		if err == io.EOF {
+			break
+		}
+		n := binary.BigEndian.Uint32(hdr[:4])
+		switch {
+		case err != nil:
+			bad = "a short record header"
+		case n == 0 || n > maxRecord:
+			bad = fmt.Sprintf("a record of %d bytes", n)
+		default:
+			body = slices.Grow(body[:0], int(n))[:n]
+			if _, err := io.ReadFull(r, body); err != nil {
+				bad = "a short record"
+			} else if crcOf(body) != binary.BigEndian.Uint32(hdr[4:]) {
+				bad = "a record with a wrong checksum"
+			} else {
+				var l raft.Log
+				if err := decode(body, &l); err != nil {
+					bad = err.Error()
+				} else if l.Index != next {
+					bad = fmt.Sprintf("entry %d where %d was due", l.Index, next)
+				}
+			}
+		}
+		if bad != "" {
+			if !last {
+				return fmt.Errorf("%w: %s at offset %d of %s", ErrCorrupt, bad, off, seg.path)
+			}
+			// A torn write: the log ends before it.
+			if err := seg.f.Truncate(off); err != nil {
+				return err
+			}
+			if err := seg.f.Sync(); err != nil {
+				return err
+			}
+			break
+		}
+		if w.base == 0 {
+			w.base = next
+		}
+		w.at = append(w.at, where{seg: seg, off: off, n: int32(n)})
+		w.last = next
+		next++
+		off += headerBytes + int64(n)
+	}
+	seg.size = off
+	return nil
+}
+
+// FirstIndex returns the lowest index stored, 0 when the log is empty.
+func (w *WAL) FirstIndex() (uint64, error) {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	return w.first, nil
+}
+
+// LastIndex returns the highest index stored, 0 when the log is empty.
+func (w *WAL) LastIndex() (uint64, error) {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	return w.last, nil
+}
+
+// GetLog fills log with the entry at index, or returns raft.ErrLogNotFound.
+func (w *WAL) GetLog(index uint64, log *raft.Log) error {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	if w.first == 0 || index < w.first || index > w.last {
+		return raft.ErrLogNotFound
+	}
+	p := w.at[index-w.base]
+	rec := make([]byte, headerBytes+int(p.n))
+	if _, err := p.seg.f.ReadAt(rec, p.off); err != nil {
+		return fmt.Errorf("raftwal: entry %d: %w", index, err)
+	}
+	body := rec[headerBytes:]
+	if crcOf(body) != binary.BigEndian.Uint32(rec[4:headerBytes]) {
+		return fmt.Errorf("raftwal: entry %d: %w: wrong checksum", index, ErrCorrupt)
+	}
+	var l raft.Log
+	if err := decode(body, &l); err != nil {
+		return fmt.Errorf("raftwal: entry %d: %w", index, err)
+	}
+	if l.Index != index {
+		return fmt.Errorf("raftwal: entry %d: %w: holds index %d", index, ErrCorrupt, l.Index)
+	}
+	*log = l
+	return nil
+}
+
+// StoreLog stores one entry.
+func (w *WAL) StoreLog(log *raft.Log) error { return w.StoreLogs([]*raft.Log{log}) }
+
+// StoreLogs appends entries, which must follow the last one stored (any
+// index on an empty log), with one write and one sync.
+func (w *WAL) StoreLogs(logs []*raft.Log) error {
+	if len(logs) == 0 {
+		return nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	next := w.last + 1
+	if w.first == 0 {
+		next = logs[0].Index
+	}
+	for i, l := range logs {
+		if l == nil {
+			return fmt.Errorf("raftwal: StoreLogs: entry %d is nil", i)
+		}
+		if l.Index != next+uint64(i) {
+			return fmt.Errorf("raftwal: StoreLogs: entry %d where %d was due", l.Index, next+uint64(i))
+		}
+		if len(l.Data) > MaxEntryBytes || len(l.Extensions) > MaxEntryBytes {
+			return fmt.Errorf("raftwal: StoreLogs: entry %d is larger than %d bytes", l.Index, MaxEntryBytes)
+		}
+	}
+	seg, err := w.tail(next)
+	if err != nil {
+		return err
+	}
+	buf := w.buf[:0]
+	places := make([]where, 0, len(logs))
+	for _, l := range logs {
+		start := len(buf)
+		buf = append(buf, make([]byte, headerBytes)...)
+		buf = encode(buf, l)
+		body := buf[start+headerBytes:]
+		binary.BigEndian.PutUint32(buf[start:], uint32(len(body)))
+		binary.BigEndian.PutUint32(buf[start+4:], crcOf(body))
+		places = append(places, where{seg: seg, off: seg.size + int64(start), n: int32(len(body))})
+	}
+	w.buf = buf
+	if _, err := seg.f.WriteAt(buf, seg.size); err != nil {
+		// Cut whatever reached the file (Open would cut it as torn).
+		_ = seg.f.Truncate(seg.size)
+		return fmt.Errorf("raftwal: %w", err)
+	}
+	if !w.opts.NoSync {
+		if err := fdatasync(seg.f); err != nil {
+			_ = seg.f.Truncate(seg.size)
+			return fmt.Errorf("raftwal: %w", err)
+		}
+	}
+	seg.size += int64(len(buf))
+	if w.first == 0 {
+		w.first, w.base, w.at = next, next, w.at[:0]
+	}
+	w.at = append(w.at, places...)
+	w.last = logs[len(logs)-1].Index
+	return nil
+}
+
+// tail returns the segment to append entry next to, starting a new one
+// when the current one is full (or there is none).
+func (w *WAL) tail(next uint64) (*segment, error) {
+	if n := len(w.segs); n > 0 && w.segs[n-1].size < w.opts.SegmentBytes {
+		return w.segs[n-1], nil
+	}
+	name := fmt.Sprintf("%020d%s", next, segmentSuffix)
+	path, err := safepath.JoinName(w.dir, name)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600) //nolint:gosec // the path is under the log's directory (safepath)
+	if err != nil {
+		return nil, err
+	}
+	if err := syncDir(w.dir); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	seg := &segment{first: next, path: path, f: f}
+	w.segs = append(w.segs, seg)
+	return seg, nil
+}
+
+// DeleteRange deletes the entries min to max inclusive: a prefix or a
+// suffix of the log.
+func (w *WAL) DeleteRange(min, max uint64) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if min > max || w.first == 0 || max < w.first || min > w.last {
+		return nil
+	}
+	switch {
+	case min <= w.first && max >= w.last:
+		return w.deleteAll()
+	case min <= w.first:
+		return w.deletePrefix(max)
+	case max >= w.last:
+		return w.deleteSuffix(min)
+	}
+	return fmt.Errorf("raftwal: DeleteRange(%d, %d) inside the log [%d, %d]", min, max, w.first, w.last)
+}
+
+// deletePrefix keeps the entries after upTo.
+func (w *WAL) deletePrefix(upTo uint64) error {
+	if err := w.writeFirst(upTo + 1); err != nil {
+		return err
+	}
+	w.first = upTo + 1
+	// Whole segments before the new first go.
+	for len(w.segs) > 1 && w.segs[1].first <= w.first {
+		if err := w.removeSegment(w.segs[0]); err != nil {
+			return err
+		}
+		w.segs = w.segs[1:]
+	}
+	drop := w.segs[0].first - w.base
+	w.at = slices.Clone(w.at[drop:])
+	w.base = w.segs[0].first
+	return nil
+}
+
+// deleteSuffix keeps the entries before from.
+func (w *WAL) deleteSuffix(from uint64) error {
+	for len(w.segs) > 0 && w.segs[len(w.segs)-1].first >= from {
+		if err := w.removeSegment(w.segs[len(w.segs)-1]); err != nil {
+			return err
+		}
+		w.segs = w.segs[:len(w.segs)-1]
+	}
+	p := w.at[from-w.base]
+	if err := p.seg.f.Truncate(p.off); err != nil {
+		return err
+	}
+	if err := fdatasync(p.seg.f); err != nil {
+		return err
+	}
+	p.seg.size = p.off
+	w.at = w.at[:from-w.base]
+	w.last = from - 1
+	return nil
+}
+
+func (w *WAL) deleteAll() error {
+	if err := w.writeFirst(0); err != nil {
+		return err
+	}
+	for _, s := range w.segs {
+		if err := w.removeSegment(s); err != nil {
+			return err
+		}
+	}
+	w.segs, w.at = nil, nil
+	w.first, w.last, w.base = 0, 0, 0
+	return nil
+}
+
+func (w *WAL) removeSegment(s *segment) error {
+	_ = s.f.Close()
+	if err := os.Remove(s.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return syncDir(w.dir)
+}
+
+// writeFirst records the lowest index kept, atomically.
+func (w *WAL) writeFirst(first uint64) error {
+	path, err := safepath.JoinName(w.dir, firstName)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600) //nolint:gosec // under the log's directory (safepath)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(binary.BigEndian.AppendUint64(nil, first))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	return syncDir(w.dir)
+}
+
+// Close closes the segment files.
+func (w *WAL) Close() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.closeFiles()
+}
+
+func (w *WAL) closeFiles() error {
+	var err error
+	for _, s := range w.segs {
+		if cerr := s.f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	w.segs = nil
+	return err
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir) //nolint:gosec // the log's own directory
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// encode appends an entry's body.
+func encode(dst []byte, l *raft.Log) []byte {
+	dst = binary.AppendUvarint(dst, l.Index)
+	dst = binary.AppendUvarint(dst, l.Term)
+	dst = append(dst, byte(l.Type))
+	var at int64
+	if !l.AppendedAt.IsZero() {
+		at = l.AppendedAt.UnixNano()
+	}
+	dst = binary.AppendVarint(dst, at)
+	dst = binary.AppendUvarint(dst, uint64(len(l.Data)))
+	dst = append(dst, l.Data...)
+	dst = binary.AppendUvarint(dst, uint64(len(l.Extensions)))
+	return append(dst, l.Extensions...)
+}
+
+// decode reads an entry's body; the entry's slices are copies.
+func decode(b []byte, l *raft.Log) error {
+	bad := func(what string) error { return fmt.Errorf("%w: %s", ErrCorrupt, what) }
+	u := func() (uint64, bool) {
+		v, n := binary.Uvarint(b)
+		if n <= 0 {
+			return 0, false
+		}
+		b = b[n:]
+		return v, true
+	}
+	var ok bool
+	if l.Index, ok = u(); !ok {
+		return bad("index")
+	}
+	if l.Term, ok = u(); !ok {
+		return bad("term")
+	}
+	if len(b) < 1 {
+		return bad("type")
+	}
+	l.Type, b = raft.LogType(b[0]), b[1:]
+	at, n := binary.Varint(b)
+	if n <= 0 {
+		return bad("appended-at")
+	}
+	b = b[n:]
+	if at != 0 {
+		l.AppendedAt = time.Unix(0, at)
+	}
+	field := func(what string) ([]byte, error) {
+		n, ok := u()
+		if !ok || n > MaxEntryBytes || n > uint64(len(b)) {
+			return nil, bad(what)
+		}
+		v := slices.Clone(b[:n])
+		b = b[n:]
+		return v, nil
+	}
+	var err error
+	if l.Data, err = field("data"); err != nil {
+		return err
+	}
+	if l.Extensions, err = field("extensions"); err != nil {
+		return err
+	}
+	if len(b) != 0 {
+		return bad("trailing bytes")
+	}
+	return nil
+}
+
+func crcOf(b []byte) uint32 { return crc32.Checksum(b, crcTable) }

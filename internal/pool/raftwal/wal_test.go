@@ -1,0 +1,268 @@
+package raftwal
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+func entry(i uint64, size int) *raft.Log {
+	return &raft.Log{Index: i, Term: 1 + i/10, Type: raft.LogCommand,
+		Data: bytes.Repeat([]byte{byte(i)}, size), Extensions: []byte(fmt.Sprint("ext", i)),
+		AppendedAt: time.Unix(0, int64(i)*1000)}
+}
+
+func store(t testing.TB, w *WAL, from, to uint64, size int) {
+	t.Helper()
+	var logs []*raft.Log
+	for i := from; i <= to; i++ {
+		logs = append(logs, entry(i, size))
+	}
+	if err := w.StoreLogs(logs); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func open(t testing.TB, dir string, opts Options) *WAL {
+	t.Helper()
+	w, err := Open(dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Close() })
+	return w
+}
+
+// check says whether w holds exactly the entries first to last as entry
+// makes them.
+func check(t testing.TB, w *WAL, first, last uint64, size int) {
+	t.Helper()
+	f, _ := w.FirstIndex()
+	l, _ := w.LastIndex()
+	if f != first || l != last {
+		t.Fatalf("log [%d, %d], want [%d, %d]", f, l, first, last)
+	}
+	if first == 0 {
+		return
+	}
+	for i := first; i <= last; i++ {
+		var got raft.Log
+		if err := w.GetLog(i, &got); err != nil {
+			t.Fatalf("entry %d: %v", i, err)
+		}
+		want := entry(i, size)
+		if got.Index != i || got.Term != want.Term || got.Type != want.Type || !bytes.Equal(got.Data, want.Data) ||
+			!bytes.Equal(got.Extensions, want.Extensions) || !got.AppendedAt.Equal(want.AppendedAt) {
+			t.Fatalf("entry %d reads back as %+v", i, got)
+		}
+	}
+	var l0 raft.Log
+	if err := w.GetLog(first-1, &l0); !errors.Is(err, raft.ErrLogNotFound) {
+		t.Fatalf("entry before the first: %v", err)
+	}
+	if err := w.GetLog(last+1, &l0); !errors.Is(err, raft.ErrLogNotFound) {
+		t.Fatalf("entry after the last: %v", err)
+	}
+}
+
+func TestStoreReopenAndSegments(t *testing.T) {
+	dir := t.TempDir()
+	w := open(t, dir, Options{SegmentBytes: 4096})
+	check(t, w, 0, 0, 0)
+	for i := uint64(1); i <= 200; i += 10 {
+		store(t, w, i, i+9, 100)
+	}
+	check(t, w, 1, 200, 100)
+	if err := w.StoreLogs([]*raft.Log{entry(202, 1)}); err == nil {
+		t.Fatal("a gap in the log was stored")
+	}
+	if err := w.StoreLogs([]*raft.Log{entry(150, 1)}); err == nil {
+		t.Fatal("an entry over an existing one was stored without DeleteRange")
+	}
+	segs, _ := filepath.Glob(filepath.Join(dir, "*.wal"))
+	if len(segs) < 3 {
+		t.Fatalf("%d segments for 200 entries of 100 bytes in 4 KiB segments", len(segs))
+	}
+	_ = w.Close()
+	w = open(t, dir, Options{SegmentBytes: 4096})
+	check(t, w, 1, 200, 100)
+	store(t, w, 201, 210, 100)
+	check(t, w, 1, 210, 100)
+}
+
+func TestDeletePrefixAndSuffix(t *testing.T) {
+	dir := t.TempDir()
+	w := open(t, dir, Options{SegmentBytes: 2048})
+	store(t, w, 5, 300, 50)
+	// Compaction: a prefix, partly inside a segment.
+	if err := w.DeleteRange(5, 123); err != nil {
+		t.Fatal(err)
+	}
+	check(t, w, 124, 300, 50)
+	// A deposed leader's tail, partly inside a segment.
+	if err := w.DeleteRange(251, 300); err != nil {
+		t.Fatal(err)
+	}
+	check(t, w, 124, 250, 50)
+	if err := w.DeleteRange(130, 140); err == nil {
+		t.Fatal("a range inside the log was deleted")
+	}
+	store(t, w, 251, 260, 50)
+	_ = w.Close()
+	w = open(t, dir, Options{SegmentBytes: 2048})
+	check(t, w, 124, 260, 50)
+	// Everything (a snapshot installed past the log), then a fresh start
+	// higher up.
+	if err := w.DeleteRange(0, 1000); err != nil {
+		t.Fatal(err)
+	}
+	check(t, w, 0, 0, 0)
+	store(t, w, 1001, 1010, 50)
+	_ = w.Close()
+	w = open(t, dir, Options{SegmentBytes: 2048})
+	check(t, w, 1001, 1010, 50)
+}
+
+// lastSegment is the path of the directory's newest segment.
+func lastSegment(t *testing.T, dir string) string {
+	segs, _ := filepath.Glob(filepath.Join(dir, "*.wal"))
+	if len(segs) == 0 {
+		t.Fatal("no segment")
+	}
+	return segs[len(segs)-1]
+}
+
+// A crash in the middle of a write leaves part of a record at the end
+// of the last segment: Open cuts it, and the log goes on from the last
+// whole entry.
+func TestTornTailIsCut(t *testing.T) {
+	for _, cut := range []int{1, 4, 8, 20, 60} {
+		t.Run(fmt.Sprint("cut=", cut), func(t *testing.T) {
+			dir := t.TempDir()
+			w := open(t, dir, Options{})
+			store(t, w, 1, 10, 100)
+			_ = w.Close()
+			seg := lastSegment(t, dir)
+			fi, _ := os.Stat(seg)
+			// The last record loses its last cut bytes.
+			if err := os.Truncate(seg, fi.Size()-int64(cut)); err != nil {
+				t.Fatal(err)
+			}
+			w = open(t, dir, Options{})
+			check(t, w, 1, 9, 100)
+			store(t, w, 10, 12, 100)
+			_ = w.Close()
+			w = open(t, dir, Options{})
+			check(t, w, 1, 12, 100)
+		})
+	}
+	// Garbage after the last record, and a flipped bit in it.
+	dir := t.TempDir()
+	w := open(t, dir, Options{})
+	store(t, w, 1, 10, 100)
+	_ = w.Close()
+	seg := lastSegment(t, dir)
+	b, _ := os.ReadFile(seg)
+	b[len(b)-3] ^= 0x10
+	b = append(b, 0, 0, 0, 9, 1, 2, 3)
+	if err := os.WriteFile(seg, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w = open(t, dir, Options{})
+	check(t, w, 1, 9, 100)
+}
+
+// Damage in a segment before the last is not a torn write: Open refuses.
+func TestDamageBeforeTheTailIsAnError(t *testing.T) {
+	dir := t.TempDir()
+	w := open(t, dir, Options{SegmentBytes: 1024})
+	store(t, w, 1, 10, 100)
+	store(t, w, 11, 20, 100)
+	_ = w.Close()
+	segs, _ := filepath.Glob(filepath.Join(dir, "*.wal"))
+	if len(segs) < 2 {
+		t.Fatalf("%d segments", len(segs))
+	}
+	b, _ := os.ReadFile(segs[0])
+	b[20] ^= 1
+	if err := os.WriteFile(segs[0], b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(dir, Options{SegmentBytes: 1024}); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("Open over a damaged earlier segment: %v", err)
+	}
+	// A stray file among the segments is reported, not guessed at.
+	dir = t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "12.wal"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(dir, Options{}); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("Open with a stray segment name: %v", err)
+	}
+}
+
+// FuzzOpen feeds arbitrary bytes as a log's last segment (after a whole
+// first one): Open never panics or hangs, and a log it accepts reads back
+// every entry it says it holds.
+func FuzzOpen(f *testing.F) {
+	var good []byte
+	for i := uint64(11); i <= 13; i++ {
+		body := encode(nil, entry(i, 10))
+		good = append(good, 0, 0, 0, byte(len(body)))
+		good = append(good, make([]byte, 4)...)
+		copy(good[len(good)-4:], crcBytes(body))
+		good = append(good, body...)
+	}
+	f.Add(good)
+	f.Add(good[:len(good)-5])
+	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0})
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		dir := t.TempDir()
+		w, err := Open(dir, Options{NoSync: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		store(t, w, 1, 10, 10)
+		_ = w.Close()
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("%020d.wal", 11)), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		w, err = Open(dir, Options{NoSync: true})
+		if err != nil {
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("Open: %v", err)
+			}
+			return
+		}
+		defer func() { _ = w.Close() }()
+		first, _ := w.FirstIndex()
+		last, _ := w.LastIndex()
+		if first != 1 || last < 10 {
+			t.Fatalf("log [%d, %d] after the fuzzed segment", first, last)
+		}
+		for i := first; i <= last; i++ {
+			var l raft.Log
+			if err := w.GetLog(i, &l); err != nil {
+				t.Fatalf("entry %d of [%d, %d]: %v", i, first, last, err)
+			}
+		}
+		// The log takes the next entry after whatever it kept.
+		if err := w.StoreLogs([]*raft.Log{entry(last+1, 5)}); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+func crcBytes(body []byte) []byte {
+	var b [4]byte
+	c := crcOf(body)
+	b[0], b[1], b[2], b[3] = byte(c>>24), byte(c>>16), byte(c>>8), byte(c)
+	return b[:]
+}
