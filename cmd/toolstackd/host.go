@@ -89,7 +89,11 @@ func (h *host) openHA(o options) error {
 	cfg := ha.Config{Server: h.srv, Pool: h.pool, Fencer: h.xm, HostRef: h.srv.Cfg.HostRef, HostUUID: row.UUID(),
 		Timing: timing, Log: h.log}
 	if o.watchdog != "" {
-		cfg.Watchdog = func() (watchdog.Watchdog, error) { return watchdog.Open(o.watchdog, timing.Watchdog) }
+		var args []string
+		if o.journal != "" {
+			args = []string{"--journal", o.journal, "--host", h.srv.Cfg.HostRef}
+		}
+		cfg.Watchdog = func() (watchdog.Watchdog, error) { return watchdog.Open(o.watchdog, timing.Watchdog, args...) }
 	}
 	svc, err := ha.New(cfg)
 	if err != nil {
@@ -268,7 +272,7 @@ func (h *host) registerModules(o options, hostRef string, first bool) error {
 	// storage layer's datapaths.
 	disks := &storageDisks{s: stor}
 	h.xm, err = xenops.Register(h.srv, h.router, xenops.Config{Backend: o.backend, DataDir: o.dataDir, HostRef: hostRef, Log: h.log,
-		ListenAddr: o.listen, Disks: disks, HostMemory: int64(o.hostMemory)})
+		ListenAddr: o.listen, Disks: disks, HostMemory: int64(o.hostMemory), Journal: o.journal})
 	if err != nil {
 		return fmt.Errorf("xenops: %w", err)
 	}

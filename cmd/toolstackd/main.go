@@ -39,6 +39,7 @@ type options struct {
 	hostMemory  memSize
 	haTiming    string
 	watchdog    string
+	journal     string
 	logLevel    string
 	redoLog     string
 	debugListen string
@@ -93,6 +94,7 @@ func rootCmd() *cobra.Command {
 	f.Var(&o.hostMemory, "host-memory", "the memory VMs may use on this host, e.g. 16GiB (a simulated host's size); 0: the simulator's is unbounded, QEMU's is the host's available memory")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&o.watchdog, "watchdog", "", "HA's watchdog: a device (/dev/watchdog) it pets while this host holds its lease, or \"fake\" (tests: a process that kills this daemon's process group); empty: none")
+	f.StringVar(&o.journal, "instance-journal", "", "tests: append every domain's start and stop (and a fake watchdog's reset) to this file, to check that no VM ever runs twice")
 	f.StringVar(&o.haTiming, "ha-timing", "", "HA's timing values over the defaults (docs/ha.md), e.g. lease=10s,renew=2s,grace=5s,watchdog=10s,margin=2s,drift=0.01")
 	f.StringVar(&o.redoLog, "redo-log", "", "mirror the database into a redo log at this file or block device (e.g. on shared storage)")
 	f.StringVar(&o.debugListen, "debug-listen", "", "serve Go's profiler (net/http/pprof) on this address, e.g. 127.0.0.1:6060; empty: off")

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"toolstackd/internal/ha/journal"
 	"toolstackd/internal/ha/watchdog"
 )
 
@@ -16,6 +17,7 @@ import (
 func fakeWatchdogCmd() *cobra.Command {
 	var timeout time.Duration
 	var pgid int
+	var journalPath, host string
 	cmd := &cobra.Command{
 		Use:    watchdog.FakeCommand,
 		Short:  "a fake watchdog for tests: kills a process group that stops petting it",
@@ -26,11 +28,19 @@ func fakeWatchdogCmd() *cobra.Command {
 			if in == nil {
 				return errors.New("no pet pipe on fd 3")
 			}
-			return watchdog.RunFake(in, pgid, timeout)
+			return watchdog.RunFake(in, pgid, timeout, func() {
+				if journalPath != "" {
+					// Written after the kill: the host's instances end no
+					// earlier than this.
+					_ = journal.Append(journalPath, journal.Dead, "-", host)
+				}
+			})
 		},
 	}
 	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Second, "how long without a pet before the kill")
 	cmd.Flags().IntVar(&pgid, "pgid", 0, "the process group to kill")
+	cmd.Flags().StringVar(&journalPath, "journal", "", "an instance journal to record the reset in")
+	cmd.Flags().StringVar(&host, "host", "", "the host (ref) the journal names")
 	return cmd
 }
 

@@ -40,6 +40,7 @@ import (
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/ha/lease"
+	"toolstackd/internal/ha/planner"
 	"toolstackd/internal/ha/watchdog"
 	"toolstackd/internal/schema"
 	"toolstackd/internal/xerr"
@@ -60,6 +61,8 @@ type Pool interface {
 	NotifyCoordinator(ctx context.Context, path string, v any) error
 	// PeerOnly serves h to hosts of the pool only.
 	PeerOnly(h http.HandlerFunc) http.HandlerFunc
+	// Voters counts raft's voting and non-voting members.
+	Voters() (voters, nonVoters int)
 }
 
 // Fencer kills protected VMs' domains on this host (xenops).
@@ -92,7 +95,8 @@ type Service struct {
 
 	mu       sync.Mutex
 	ledger   *lease.Ledger   // while this host coordinates (under mu)
-	declared map[string]bool // hosts declared dead, until they renew (under mu)
+	declared   map[string]bool // hosts declared dead, until they renew (under mu)
+	restarting map[string]bool // VMs HA is starting now (under mu)
 	killed   bool            // the protected VMs are gone since the lease ran out
 
 	wd watchdog.Watchdog // armed while HA is on (the loop's own)
@@ -116,7 +120,7 @@ func New(cfg Config) (*Service, error) {
 		cfg.Now = time.Now
 	}
 	return &Service{cfg: cfg, log: cfg.Log.With("component", "ha"), holder: lease.NewHolder(cfg.Timing),
-		declared: map[string]bool{}, stop: make(chan struct{})}, nil
+		declared: map[string]bool{}, restarting: map[string]bool{}, stop: make(chan struct{})}, nil
 }
 
 // Routes adds the lease endpoint.
@@ -130,6 +134,10 @@ func (s *Service) Register(srv *api.Server) {
 	api.Register(srv, s.disable)
 	api.Register(srv, s.setFailuresToTolerate)
 	api.Register(srv, s.setRestartPriority)
+	api.Register(srv, s.maxFailures)
+	api.Register(srv, s.hypotheticalMaxFailures)
+	api.Register(srv, s.planExists)
+	api.Register(srv, s.failoverPlan)
 }
 
 // Start runs the loops: renewing, watching the lease, and (on the
@@ -166,7 +174,7 @@ func (s *Service) run() {
 	defer s.wg.Done()
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
-	var lastRenew time.Time
+	var lastRenew, lastPlan time.Time
 	renewing := make(chan struct{}, 1)
 	renewing <- struct{}{}
 	for {
@@ -203,7 +211,21 @@ func (s *Service) run() {
 			}
 		}
 		s.coordinate(now)
+		if s.coordinating() && now.Sub(lastPlan) >= replanEvery {
+			lastPlan = now
+			s.replan(context.Background())
+			s.restartStopped()
+		}
 	}
+}
+
+// replanEvery is how often the coordinator refreshes the failover plan.
+const replanEvery = 2 * time.Second
+
+func (s *Service) coordinating() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ledger != nil
 }
 
 // arm opens the watchdog if there is one and it is not armed yet.
@@ -464,6 +486,37 @@ func sortForRestart(vms []*db.Row) {
 	})
 }
 
+// restartStopped, on the coordinator, restarts the protected VMs that
+// should run (ha_always_run) but are Halted: those a host killed when its
+// lease ran out without the host being declared dead, and those that
+// stopped on their own.
+func (s *Service) restartStopped() {
+	snap := s.cfg.Server.DB.Snapshot()
+	var stopped []*db.Row
+	s.mu.Lock()
+	for _, vm := range snap.All(dm.VM.Class) {
+		if !protected(vm) || vm.Get(dm.VM.HAAlwaysRun) != true || vm.Get(dm.VM.IsATemplate) == true ||
+			vm.String(dm.VM.PowerState) != string(dm.VMPowerStateHalted) || s.restarting[vm.Ref] {
+			continue
+		}
+		if ops, _ := vm.Get(dm.VM.CurrentOperations).(map[string]string); len(ops) > 0 {
+			continue
+		}
+		stopped = append(stopped, vm)
+	}
+	s.mu.Unlock()
+	if len(stopped) == 0 {
+		return
+	}
+	s.log.Warn("HA: protected VMs that should run are Halted: restarting them", "vms", len(stopped))
+	sortForRestart(stopped)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.restart(stopped)
+	}()
+}
+
 // restartTries bounds the starts tried for one VM.
 const restartTries = 5
 
@@ -480,6 +533,18 @@ func (s *Service) restart(vms []*db.Row) {
 		return
 	}
 	defer end()
+	s.mu.Lock()
+	for _, vm := range vms {
+		s.restarting[vm.Ref] = true
+	}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		for _, vm := range vms {
+			delete(s.restarting, vm.Ref)
+		}
+		s.mu.Unlock()
+	}()
 	for _, vm := range vms {
 		backoff := time.Second
 		for try := 1; ; try++ {
@@ -610,6 +675,14 @@ func (s *Service) setFailuresToTolerate(c *api.Call, a dm.PoolSetHAHostFailuresT
 	if a.Value < 0 {
 		return dm.Void{}, xerr.New(xerr.InvalidValue, "value", "negative")
 	}
+	n := int(min(a.Value, 1<<20))
+	if _, on := enabled(c.Snapshot()); on && n > s.quorumLimit() {
+		// More failures than the raft pool itself survives.
+		return dm.Void{}, xerr.New(xerr.HAOperationWouldBreakFailoverPlan)
+	}
+	if err := s.checkPlan(c.Ctx, c.Snapshot(), planner.Change{Failures: &n}); err != nil {
+		return dm.Void{}, err
+	}
 	_, err := s.cfg.Server.DB.Update(func(tx *db.Tx) error {
 		if _, ok := tx.Get(dm.Pool.Class, string(a.Self)); !ok {
 			return xerr.New(xerr.HandleInvalid, dm.Pool.Class.Name, string(a.Self))
@@ -627,6 +700,19 @@ func (s *Service) setRestartPriority(c *api.Call, a dm.VMSetHARestartPriorityArg
 	case "", "restart", "best-effort":
 	default:
 		return dm.Void{}, xerr.New(xerr.InvalidValue, "ha_restart_priority", a.Value)
+	}
+	// A VM newly protected must leave a plan for the failures tolerated
+	// (checked on a snapshot: planning is too slow to hold a write).
+	snap := c.Snapshot()
+	if vm, ok := snap.Get(dm.VM.Class, string(a.Self)); ok && a.Value != "" && !protected(vm) {
+		pv := planner.VM{ID: vm.Ref, Priority: planner.Priority(a.Value)}
+		pv.Memory, _ = vm.Get(dm.VM.MemoryStaticMax).(int64)
+		if ps := vm.String(dm.VM.PowerState); ps == string(dm.VMPowerStateRunning) || ps == string(dm.VMPowerStatePaused) {
+			pv.Host = vm.String(dm.VM.ResidentOn)
+		}
+		if err := s.checkPlan(c.Ctx, snap, planner.Change{SetVMs: []planner.VM{pv}}); err != nil {
+			return dm.Void{}, err
+		}
 	}
 	_, err := s.cfg.Server.DB.Update(func(tx *db.Tx) error {
 		vm, ok := tx.Get(dm.VM.Class, string(a.Self))

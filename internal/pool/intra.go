@@ -8,6 +8,8 @@ import (
 	"io"
 	"net/http"
 
+	"github.com/hashicorp/raft"
+
 	"toolstackd/internal/pool/raftnet"
 	"toolstackd/internal/xerr"
 )
@@ -107,3 +109,24 @@ func (p *Pool) NotifyCoordinator(ctx context.Context, path string, v any) error 
 // PeerOnly serves h to hosts of the pool only (the pool secret), for the
 // intra-pool endpoints of other modules (HA's lease renewals).
 func (p *Pool) PeerOnly(h http.HandlerFunc) http.HandlerFunc { return p.peerOnly(h) }
+
+// Voters counts the pool's voting and non-voting members in raft's
+// configuration (1, 0 for a host alone).
+func (p *Pool) Voters() (voters, nonVoters int) {
+	rf := p.cfg.Repl.Raft()
+	if rf == nil {
+		return 1, 0
+	}
+	f := rf.GetConfiguration()
+	if f.Error() != nil {
+		return 1, 0
+	}
+	for _, s := range f.Configuration().Servers {
+		if s.Suffrage == raft.Voter {
+			voters++
+		} else {
+			nonVoters++
+		}
+	}
+	return max(voters, 1), nonVoters
+}

@@ -204,7 +204,6 @@ func appendable(d Datapath) bool {
 	return d.Kind == "file" && d.Format == "qcow2" && !d.ReadOnly && imageformat.Appendable(d.Path)
 }
 
-
 // xferRequest authenticates an import or export request and reads its
 // query; when either fails, the response is written and ok is false.
 func (s *Service) xferRequest(w http.ResponseWriter, r *http.Request, export bool) (sess *api.Session, q xferQuery, ok bool) {

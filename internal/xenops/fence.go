@@ -3,6 +3,7 @@ package xenops
 import (
 	"context"
 
+	"toolstackd/internal/ha/journal"
 	"toolstackd/internal/xenops/backend"
 )
 
@@ -21,10 +22,22 @@ func (m *Manager) Fence(ctx context.Context, protect func(uuid string) bool) (le
 		m.log.Warn("HA: killing a protected VM's domain", "vm", info.UUID, "domid", info.Domid)
 		if err := m.be.Destroy(context.WithoutCancel(ctx), info.UUID); err != nil {
 			m.log.Error("HA: cannot kill a protected VM's domain", "vm", info.UUID, "err", err)
+		} else {
+			m.journal(journal.Stop, info.UUID)
 		}
 		if now, ok := m.be.Info(info.UUID); ok && now.State != backend.DomainGone {
 			left++
 		}
 	}
 	return left
+}
+
+// journal records a domain's start or stop in Config.Journal, if set.
+func (m *Manager) journal(kind, uuid string) {
+	if m.cfg.Journal == "" {
+		return
+	}
+	if err := journal.Append(m.cfg.Journal, kind, uuid, m.host); err != nil {
+		m.log.Error("cannot write the instance journal", "err", err)
+	}
 }

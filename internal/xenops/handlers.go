@@ -110,7 +110,47 @@ func (m *Manager) vmOp(c *api.Call, vm dm.VMRef, o op, check func() error, body 
 			return dm.Void{}, err
 		}
 	}
-	return dm.Void{}, m.withVMOp(c, row.Ref, o, m.recheck(o, body))
+	if err := m.withVMOp(c, row.Ref, o, m.recheck(o, body)); err != nil {
+		return dm.Void{}, err
+	}
+	m.noteAlwaysRun(row.Ref, o)
+	return dm.Void{}, nil
+}
+
+// noteAlwaysRun keeps ha_always_run as xapi does for a VM HA protects:
+// set when a client starts or resumes it, cleared when a client shuts it
+// down or suspends it, so that HA restarts a protected VM that stopped on
+// its own (or was killed by its host's fencing) but not one a client
+// stopped.
+func (m *Manager) noteAlwaysRun(ref string, o op) {
+	var want bool
+	switch o {
+	case dm.VMOperationsStart, dm.VMOperationsStartOn, dm.VMOperationsResume, dm.VMOperationsResumeOn:
+		want = true
+	case dm.VMOperationsCleanShutdown, dm.VMOperationsHardShutdown, dm.VMOperationsShutdown, dm.VMOperationsSuspend:
+	default:
+		return
+	}
+	row, ok := m.db.Snapshot().Get(dm.VM.Class, ref)
+	if !ok || row.Get(dm.VM.HAAlwaysRun) == want {
+		return
+	}
+	switch row.String(dm.VM.HARestartPriority) {
+	case "restart", "best-effort":
+	default:
+		if !want {
+			break // clearing is always right
+		}
+		return
+	}
+	if _, err := m.db.Update(func(tx *db.Tx) error {
+		if _, ok := tx.Get(dm.VM.Class, ref); !ok {
+			return nil
+		}
+		return tx.Set(dm.VM.HAAlwaysRun, ref, want)
+	}); err != nil {
+		m.log.Warn("cannot record ha_always_run", "vm", ref, "err", err)
+	}
 }
 
 // recheck verifies, once the operation's turn has come on the VM's queue,

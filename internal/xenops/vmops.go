@@ -10,6 +10,7 @@ import (
 
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
+	"toolstackd/internal/ha/journal"
 	"toolstackd/internal/schema"
 	"toolstackd/internal/xenops/backend"
 	"toolstackd/internal/xerr"
@@ -91,6 +92,8 @@ func (b *bootMade) undo(m *Manager, o *opCtx) {
 	if b.domain {
 		if err := m.be.Destroy(bg, o.uuid); err != nil {
 			m.log.Error("removing a domain after a failed start", "vm", o.uuid, "err", err)
+		} else {
+			m.journal(journal.Stop, o.uuid)
 		}
 	}
 	m.detachAll(bg, o.uuid, b.attached)
@@ -101,6 +104,7 @@ func (b *bootMade) undo(m *Manager, o *opCtx) {
 // device model. made records what exists, for undo.
 func (m *Manager) buildDomain(o *opCtx, p *bootPlan, made *bootMade) error {
 	if err := o.run("create", func(ctx context.Context) error {
+		m.journal(journal.Start, o.uuid)
 		_, e := m.be.Create(ctx, p.spec)
 		made.domain = e == nil
 		return e
@@ -198,6 +202,7 @@ func (m *Manager) stop(o *opCtx, lo, hi float64, reason string, hard bool) error
 	if err := o.run("destroy", func(ctx context.Context) error { return m.be.Destroy(ctx, o.uuid) }); err != nil {
 		return err
 	}
+	m.journal(journal.Stop, o.uuid)
 	if ok {
 		m.detachAll(bg, o.uuid, info.Disks)
 	}
@@ -572,6 +577,11 @@ func (m *Manager) checkState(ctx context.Context, ref string) error {
 		}
 		return nil
 	}
+	if !here && !m.busy(ref) && (info.State == backend.DomainRunning || info.State == backend.DomainPaused) && m.notOurs(row) {
+		m.log.Warn("removing a domain of a VM this host may not run", "vm", uuid, "power", power, "resident_on", row.String(dm.VM.ResidentOn))
+		m.cleanupDomain(ctx, info)
+		return nil
+	}
 	switch info.State {
 	case backend.DomainGone:
 		m.log.Warn("VM's emulator vanished: Halted", "vm", uuid)
@@ -592,6 +602,30 @@ func (m *Manager) checkState(ctx context.Context, ref string) error {
 		}
 	}
 	return nil
+}
+
+// notOurs reports whether a VM whose record does not place it here must
+// not be adopted by a domain found here (docs/ha.md, rule 7): its record
+// places it on another host of the pool, or HA protects it (HA may
+// restart it elsewhere at any time). Otherwise, on a host that was
+// stopped between starting a domain and recording it, the record follows
+// the domain.
+func (m *Manager) notOurs(vm *db.Row) bool {
+	snap := m.db.Snapshot()
+	if other := vm.String(dm.VM.ResidentOn); other != m.host {
+		if _, ok := snap.Get(dm.Host.Class, other); ok {
+			return true
+		}
+	}
+	switch vm.String(dm.VM.HARestartPriority) {
+	case "restart", "best-effort":
+		for _, p := range snap.All(dm.Pool.Class) {
+			if on, _ := p.Get(dm.Pool.HAEnabled).(bool); on {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // afterGuestStop applies actions_after_shutdown, _reboot or _crash.

@@ -42,6 +42,7 @@ import (
 	"toolstackd/internal/api"
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
+	"toolstackd/internal/ha/journal"
 	"toolstackd/internal/schema"
 	"toolstackd/internal/xenops/backend"
 	"toolstackd/internal/xenops/qemu"
@@ -85,6 +86,10 @@ type Config struct {
 	// (default /boot/guest and DATA_DIR/guest, as xapi allows only
 	// /boot/guest).
 	KernelDirs []string
+	// Journal, when set, is a file where every domain's start and stop
+	// are appended (internal/ha/journal), for tests that prove a VM never
+	// runs twice.
+	Journal string
 	// HostMemory caps the memory VMs may use (0: the host's available
 	// memory for qemu, unlimited for the simulator).
 	HostMemory int64
@@ -818,6 +823,8 @@ func (m *Manager) reconcile() {
 func (m *Manager) cleanupDomain(ctx context.Context, info backend.DomainInfo) {
 	if err := m.be.Destroy(context.WithoutCancel(ctx), info.UUID); err != nil {
 		m.log.Warn("removing domain", "vm", info.UUID, "err", err)
+	} else {
+		m.journal(journal.Stop, info.UUID)
 	}
 	m.detachAll(ctx, info.UUID, info.Disks)
 }

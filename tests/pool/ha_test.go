@@ -1,6 +1,8 @@
 package pool
 
 import (
+	"context"
+	"encoding/json"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -176,4 +178,118 @@ func TestHAConstraints(t *testing.T) {
 		t.Fatalf("enable_ha twice: %v", err)
 	}
 	r.call("pool.disable_ha")
+}
+
+// The planner's calls on a pool of three 4 GiB hosts with one protected
+// 3 GiB VM: one host failure is tolerated (the raft quorum allows no
+// more), the VM would restart on the empty host, two failures are
+// refused, and once an unprotected VM fills the spare room the pool is
+// overcommitted.
+func TestHAPlanner(t *testing.T) {
+	ctx := testCtx(t)
+	p := pooltest.Start(t, pooltest.Options{Hosts: 3, Daemon: testdaemon.Options{ExtraArgs: []string{
+		"--ha-timing", haTiming, "--host-memory", "4GiB"}}})
+	p.Join(t)
+	c := pooltest.NewClient(netip.Addr{})
+	s, err := p.Login(ctx, c, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rpc{t, ctx, c, p.Addr(0), s}
+	hosts := hostRefs(t, ctx, c, p, 0, s)
+	pool := poolRef(t, ctx, c, p, 0, s)
+	sized := func(name string, size int64) string {
+		rec := testdaemon.VMRecord(name)
+		for _, f := range []string{"memory_static_max", "memory_dynamic_max", "memory_dynamic_min", "memory_target"} {
+			rec[f] = size
+		}
+		return r.str("VM.create", rec)
+	}
+	r.call("pool.enable_ha", []string{}, map[string]string{})
+	a := sized("protected", 3<<30)
+	r.call("VM.set_ha_restart_priority", a, "restart")
+	r.call("VM.start_on", a, hosts[0], false, false)
+	if got := string(r.call("pool.ha_compute_max_host_failures_to_tolerate")); got != "1" {
+		t.Fatalf("max failures tolerated: %s, want 1 (the quorum of three voters)", got)
+	}
+	if got := string(r.call("pool.ha_failover_plan_exists", 1)); got != "true" {
+		t.Fatalf("plan for one failure: %s", got)
+	}
+	var plan map[string]map[string]string
+	if err := json.Unmarshal(r.call("pool.ha_compute_vm_failover_plan", []string{hosts[0]}, []string{a}), &plan); err != nil {
+		t.Fatal(err)
+	}
+	if h := plan[a]["host"]; h != hosts[1] && h != hosts[2] {
+		t.Fatalf("failover plan for the protected VM: %v", plan)
+	}
+	if _, err := c.Call(ctx, p.Addr(0), "pool.set_ha_host_failures_to_tolerate", s, pool, 2); pooltest.Code(err) != xerr.HAOperationWouldBreakFailoverPlan {
+		t.Fatalf("tolerating two failures of three voters: %v", err)
+	}
+	r.call("pool.set_ha_host_failures_to_tolerate", pool, 1)
+	waitPlan := func(wantFor string, over string) {
+		t.Helper()
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			got := string(r.call("pool.get_ha_plan_exists_for", pool))
+			o := string(r.call("pool.get_ha_overcommitted", pool))
+			if got == wantFor && o == over {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("ha_plan_exists_for %s overcommitted %s, want %s %s", got, o, wantFor, over)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	waitPlan("1", "false")
+	// Unprotected VMs fill the other hosts: if host 0 failed, the
+	// protected VM would have nowhere to go.
+	for _, i := range []int{1, 2} {
+		b := sized("filler", 2<<30)
+		r.call("VM.start_on", b, hosts[i], false, false)
+	}
+	waitPlan("0", "true")
+	if got := string(r.call("pool.ha_compute_hypothetical_max_host_failures_to_tolerate", map[string]string{a: ""})); got != "1" {
+		t.Fatalf("hypothetical with the VM unprotected: %s", got)
+	}
+}
+
+// TestHAFigures measures, with HA's default timing values, the time from
+// a host's death (kill -9, with its fake watchdog) to its protected VM
+// running on another host.
+//
+//	TOOLSTACKD_FIGURES=1 go test -count=1 -v -run TestHAFigures ./tests/pool/
+func TestHAFigures(t *testing.T) {
+	if os.Getenv("TOOLSTACKD_FIGURES") != "1" {
+		t.Skip("set TOOLSTACKD_FIGURES=1 to measure issue 13's figures")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	p := pooltest.Start(t, pooltest.Options{Hosts: 3, Daemon: testdaemon.Options{ExtraArgs: []string{"--watchdog", "fake"}}})
+	p.Join(t)
+	c := pooltest.NewClient(netip.Addr{})
+	s, err := p.Login(ctx, c, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rpc{t, ctx, c, p.Addr(0), s}
+	hosts := hostRefs(t, ctx, c, p, 0, s)
+	r.call("pool.enable_ha", []string{}, map[string]string{})
+	var vms []string
+	for i := range 5 {
+		vm := r.str("VM.create", testdaemon.VMRecord("protected-"+strconv.Itoa(i)))
+		r.call("VM.set_ha_restart_priority", vm, "restart")
+		r.call("VM.start_on", vm, hosts[2], false, false)
+		vms = append(vms, vm)
+	}
+	time.Sleep(3 * time.Second) // a few renewals
+	p.Kill(2)
+	start := time.Now()
+	var last time.Duration
+	for _, vm := range vms {
+		_, _ = waitRunningElsewhere(r, vm, hosts[2], 3*time.Minute)
+		last = time.Since(start)
+	}
+	t.Logf("kill -9 of a host with 5 protected VMs, default timing (fence interval %v): all running elsewhere after %v",
+		lease.Defaults().FenceAfter(), last)
 }

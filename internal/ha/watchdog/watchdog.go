@@ -40,11 +40,11 @@ type Watchdog interface {
 	Disarm() error
 }
 
-// Open arms the watchdog spec names: "fake" (the fake process) or a
-// device path, with timeout.
-func Open(spec string, timeout time.Duration) (Watchdog, error) {
+// Open arms the watchdog spec names: "fake" (the fake process, started
+// with extra arguments args) or a device path, with timeout.
+func Open(spec string, timeout time.Duration, args ...string) (Watchdog, error) {
 	if spec == "fake" {
-		return StartFake(timeout)
+		return StartFake(timeout, args...)
 	}
 	return OpenDevice(spec, timeout)
 }
@@ -102,10 +102,11 @@ type fake struct {
 // FakeCommand is the toolstackd subcommand the fake runs as.
 const FakeCommand = "fake-watchdog"
 
-// StartFake starts the fake watchdog process for this process's group.
-// This process must lead its own process group (syscall.Setpgid(0, 0)
-// at start), or the fake would kill whatever group it was started in.
-func StartFake(timeout time.Duration) (Watchdog, error) {
+// StartFake starts the fake watchdog process for this process's group,
+// with extra arguments args for its command. This process must lead its
+// own process group (syscall.Setpgid(0, 0) at start), or the fake would
+// kill whatever group it was started in.
+func StartFake(timeout time.Duration, args ...string) (Watchdog, error) {
 	if syscall.Getpgrp() != os.Getpid() {
 		return nil, errors.New("watchdog: the fake needs this process to lead its own process group")
 	}
@@ -117,7 +118,7 @@ func StartFake(timeout time.Duration) (Watchdog, error) {
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(exe, FakeCommand, "--timeout", timeout.String(), "--pgid", strconv.Itoa(os.Getpid())) //nolint:gosec // this very binary
+	cmd := exec.Command(exe, append([]string{FakeCommand, "--timeout", timeout.String(), "--pgid", strconv.Itoa(os.Getpid())}, args...)...) //nolint:gosec // this very binary
 	cmd.ExtraFiles = []*os.File{r}
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // outside the group it kills
@@ -154,10 +155,11 @@ func (f *fake) Disarm() error {
 }
 
 // RunFake is the fake watchdog's process: it reads pets from in and,
-// when none comes for timeout, kills process group pgid with SIGKILL and
-// returns. A 'V' followed by the end of in disarms it; the end of in
-// without one (the host died) leaves it counting, as a device would.
-func RunFake(in io.Reader, pgid int, timeout time.Duration) error {
+// when none comes for timeout, calls fired (if not nil) and kills process
+// group pgid with SIGKILL, and returns. A 'V' followed by the end of in
+// disarms it; the end of in without one (the host died) leaves it
+// counting, as a device would.
+func RunFake(in io.Reader, pgid int, timeout time.Duration, fired func()) error {
 	if pgid <= 1 {
 		return fmt.Errorf("watchdog: refusing process group %d", pgid)
 	}
@@ -192,7 +194,11 @@ func RunFake(in io.Reader, pgid int, timeout time.Duration) error {
 			timer.Reset(timeout)
 		case <-timer.C:
 			fmt.Fprintf(os.Stderr, "fake watchdog: not petted for %v: killing process group %d\n", timeout, pgid)
-			return syscall.Kill(-pgid, syscall.SIGKILL)
+			err := syscall.Kill(-pgid, syscall.SIGKILL)
+			if fired != nil {
+				fired()
+			}
+			return err
 		}
 	}
 }

@@ -38,7 +38,7 @@ func TestFakeKillsTheGroupWhenNotPetted(t *testing.T) {
 	r, w := io.Pipe()
 	done := make(chan error, 1)
 	start := time.Now()
-	go func() { done <- RunFake(r, pid, 300*time.Millisecond) }()
+	go func() { done <- RunFake(r, pid, 300*time.Millisecond, nil) }()
 	for range 5 {
 		time.Sleep(100 * time.Millisecond)
 		if _, err := w.Write([]byte{0}); err != nil {
@@ -67,7 +67,7 @@ func TestFakeDisarmAndDeath(t *testing.T) {
 	pid, gone := victim(t)
 	r, w := io.Pipe()
 	done := make(chan error, 1)
-	go func() { done <- RunFake(r, pid, 200*time.Millisecond) }()
+	go func() { done <- RunFake(r, pid, 200*time.Millisecond, nil) }()
 	_, _ = w.Write([]byte("V"))
 	_ = w.Close()
 	if err := <-done; err != nil {
@@ -78,7 +78,7 @@ func TestFakeDisarmAndDeath(t *testing.T) {
 	}
 
 	r2, w2 := io.Pipe()
-	go func() { done <- RunFake(r2, pid, 200*time.Millisecond) }()
+	go func() { done <- RunFake(r2, pid, 200*time.Millisecond, nil) }()
 	_, _ = w2.Write([]byte{0})
 	_ = w2.Close() // the host died without disarming
 	if err := <-done; err != nil {
@@ -87,7 +87,7 @@ func TestFakeDisarmAndDeath(t *testing.T) {
 	if !exited(gone, 5*time.Second) {
 		t.Fatal("the group outlived a host that died armed")
 	}
-	if RunFake(r2, 1, time.Second) == nil {
+	if RunFake(r2, 1, time.Second, nil) == nil {
 		t.Fatal("process group 1 accepted")
 	}
 }

@@ -1,0 +1,131 @@
+package pool
+
+import (
+	"context"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"toolstackd/internal/ha/journal"
+	"toolstackd/internal/pooltest"
+	"toolstackd/internal/testdaemon"
+)
+
+// haRounds is how many randomized fault rounds TestHANeverRunsAVMTwice
+// runs: a few in make test, 100 with TOOLSTACKD_LONG=1, or
+// TOOLSTACKD_HA_ROUNDS.
+func haRounds() int {
+	if n, err := strconv.Atoi(os.Getenv("TOOLSTACKD_HA_ROUNDS")); err == nil && n > 0 {
+		return n
+	}
+	if os.Getenv("TOOLSTACKD_LONG") == "1" {
+		return 100
+	}
+	return 4
+}
+
+// Randomized faults on a pool of three with HA, a fake watchdog and
+// protected VMs: each round kills (kill -9) or stops (SIGSTOP, for a
+// random time around the lease) a random host, the coordinator included,
+// brings it back, and waits until every protected VM runs again. Every
+// domain's start and stop, and every watchdog reset, go to one journal on
+// the machine's monotonic clock; at the end no VM may have had two
+// instances at once.
+func TestHANeverRunsAVMTwice(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute+time.Duration(haRounds())*30*time.Second)
+	defer cancel()
+	jpath := filepath.Join(t.TempDir(), "instances")
+	p := pooltest.Start(t, pooltest.Options{Hosts: 3, Daemon: testdaemon.Options{ExtraArgs: []string{
+		"--ha-timing", haTiming, "--watchdog", "fake", "--instance-journal", jpath}}})
+	p.Join(t)
+	c := pooltest.NewClient(netip.Addr{})
+	login := func() rpc {
+		t.Helper()
+		i, _, err := p.FindCoordinator(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := p.Login(ctx, c, i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rpc{t, ctx, c, p.Addr(i), s}
+	}
+	r := login()
+	r.call("pool.enable_ha", []string{}, map[string]string{})
+	var vms []string
+	for i := range 4 {
+		vm := r.str("VM.create", testdaemon.VMRecord("protected-"+strconv.Itoa(i)))
+		r.call("VM.set_ha_restart_priority", vm, "restart")
+		r.call("VM.start", vm, false, false)
+		vms = append(vms, vm)
+	}
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d, timing %s", seed, haTiming)
+	rng := rand.New(rand.NewPCG(uint64(seed), 0))
+	for round := range haRounds() {
+		victim := rng.IntN(p.Len())
+		alive := func() bool { return processAlive(p.Hosts[victim].PID) }
+		switch rng.IntN(2) {
+		case 0:
+			t.Logf("round %d: kill -9 host %d", round, victim)
+			p.Kill(victim)
+		default:
+			pause := time.Duration(500+rng.IntN(7500)) * time.Millisecond
+			t.Logf("round %d: SIGSTOP host %d for %v", round, victim, pause)
+			if err := p.Stop(victim); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(pause)
+			if alive() {
+				if err := p.Cont(victim); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		// A host the watchdog reset (or that was killed) comes back.
+		time.Sleep(2500 * time.Millisecond) // past the watchdog's timeout
+		if !alive() {
+			p.Restart(victim)
+		}
+		// Every protected VM runs again, somewhere.
+		deadline := time.Now().Add(60 * time.Second)
+		for _, vm := range vms {
+			for {
+				r = login()
+				ps, err := c.CallString(ctx, r.at, "VM.get_power_state", r.s, vm)
+				if err == nil && ps == "Running" {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("round %d: VM %s is %q (%v) a minute after the fault", round, vm, ps, err)
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+		}
+	}
+	events, err := journal.Read(jpath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	starts := 0
+	for _, e := range events {
+		if e.Kind == journal.Start {
+			starts++
+		}
+	}
+	if starts < len(vms) {
+		t.Fatalf("the journal holds %d starts for %d VMs", starts, len(vms))
+	}
+	if overlaps := journal.Check(events); len(overlaps) > 0 {
+		for _, o := range overlaps {
+			t.Error(o)
+		}
+		t.Fatalf("%d overlapping instances in %d events", len(overlaps), len(events))
+	}
+	t.Logf("%d rounds, %d journal events, %d starts: no VM ran twice", haRounds(), len(events), starts)
+}
