@@ -10,6 +10,7 @@ import (
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/api/wire"
 	"toolstackd/internal/db"
+	"toolstackd/internal/forwarding"
 	"toolstackd/internal/schema"
 	"toolstackd/internal/xerr"
 )
@@ -218,10 +219,6 @@ func hostLive(snap db.Reader, host string) bool {
 	if !ok {
 		return true
 	}
-	m, ok := snap.Get(dm.HostMetrics.Class, h.String(dm.Host.Metrics))
-	if !ok {
-		return true
-	}
-	live, _ := m.Get(dm.HostMetrics.Live).(bool)
-	return live
+	live, known := forwarding.MetricsLive(snap, h)
+	return live || !known
 }

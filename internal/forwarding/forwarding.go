@@ -365,12 +365,19 @@ func (res *resolver) live(h *db.Row) bool {
 	if h.Ref == res.self {
 		return true
 	}
-	m, ok := res.get(dm.HostMetrics.Class, h.String(dm.Host.Metrics))
+	live, known := MetricsLive(res.snap, h)
+	return live && known
+}
+
+// MetricsLive is what a host's metrics say of its liveness; known is
+// false when it has none.
+func MetricsLive(snap db.Reader, host *db.Row) (live, known bool) {
+	m, ok := snap.Get(dm.HostMetrics.Class, host.String(dm.Host.Metrics))
 	if !ok {
-		return false
+		return false, false
 	}
-	b, _ := m.Get(dm.HostMetrics.Live).(bool)
-	return b
+	live, _ = m.Get(dm.HostMetrics.Live).(bool)
+	return live, true
 }
 
 func (res *resolver) vmResident(r *schema.Route) (schema.RouteKind, []string, error) {

@@ -39,6 +39,7 @@ import (
 	"toolstackd/internal/api"
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
+	"toolstackd/internal/forwarding"
 	"toolstackd/internal/ha/lease"
 	"toolstackd/internal/ha/planner"
 	"toolstackd/internal/ha/watchdog"
@@ -93,11 +94,11 @@ type Service struct {
 	log    *slog.Logger
 	holder *lease.Holder
 
-	mu       sync.Mutex
-	ledger   *lease.Ledger   // while this host coordinates (under mu)
+	mu         sync.Mutex
+	ledger     *lease.Ledger   // while this host coordinates (under mu)
 	declared   map[string]bool // hosts declared dead, until they renew (under mu)
 	restarting map[string]bool // VMs HA is starting now (under mu)
-	killed   bool            // the protected VMs are gone since the lease ran out
+	killed     bool            // the protected VMs are gone since the lease ran out
 
 	wd watchdog.Watchdog // armed while HA is on (the loop's own)
 
@@ -628,8 +629,7 @@ func (s *Service) waitArmed(ctx context.Context) error {
 		missing := ""
 		snap := s.cfg.Server.DB.Snapshot()
 		for _, h := range snap.All(dm.Host.Class) {
-			m, ok := snap.Get(dm.HostMetrics.Class, h.String(dm.Host.Metrics))
-			if live, _ := m.Get(dm.HostMetrics.Live).(bool); ok && !live {
+			if live, known := forwarding.MetricsLive(snap, h); known && !live {
 				continue // not live: nothing runs there to protect
 			}
 			if l == nil || !l.Renewed(h.UUID()) {

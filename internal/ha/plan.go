@@ -9,6 +9,7 @@ import (
 	"toolstackd/internal/api"
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
+	"toolstackd/internal/forwarding"
 	"toolstackd/internal/ha/planner"
 	"toolstackd/internal/schema"
 	"toolstackd/internal/xerr"
@@ -32,10 +33,10 @@ func planPool(snap db.Reader) planner.Pool {
 		ph := planner.Host{ID: h.Ref}
 		if m, ok := snap.Get(dm.HostMetrics.Class, h.String(dm.Host.Metrics)); ok {
 			ph.FreeMemory, _ = m.Get(dm.HostMetrics.MemoryFree).(int64)
-			live, _ := m.Get(dm.HostMetrics.Live).(bool)
-			enabled, _ := h.Get(dm.Host.Enabled).(bool)
-			ph.Live = live && enabled
 		}
+		live, _ := forwarding.MetricsLive(snap, h)
+		enabled, _ := h.Get(dm.Host.Enabled).(bool)
+		ph.Live = live && enabled
 		p.Hosts = append(p.Hosts, ph)
 	}
 	for _, vm := range snap.All(dm.VM.Class) {

@@ -2,12 +2,9 @@ package pool
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
-	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -30,24 +27,13 @@ func TestForwardingFigures(t *testing.T) {
 		t.Skip("set TOOLSTACKD_FIGURES=1 to measure issue 12's figures")
 	}
 	// No fault proxies: the hosts talk to each other directly.
-	ctx := testCtx(t)
-	p := pooltest.Start(t, pooltest.Options{Hosts: 3})
-	p.Join(t)
-	c := pooltest.NewClient(netip.Addr{})
-	s, err := p.Login(ctx, c, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := rpc{t, ctx, c, p.Addr(0), s}
-	hosts := hostRefs(t, ctx, c, p, 0, s)
+	p, r, hosts := joined(t, testCtx(t), pooltest.Options{Hosts: 3})
+	s := r.s
 	direct := socketRecordP50(t, filepath.Join(p.Hosts[0].DataDir, "xapi.sock"), hosts[0], 500)
 	forwarded := socketRecordP50(t, filepath.Join(p.Hosts[1].DataDir, "xapi.sock"), hosts[0], 500)
 	t.Logf("host.get_record over a local socket, p50 of 500: the coordinator's %v; a member's (forwarded) %v; ratio %.2f",
 		direct, forwarded, float64(forwarded)/float64(direct))
 
-	if _, err := c.Call(ctx, p.Addr(0), "session.get_this_host", s, s); err != nil {
-		t.Logf("session after the socket figures: %v", err)
-	}
 	const size = 256 << 20
 	vdi := r.str("VDI.create", map[string]any{"name_label": "export", "name_description": "", "SR": r.localSR(hosts[1]),
 		"virtual_size": size, "type": "user", "sharable": false, "read_only": false, "other_config": map[string]string{},
@@ -86,28 +72,7 @@ func TestForwardingFigures(t *testing.T) {
 // superuser socket.
 func socketRecordP50(t *testing.T, sock, host string, n int) time.Duration {
 	t.Helper()
-	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-		},
-	}}
-	defer hc.CloseIdleConnections()
-	call := func(method string, params ...any) json.RawMessage {
-		body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
-		resp, err := hc.Post("http://localhost/jsonrpc", "application/json", bytes.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var out struct {
-			Result json.RawMessage
-			Error  any
-		}
-		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || out.Error != nil {
-			t.Fatalf("%s over %s: %v %v", method, sock, err, out.Error)
-		}
-		return out.Result
-	}
+	call := socketCaller(t, sock)
 	var ls string
 	_ = json.Unmarshal(call("session.login_with_password", "root", ""), &ls)
 	took := make([]time.Duration, 0, n)

@@ -3,11 +3,8 @@ package pool
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
-	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -201,32 +198,7 @@ func runPoolClient(t *testing.T, interpreter, script, needs string) {
 func TestLocalSocketGoesToTheCoordinator(t *testing.T) {
 	ctx := testCtx(t)
 	p := startPool(t, ctx)
-	sock := filepath.Join(p.Hosts[1].DataDir, "xapi.sock")
-	local := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-		},
-	}}
-	call := func(method string, params ...any) json.RawMessage {
-		t.Helper()
-		body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
-		resp, err := local.Post("http://localhost/jsonrpc", "application/json", bytes.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var out struct {
-			Result json.RawMessage
-			Error  *struct {
-				Message string
-				Data    []any
-			}
-		}
-		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || out.Error != nil {
-			t.Fatalf("%s over the member's local socket: %v %+v", method, err, out.Error)
-		}
-		return out.Result
-	}
+	call := socketCaller(t, filepath.Join(p.Hosts[1].DataDir, "xapi.sock"))
 	var ls, task string
 	_ = json.Unmarshal(call("session.login_with_password", "root", ""), &ls)
 	c := pooltest.NewClient(netip.Addr{})

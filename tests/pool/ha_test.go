@@ -3,7 +3,6 @@ package pool
 import (
 	"context"
 	"encoding/json"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -25,18 +24,10 @@ const haTiming = "lease=2s,renew=400ms,grace=1s,watchdog=2s,margin=500ms"
 // protected VM running on host on.
 func haPool(t *testing.T, on int, args ...string) (rpc, *pooltest.Pool, map[int]string, string) {
 	t.Helper()
-	ctx := testCtx(t)
-	p := pooltest.Start(t, pooltest.Options{Hosts: 3, Daemon: testdaemon.Options{ExtraArgs: append([]string{"--ha-timing", haTiming}, args...)}})
-	p.Join(t)
-	c := pooltest.NewClient(netip.Addr{})
-	s, err := p.Login(ctx, c, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := rpc{t, ctx, c, p.Addr(0), s}
-	hosts := hostRefs(t, ctx, c, p, 0, s)
+	p, r, hosts := joined(t, testCtx(t), pooltest.Options{Hosts: 3,
+		Daemon: testdaemon.Options{ExtraArgs: append([]string{"--ha-timing", haTiming}, args...)}})
 	r.call("pool.enable_ha", []string{}, map[string]string{})
-	if got := r.str("pool.get_ha_cluster_stack", poolRef(t, ctx, c, p, 0, s)); got == "" {
+	if got := r.str("pool.get_ha_cluster_stack", poolRef(t, r.ctx, r.c, p, 0, r.s)); got == "" {
 		t.Error("ha_cluster_stack is empty with HA enabled")
 	}
 	vm := r.str("VM.create", testdaemon.VMRecord("protected"))
@@ -187,16 +178,9 @@ func TestHAConstraints(t *testing.T) {
 // overcommitted.
 func TestHAPlanner(t *testing.T) {
 	ctx := testCtx(t)
-	p := pooltest.Start(t, pooltest.Options{Hosts: 3, Daemon: testdaemon.Options{ExtraArgs: []string{
+	p, r, hosts := joined(t, ctx, pooltest.Options{Hosts: 3, Daemon: testdaemon.Options{ExtraArgs: []string{
 		"--ha-timing", haTiming, "--host-memory", "4GiB"}}})
-	p.Join(t)
-	c := pooltest.NewClient(netip.Addr{})
-	s, err := p.Login(ctx, c, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := rpc{t, ctx, c, p.Addr(0), s}
-	hosts := hostRefs(t, ctx, c, p, 0, s)
+	c, s := r.c, r.s
 	pool := poolRef(t, ctx, c, p, 0, s)
 	sized := func(name string, size int64) string {
 		rec := testdaemon.VMRecord(name)
@@ -265,15 +249,7 @@ func TestHAFigures(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	p := pooltest.Start(t, pooltest.Options{Hosts: 3, Daemon: testdaemon.Options{ExtraArgs: []string{"--watchdog", "fake"}}})
-	p.Join(t)
-	c := pooltest.NewClient(netip.Addr{})
-	s, err := p.Login(ctx, c, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := rpc{t, ctx, c, p.Addr(0), s}
-	hosts := hostRefs(t, ctx, c, p, 0, s)
+	p, r, hosts := joined(t, ctx, pooltest.Options{Hosts: 3, Daemon: testdaemon.Options{ExtraArgs: []string{"--watchdog", "fake"}}})
 	r.call("pool.enable_ha", []string{}, map[string]string{})
 	var vms []string
 	for i := range 5 {

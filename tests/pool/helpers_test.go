@@ -1,8 +1,11 @@
 package pool
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"net"
+	"net/http"
 	"net/netip"
 	"testing"
 	"time"
@@ -73,5 +76,52 @@ func waitReplica(t *testing.T, ctx context.Context, c *pooltest.Client, p *poolt
 			t.Fatalf("host %d's replica after %v: %q (want %q), %v", i, bound, got, want, err)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// joined starts the hosts o asks for (without fault proxies unless o says
+// so), joins them to the first and logs in there: calls through the
+// first host, and the hosts' refs by index.
+func joined(t *testing.T, ctx context.Context, o pooltest.Options) (*pooltest.Pool, rpc, map[int]string) {
+	t.Helper()
+	p := pooltest.Start(t, o)
+	p.Join(t)
+	c := pooltest.NewClient(netip.Addr{})
+	s, err := p.Login(ctx, c, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, rpc{t, ctx, c, p.Addr(0), s}, hostRefs(t, ctx, c, p, 0, s)
+}
+
+// socketCaller makes JSON-RPC calls over a host's local superuser socket
+// (as xe on that host does), failing the test on an error.
+func socketCaller(t *testing.T, sock string) func(method string, params ...any) json.RawMessage {
+	t.Helper()
+	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		},
+	}}
+	t.Cleanup(hc.CloseIdleConnections)
+	return func(method string, params ...any) json.RawMessage {
+		t.Helper()
+		body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+		resp, err := hc.Post("http://localhost/jsonrpc", "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out struct {
+			Result json.RawMessage
+			Error  *struct {
+				Message string
+				Data    []any
+			}
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || out.Error != nil {
+			t.Fatalf("%s over %s: %v %+v", method, sock, err, out.Error)
+		}
+		return out.Result
 	}
 }

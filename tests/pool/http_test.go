@@ -10,7 +10,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/netip"
 	"net/url"
 	"os"
 	"os/exec"
@@ -210,17 +209,9 @@ func TestQEMUConsoleOnAMember(t *testing.T) {
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
 		t.Skip("no qemu-system-x86_64")
 	}
-	ctx := testCtx(t)
-	p := pooltest.Start(t, pooltest.Options{Hosts: 2, Daemon: testdaemon.Options{Backend: "qemu",
+	p, r, hosts := joined(t, testCtx(t), pooltest.Options{Hosts: 2, Daemon: testdaemon.Options{Backend: "qemu",
 		Env: []string{"TOOLSTACKD_QEMU_ACCEL=tcg"}}})
-	p.Join(t)
-	c := pooltest.NewClient(netip.Addr{})
-	s, err := p.Login(ctx, c, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := rpc{t, ctx, c, p.Addr(0), s}
-	member := hostRefs(t, ctx, c, p, 0, s)[1]
+	c, s, member := r.c, r.s, hosts[1]
 	vm := r.str("VM.create", testdaemon.VMRecord("qemu-on-a-member"))
 	r.call("VM.start_on", vm, member, false, false)
 	t.Cleanup(func() { _, _ = c.Call(context.Background(), p.Addr(0), "VM.hard_shutdown", s, vm) })

@@ -2,7 +2,6 @@ package pool
 
 import (
 	"encoding/json"
-	"net/netip"
 	"testing"
 
 	"toolstackd/internal/pooltest"
@@ -19,16 +18,9 @@ import (
 // without room is HOST_NOT_ENOUGH_FREE_MEMORY.
 func TestPlacementByRoom(t *testing.T) {
 	ctx := testCtx(t)
-	p := pooltest.Start(t, pooltest.Options{Hosts: 3, HostArgs: map[int][]string{
+	p, r, hosts := joined(t, ctx, pooltest.Options{Hosts: 3, HostArgs: map[int][]string{
 		0: {"--host-memory", "2GiB"}, 1: {"--host-memory", "3GiB"}, 2: {"--host-memory", "4GiB"}}})
-	p.Join(t)
-	c := pooltest.NewClient(netip.Addr{})
-	s, err := p.Login(ctx, c, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := rpc{t, ctx, c, p.Addr(0), s}
-	hosts := hostRefs(t, ctx, c, p, 0, s)
+	c, s := r.c, r.s
 	// Every host's management PIF is on one pool-wide network.
 	var nets []string
 	if err := json.Unmarshal(r.call("network.get_all"), &nets); err != nil {

@@ -49,10 +49,33 @@ func Open(spec string, timeout time.Duration, args ...string) (Watchdog, error) 
 	return OpenDevice(spec, timeout)
 }
 
-// device is a watchdog device.
-type device struct {
+// writer is an armed watchdog of either kind: a device, or the pipe to
+// the fake. Any byte pets it; 'V' before the close disarms it.
+type writer struct {
 	mu sync.Mutex
 	f  *os.File
+}
+
+func (w *writer) Pet() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.f == nil {
+		return os.ErrClosed
+	}
+	_, err := w.f.Write([]byte{0})
+	return err
+}
+
+func (w *writer) Disarm() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.f == nil {
+		return nil
+	}
+	_, err := w.f.Write([]byte("V"))
+	err = errors.Join(err, w.f.Close())
+	w.f = nil
+	return err
 }
 
 // OpenDevice opens a watchdog device and sets its timeout (whole
@@ -68,35 +91,7 @@ func OpenDevice(path string, timeout time.Duration) (Watchdog, error) {
 		_ = f.Close()
 		return nil, fmt.Errorf("watchdog: setting the timeout of %s to %d s: %w", path, secs, err)
 	}
-	return &device{f: f}, nil
-}
-
-func (d *device) Pet() error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.f == nil {
-		return os.ErrClosed
-	}
-	_, err := d.f.Write([]byte{0})
-	return err
-}
-
-func (d *device) Disarm() error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.f == nil {
-		return nil
-	}
-	_, err := d.f.Write([]byte("V"))
-	err = errors.Join(err, d.f.Close())
-	d.f = nil
-	return err
-}
-
-// fake is the fake watchdog's feeding end.
-type fake struct {
-	mu sync.Mutex
-	w  *os.File
+	return &writer{f: f}, nil
 }
 
 // FakeCommand is the toolstackd subcommand the fake runs as.
@@ -129,29 +124,7 @@ func StartFake(timeout time.Duration, args ...string) (Watchdog, error) {
 	}
 	_ = r.Close()
 	go func() { _ = cmd.Wait() }() // reaped whenever it ends
-	return &fake{w: w}, nil
-}
-
-func (f *fake) Pet() error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.w == nil {
-		return os.ErrClosed
-	}
-	_, err := f.w.Write([]byte{0})
-	return err
-}
-
-func (f *fake) Disarm() error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.w == nil {
-		return nil
-	}
-	_, err := f.w.Write([]byte("V"))
-	err = errors.Join(err, f.w.Close())
-	f.w = nil
-	return err
+	return &writer{f: w}, nil
 }
 
 // RunFake is the fake watchdog's process: it reads pets from in and,
