@@ -259,8 +259,8 @@ func TestHAFigures(t *testing.T) {
 		vms = append(vms, vm)
 	}
 	time.Sleep(3 * time.Second) // a few renewals
-	p.Kill(2)
 	start := time.Now()
+	p.Kill(2)
 	var last time.Duration
 	for _, vm := range vms {
 		_, _ = waitRunningElsewhere(r, vm, hosts[2], 3*time.Minute)
