@@ -394,7 +394,7 @@ func (r Reason) String() string {
 	case NotAgile:
 		return "not agile"
 	case NoMemory:
-		return "HOST_NOT_ENOUGH_FREE_MEMORY"
+		return "no room"
 	}
 	return fmt.Sprintf("Reason(%d)", int(r))
 }
