@@ -212,6 +212,11 @@ func (s *Server) execute(r *request) (any, error) {
 // under the marks the coordinator took.
 func (s *Server) admitAndRun(c *Call, r *request) (any, error) {
 	if _, fwd := forwardedIdentity(r.ctx); !fwd {
+		for _, g := range s.guards[r.msg.Wire] {
+			if err := g(c); err != nil {
+				return nil, err
+			}
+		}
 		release, err := s.admit(c, r.target.Marks)
 		if err != nil {
 			return nil, err

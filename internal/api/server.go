@@ -93,6 +93,7 @@ type Server struct {
 	OnRestore func(host *db.Row)
 
 	handlers  map[string]Handler
+	guards    map[string][]Guard
 	implicitH Handler // s.implicit, made once (a method value allocates)
 	admitters map[*schema.Class]Admitter
 	sessions  *sessionTable
@@ -113,7 +114,7 @@ func New(d *db.DB, cfg Config, log *slog.Logger) *Server {
 		log = slog.Default()
 	}
 	s := &Server{DB: d, Model: d.Model(), Cfg: cfg, Log: log, handlers: map[string]Handler{},
-		admitters: map[*schema.Class]Admitter{}, stop: make(chan struct{})}
+		admitters: map[*schema.Class]Admitter{}, guards: map[string][]Guard{}, stop: make(chan struct{})}
 	s.sessions = newSessionTable()
 	s.tasks = newTaskTable()
 	s.events = events.NewRegistry(d)
@@ -137,6 +138,20 @@ func (s *Server) Handle(wire string, h Handler) {
 		panic("api: " + wire + " is explicit: bind it with Register")
 	}
 	s.handle(wire, h)
+}
+
+// Guard is a check another module makes before a call runs, wherever it
+// is routed: HA refusing a start that would leave no failover plan. It
+// runs where the call enters the pool (a call forwarded here was checked
+// there), before the call's marks are taken.
+type Guard func(c *Call) error
+
+// AddGuard adds a check to a message.
+func (s *Server) AddGuard(wire string, g Guard) {
+	if s.Model.Message(wire) == nil {
+		panic("api: no message " + wire)
+	}
+	s.guards[wire] = append(s.guards[wire], g)
 }
 
 // handle binds a handler to a message.

@@ -31,6 +31,7 @@ import (
 	"net/http"
 	"slices"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
@@ -94,11 +95,13 @@ type Service struct {
 	log    *slog.Logger
 	holder *lease.Holder
 
-	mu         sync.Mutex
-	ledger     *lease.Ledger   // while this host coordinates (under mu)
-	declared   map[string]bool // hosts declared dead, until they renew (under mu)
-	restarting map[string]bool // VMs HA is starting now (under mu)
-	killed     bool            // the protected VMs are gone since the lease ran out
+	mu           sync.Mutex
+	ledger       *lease.Ledger   // while this host coordinates (under mu)
+	declared     map[string]bool // hosts declared dead, until they renew (under mu)
+	restarting   map[string]bool // VMs HA is starting now (under mu)
+	killed       bool            // the protected VMs are gone since the lease ran out
+	preventUntil time.Time       // no restarts before this (pool.ha_prevent_restarts_for; under mu)
+	emergencyOff bool            // host.emergency_ha_disable: HA off on this host (under mu)
 
 	wd watchdog.Watchdog // armed while HA is on (the loop's own)
 
@@ -139,6 +142,73 @@ func (s *Service) Register(srv *api.Server) {
 	api.Register(srv, s.hypotheticalMaxFailures)
 	api.Register(srv, s.planExists)
 	api.Register(srv, s.failoverPlan)
+	api.Register(srv, s.declareDeadCall)
+	api.Register(srv, s.preventRestarts)
+	api.Register(srv, s.emergencyDisable)
+	s.guards(srv)
+}
+
+func (s *Service) off() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.emergencyOff
+}
+
+// prevented reports whether restarts are held back now.
+func (s *Service) prevented() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cfg.Now().Before(s.preventUntil)
+}
+
+// declareDeadCall is host.declare_dead: an operator who knows a host is
+// gone (powered off, reinstalled) has its VMs marked Halted at once and,
+// with HA on, its protected VMs restarted elsewhere. The coordinator
+// cannot declare itself dead.
+func (s *Service) declareDeadCall(c *api.Call, a dm.HostDeclareDeadArgs) (dm.Void, error) {
+	h, ok := c.Snapshot().Get(dm.Host.Class, string(a.Host))
+	if !ok {
+		return dm.Void{}, xerr.New(xerr.HandleInvalid, dm.Host.Class.Name, string(a.Host))
+	}
+	if h.Ref == s.cfg.HostRef {
+		return dm.Void{}, xerr.New(xerr.OperationNotAllowed, "the coordinator cannot declare itself dead")
+	}
+	s.log.Warn("HA: a host was declared dead by an operator", "host", h.UUID())
+	s.mu.Lock()
+	s.declared[h.UUID()] = true
+	s.mu.Unlock()
+	return dm.Void{}, s.declareDead(h)
+}
+
+// preventRestarts is pool.ha_prevent_restarts_for: no VM is restarted by
+// HA for that many seconds (0 ends it); hosts are still declared dead,
+// and their VMs restarted once the time is up.
+func (s *Service) preventRestarts(c *api.Call, a dm.PoolHAPreventRestartsForArgs) (dm.Void, error) {
+	if a.Seconds < 0 {
+		return dm.Void{}, xerr.New(xerr.InvalidValue, "seconds", strconv.FormatInt(a.Seconds, 10))
+	}
+	s.mu.Lock()
+	s.preventUntil = s.cfg.Now().Add(time.Duration(min(a.Seconds, 7*24*3600)) * time.Second)
+	s.mu.Unlock()
+	return dm.Void{}, nil
+}
+
+// emergencyDisable is host.emergency_ha_disable, answered by the host that
+// receives it even without a coordinator: HA stops on this host (no
+// renewals, no fencing, the watchdog disarmed) until the daemon restarts;
+// unless soft, the pool's HA is also turned off if the database can be
+// written.
+func (s *Service) emergencyDisable(c *api.Call, a dm.HostEmergencyHADisableArgs) (dm.Void, error) {
+	s.mu.Lock()
+	s.emergencyOff = true
+	s.mu.Unlock()
+	s.log.Warn("HA: disabled on this host by host.emergency_ha_disable", "soft", a.Soft)
+	if !a.Soft {
+		if _, err := s.disable(c, dm.PoolDisableHAArgs{}); err != nil && !xerr.HasCode(err, xerr.HANotEnabled) {
+			s.log.Warn("HA: could not turn the pool's HA off", "err", err)
+		}
+	}
+	return dm.Void{}, nil
 }
 
 // Start runs the loops: renewing, watching the lease, and (on the
@@ -185,7 +255,7 @@ func (s *Service) run() {
 		case <-tick.C:
 		}
 		now := s.cfg.Now()
-		if _, on := enabled(s.cfg.Server.DB.Snapshot()); !on {
+		if _, on := enabled(s.cfg.Server.DB.Snapshot()); !on || s.off() {
 			s.holder.Drop()
 			s.setLedger(false, now)
 			s.disarm()
@@ -410,13 +480,13 @@ func (s *Service) coordinate(now time.Time) {
 		if !ok {
 			continue
 		}
-		s.declareDead(h)
+		_ = s.declareDead(h) // logged; tried again when the host renews and dies again
 	}
 }
 
 // declareDead commits a dead host's VMs as Halted and the host as not
 // live, then restarts its protected VMs elsewhere.
-func (s *Service) declareDead(host *db.Row) {
+func (s *Service) declareDead(host *db.Row) error {
 	var restart []*db.Row
 	_, err := s.cfg.Server.DB.Update(func(tx *db.Tx) error {
 		h, ok := tx.Get(dm.Host.Class, host.Ref)
@@ -452,15 +522,20 @@ func (s *Service) declareDead(host *db.Row) {
 		s.mu.Lock()
 		delete(s.declared, host.UUID())
 		s.mu.Unlock()
-		return
+		return err
 	}
-	s.log.Warn("HA: declared a host dead: its lease is over", "host", host.UUID(), "restarting", len(restart))
+	if _, on := enabled(s.cfg.Server.DB.Snapshot()); !on || s.prevented() {
+		s.log.Warn("HA: declared a host dead; its VMs are Halted, none restarted now", "host", host.UUID())
+		return nil
+	}
+	s.log.Warn("HA: declared a host dead", "host", host.UUID(), "restarting", len(restart))
 	sortForRestart(restart)
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
 		s.restart(restart)
 	}()
+	return nil
 }
 
 // sortForRestart orders VMs as HA restarts them: "restart" before
@@ -492,6 +567,9 @@ func sortForRestart(vms []*db.Row) {
 // lease ran out without the host being declared dead, and those that
 // stopped on their own.
 func (s *Service) restartStopped() {
+	if s.prevented() {
+		return
+	}
 	snap := s.cfg.Server.DB.Snapshot()
 	var stopped []*db.Row
 	s.mu.Lock()
@@ -528,7 +606,7 @@ func (s *Service) restart(vms []*db.Row) {
 	if len(vms) == 0 {
 		return
 	}
-	caller, end, err := s.cfg.Server.InternalCaller("HA")
+	caller, end, err := s.cfg.Server.InternalCaller(originator)
 	if err != nil {
 		s.log.Error("HA: cannot restart VMs", "err", err)
 		return

@@ -168,7 +168,20 @@ func TestHAConstraints(t *testing.T) {
 	if _, err := c.Call(ctx, p.Addr(0), "pool.enable_ha", s, []string{}, map[string]string{}); pooltest.Code(err) != xerr.HAIsEnabled {
 		t.Fatalf("enable_ha twice: %v", err)
 	}
+	r.call("pool.ha_prevent_restarts_for", 0)
 	r.call("pool.disable_ha")
+	// An operator declares a killed host dead: its VMs are Halted at once.
+	dead := hostRefs(t, ctx, c, p, 0, s)[2]
+	gone := r.str("VM.create", testdaemon.VMRecord("on a host that dies"))
+	r.call("VM.start_on", gone, dead, false, false)
+	p.Kill(2)
+	if _, err := c.Call(ctx, p.Addr(0), "host.declare_dead", s, hostRefs(t, ctx, c, p, 0, s)[0]); pooltest.Code(err) != xerr.OperationNotAllowed {
+		t.Fatalf("the coordinator declaring itself dead: %v", err)
+	}
+	r.call("host.declare_dead", dead)
+	if ps, on := r.str("VM.get_power_state", gone), r.str("VM.get_resident_on", gone); ps != "Halted" || on != "OpaqueRef:NULL" {
+		t.Fatalf("a dead host's VM: %s on %s", ps, on)
+	}
 }
 
 // The planner's calls on a pool of three 4 GiB hosts with one protected
@@ -226,6 +239,17 @@ func TestHAPlanner(t *testing.T) {
 		}
 	}
 	waitPlan("1", "false")
+	// A second protected 3 GiB VM still leaves a plan; a third would not:
+	// protecting it is refused.
+	b := sized("second", 3<<30)
+	r.call("VM.set_ha_restart_priority", b, "restart")
+	r.call("VM.start", b, false, false)
+	third := sized("third", 3<<30)
+	if _, err := c.Call(ctx, p.Addr(0), "VM.set_ha_restart_priority", s, third, "restart"); pooltest.Code(err) != xerr.HAOperationWouldBreakFailoverPlan {
+		t.Fatalf("protecting a third 3 GiB VM: %v", err)
+	}
+	r.call("VM.hard_shutdown", b)
+	r.call("VM.set_ha_restart_priority", b, "")
 	// Unprotected VMs fill the other hosts: if host 0 failed, the
 	// protected VM would have nowhere to go.
 	for _, i := range []int{1, 2} {
