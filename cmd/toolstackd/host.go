@@ -272,7 +272,8 @@ func (h *host) registerModules(o options, hostRef string, first bool) error {
 	// storage layer's datapaths.
 	disks := &storageDisks{s: stor}
 	h.xm, err = xenops.Register(h.srv, h.router, xenops.Config{Backend: o.backend, DataDir: o.dataDir, HostRef: hostRef, Log: h.log,
-		ListenAddr: o.listen, Disks: disks, HostMemory: int64(o.hostMemory), Journal: o.journal})
+		ListenAddr: o.listen, Disks: disks, HostMemory: int64(o.hostMemory), Journal: o.journal,
+		QEMU: qemuConfig(o)})
 	if err != nil {
 		return fmt.Errorf("xenops: %w", err)
 	}

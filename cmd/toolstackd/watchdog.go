@@ -10,6 +10,7 @@ import (
 
 	"toolstackd/internal/ha/journal"
 	"toolstackd/internal/ha/watchdog"
+	"toolstackd/internal/xenops/qemu"
 )
 
 // fakeWatchdogCmd is the fake watchdog's process (internal/ha/watchdog):
@@ -52,4 +53,15 @@ func leadProcessGroup() error {
 		return nil
 	}
 	return syscall.Setpgid(0, 0)
+}
+
+// qemuConfig is the QEMU backend's setting from the options: with the fake
+// watchdog, the VMs join this daemon's process group, which the fake kills
+// as a reset would.
+func qemuConfig(o options) qemu.Config {
+	var c qemu.Config
+	if o.watchdog == "fake" {
+		c.ProcessGroup = os.Getpid()
+	}
+	return c
 }

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -36,11 +37,30 @@ func haRounds() int {
 // the machine's monotonic clock; at the end no VM may have had two
 // instances at once.
 func TestHANeverRunsAVMTwice(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute+time.Duration(haRounds())*30*time.Second)
+	haRoundsRun(t, testdaemon.Options{}, 4, haRounds())
+}
+
+// The same with real QEMU (TCG): a fake watchdog's reset takes the host's
+// QEMUs with it, as a real reset does.
+func TestHANeverRunsAVMTwiceQEMU(t *testing.T) {
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		t.Skip("no qemu-system-x86_64")
+	}
+	rounds := 2
+	if os.Getenv("TOOLSTACKD_LONG") == "1" {
+		rounds = 20
+	}
+	haRoundsRun(t, testdaemon.Options{Backend: "qemu", Env: []string{"TOOLSTACKD_QEMU_ACCEL=tcg"}}, 2, rounds)
+}
+
+// haRoundsRun runs rounds randomized fault rounds on a pool of three
+// hosts run as o says, with n protected VMs.
+func haRoundsRun(t *testing.T, o testdaemon.Options, n, rounds int) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute+time.Duration(rounds)*30*time.Second)
 	defer cancel()
 	jpath := filepath.Join(t.TempDir(), "instances")
-	p := pooltest.Start(t, pooltest.Options{Hosts: 3, Daemon: testdaemon.Options{ExtraArgs: []string{
-		"--ha-timing", haTiming, "--watchdog", "fake", "--instance-journal", jpath}}})
+	o.ExtraArgs = []string{"--ha-timing", haTiming, "--watchdog", "fake", "--instance-journal", jpath}
+	p := pooltest.Start(t, pooltest.Options{Hosts: 3, Daemon: o})
 	p.Join(t)
 	c := pooltest.NewClient(netip.Addr{})
 	login := func() rpc {
@@ -58,7 +78,7 @@ func TestHANeverRunsAVMTwice(t *testing.T) {
 	r := login()
 	r.call("pool.enable_ha", []string{}, map[string]string{})
 	var vms []string
-	for i := range 4 {
+	for i := range n {
 		vm := r.str("VM.create", testdaemon.VMRecord("protected-"+strconv.Itoa(i)))
 		r.call("VM.set_ha_restart_priority", vm, "restart")
 		r.call("VM.start", vm, false, false)
@@ -67,7 +87,7 @@ func TestHANeverRunsAVMTwice(t *testing.T) {
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d, timing %s", seed, haTiming)
 	rng := rand.New(rand.NewPCG(uint64(seed), 0))
-	for round := range haRounds() {
+	for round := range rounds {
 		victim := rng.IntN(p.Len())
 		alive := func() bool { return processAlive(p.Hosts[victim].PID) }
 		switch rng.IntN(2) {
@@ -127,5 +147,5 @@ func TestHANeverRunsAVMTwice(t *testing.T) {
 		}
 		t.Fatalf("%d overlapping instances in %d events", len(overlaps), len(events))
 	}
-	t.Logf("%d rounds, %d journal events, %d starts: no VM ran twice", haRounds(), len(events), starts)
+	t.Logf("%d rounds, %d journal events, %d starts: no VM ran twice", rounds, len(events), starts)
 }

@@ -47,6 +47,11 @@ type Config struct {
 	// UnplugTimeout bounds how long an unplug waits for the guest to
 	// release a device (default 10 s).
 	UnplugTimeout time.Duration
+	// ProcessGroup, when set, puts every QEMU in that process group
+	// instead of a session of its own: tests whose fake watchdog resets
+	// a host by killing its process group (internal/ha/watchdog) need
+	// the host's VMs to go with it, as a real reset takes them.
+	ProcessGroup int
 }
 
 // QEMU runs one qemu-system-x86_64 process per domain and drives it over
@@ -527,6 +532,9 @@ func (q *QEMU) StartDeviceModel(ctx context.Context, uuid string) error {
 	// Its own session: signals to the daemon's process group never reach
 	// it, and it outlives the daemon.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if q.cfg.ProcessGroup > 0 {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pgid: q.cfg.ProcessGroup}
+	}
 	if j.Spec.RestoreFrom != "" {
 		img, _, err := backend.OpenImageStream(j.Spec.RestoreFrom, backend.RecQEMU)
 		if err != nil {
