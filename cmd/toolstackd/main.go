@@ -147,7 +147,7 @@ func run(ctx context.Context, o options) error {
 	// The listeners serve whichever host is current: an ejected host is
 	// rebuilt in place while they keep serving.
 	var current handlerSwitch
-	current.set(h.router)
+	current.set(api.TrimSlash(h.router))
 	ls, err := listen(o, guard, &current, log)
 	if err != nil {
 		_ = h.close() // the listen error is the one to report
@@ -165,7 +165,7 @@ func run(ctx context.Context, o options) error {
 				ls.shutdown(10 * time.Second)
 				return err
 			}
-			current.set(h.router)
+			current.set(api.TrimSlash(h.router))
 			log.Info("left the pool: this host is a pool of its own")
 			continue
 		case <-sig.Done():

@@ -27,6 +27,14 @@ func (s *Server) registerCore() {
 	Register(s, s.changePassword)
 	Register(s, s.allSubjectIdentifiers)
 	Register(s, s.logoutSubject)
+	// The host's clock (Xen Orchestra's clock-drift check): the call is
+	// routed to the host named.
+	Register(s, func(c *Call, _ dm.HostGetServertimeArgs) (time.Time, error) { return time.Now().UTC(), nil })
+	Register(s, func(c *Call, _ dm.HostGetServerLocaltimeArgs) (time.Time, error) {
+		now := time.Now()
+		_, off := now.Zone()
+		return now.UTC().Add(time.Duration(off) * time.Second), nil
+	})
 
 	s.registerTasks()
 	s.registerMessages()

@@ -31,6 +31,23 @@ func (s *Server) Handler() http.Handler {
 	return r
 }
 
+// TrimSlash serves h with one trailing slash dropped from the path (not
+// from "/"): xapi's HTTP handlers match by prefix, and Xen Orchestra
+// sends PUT /import_raw_vdi/?... and GET /export_raw_vdi/?....
+func TrimSlash(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p := r.URL.Path; len(p) > 1 && p[len(p)-1] == '/' {
+			r2 := *r
+			u := *r.URL
+			u.Path = p[:len(p)-1]
+			u.RawPath = ""
+			r2.URL = &u
+			r = &r2
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
 // LocalHandler marks every request as coming over the local socket, whose
 // callers run as the local superuser.
 func LocalHandler(h http.Handler) http.Handler {

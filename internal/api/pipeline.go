@@ -51,6 +51,25 @@ type request struct {
 	target  forwarding.Target
 }
 
+// underscored finds a message named with "_" for its ".", as xapi also
+// answers (event_from, VM_get_all, VM_guest_metrics_get_record: the
+// XenServer SDK's samples use them): the first split whose left side
+// names a class (without regard to case) and whose right side one of its
+// messages.
+func (s *Server) underscored(name string) *schema.Message {
+	for i := 0; i < len(name); i++ {
+		if name[i] != '_' {
+			continue
+		}
+		if c := s.Model.ClassFold(name[:i]); c != nil {
+			if m := s.Model.Message(c.Name + "." + name[i+1:]); m != nil {
+				return m
+			}
+		}
+	}
+	return nil
+}
+
 // lookup finds the message a method name names: Async. variants, and
 // class names matched without regard to case as xapi does.
 func (s *Server) lookup(r *request) error {
@@ -62,6 +81,9 @@ func (s *Server) lookup(r *request) error {
 				m = s.Model.Message(c.Name + "." + msg)
 			}
 		}
+	}
+	if m == nil && !strings.Contains(name, ".") {
+		m = s.underscored(name)
 	}
 	if m == nil || (async && !m.Async) {
 		return xerr.New(xerr.MessageMethodUnknown, r.method)

@@ -60,6 +60,14 @@ func TestStageLookup(t *testing.T) {
 		{"vm.get_record", "VM.get_record", false, ""}, // classes without regard to case
 		{"VM.no_such", "", false, xerr.MessageMethodUnknown},
 		{"Async.session.login_with_password", "", false, xerr.MessageMethodUnknown}, // no Async form
+		// "_" for ".", as xapi answers too (the SDK's samples).
+		{"event_from", "event.from", false, ""},
+		{"session_get_this_host", "session.get_this_host", false, ""},
+		{"VM_get_all", "VM.get_all", false, ""},
+		{"VM_guest_metrics_get_all", "VM_guest_metrics.get_all", false, ""},
+		{"Async.VM_start", "VM.start", true, ""},
+		{"VM_no_such", "", false, xerr.MessageMethodUnknown},
+		{"_", "", false, xerr.MessageMethodUnknown},
 	} {
 		r := &request{method: c.method}
 		err := s.lookup(r)

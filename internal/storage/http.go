@@ -230,6 +230,13 @@ func (s *Service) serveImport(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	if r.ContentLength == 0 && r.Header.Get("Content-Length") == "0" && q.Task == "" {
+		// Xen Orchestra's probe before it streams a disk (to learn of a
+		// redirect): xapi answers 200 before reading the empty body, and
+		// nothing is written.
+		w.WriteHeader(http.StatusOK)
+		return
+	}
 	if s.srv.ProxyHTTP(w, r, sess, forwarding.VDIHost(snap, s.srv.Cfg.HostRef, vdi.Ref)) {
 		return // served by the host with the disk
 	}
