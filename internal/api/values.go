@@ -191,6 +191,14 @@ func decodeRecord(t *schema.Type, v any, name string) (any, error) {
 		}
 		e, err := decodeValue(f.Type, x, f.Name)
 		if err != nil {
+			if f.Qualifier == schema.DynamicRO {
+				// A runtime field is the server's: constructors do not
+				// take it, so a value it could not hold is dropped, not
+				// refused, as xapi does (the Go SDK sends whole records,
+				// ipv4_configuration_mode "" and snapshot_time 111T0:0:0
+				// included).
+				continue
+			}
 			return nil, err
 		}
 		out[f.Name] = e

@@ -5,9 +5,12 @@ package clients
 import (
 	"bytes"
 	"encoding/json"
+	"encoding/xml"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -120,4 +123,106 @@ func TestServerTime(t *testing.T) {
 			t.Fatalf("%s: %v is %v from now", m, got, d)
 		}
 	}
+}
+
+// rawDate is an XML-RPC dateTime written as given.
+type rawDate string
+
+// xmlValue writes v as an XML-RPC value (what a client's library does).
+func xmlValue(b *strings.Builder, v any) {
+	b.WriteString("<value>")
+	switch x := v.(type) {
+	case string:
+		b.WriteString("<string>")
+		_ = xml.EscapeText(b, []byte(x))
+		b.WriteString("</string>")
+	case rawDate:
+		b.WriteString("<dateTime.iso8601>" + string(x) + "</dateTime.iso8601>")
+	case int:
+		b.WriteString("<string>" + strconv.Itoa(x) + "</string>") // XenAPI ints travel as strings
+	case float64:
+		b.WriteString("<double>" + strconv.FormatFloat(x, 'g', -1, 64) + "</double>")
+	case bool:
+		if x {
+			b.WriteString("<boolean>1</boolean>")
+		} else {
+			b.WriteString("<boolean>0</boolean>")
+		}
+	case []string:
+		b.WriteString("<array><data>")
+		for _, e := range x {
+			xmlValue(b, e)
+		}
+		b.WriteString("</data></array>")
+	case map[string]string:
+		b.WriteString("<struct>")
+		for k, e := range x {
+			b.WriteString("<member><name>" + k + "</name>")
+			xmlValue(b, e)
+			b.WriteString("</member>")
+		}
+		b.WriteString("</struct>")
+	case map[string]any:
+		b.WriteString("<struct>")
+		for k, e := range x {
+			b.WriteString("<member><name>" + k + "</name>")
+			xmlValue(b, e)
+			b.WriteString("</member>")
+		}
+		b.WriteString("</struct>")
+	default:
+		panic(fmt.Sprintf("xmlValue: %T", v))
+	}
+	b.WriteString("</value>")
+}
+
+// The Go SDK (terraform's client) sends whole records to constructors:
+// runtime fields hold values no constructor reads (a dateTime it writes
+// as 111T0:0:0, an empty enum), which xapi ignores.
+func TestGoSDKWholeRecords(t *testing.T) {
+	d := testdaemon.Start(t, testdaemon.Options{Backend: "simulator"})
+	s := d.Login(t)
+	call := func(method string, params ...any) string {
+		t.Helper()
+		var b strings.Builder
+		b.WriteString("<?xml version=\"1.0\"?><methodCall><methodName>" + method + "</methodName><params>")
+		for _, p := range params {
+			b.WriteString("<param>")
+			xmlValue(&b, p)
+			b.WriteString("</param>")
+		}
+		b.WriteString("</params></methodCall>")
+		resp, err := http.Post(d.URL+"/", "text/xml", strings.NewReader(b.String()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "<name>Status</name><value>Success</value>") {
+			t.Fatalf("%s: %d %s", method, resp.StatusCode, body)
+		}
+		i := strings.Index(string(body), "OpaqueRef:")
+		return strings.SplitN(string(body)[i:], "<", 2)[0]
+	}
+	rec := map[string]any{}
+	for k, v := range testdaemon.VMRecord("go sdk") {
+		switch x := v.(type) {
+		case int:
+			rec[k] = x
+		case float64, string, bool, []string, map[string]string:
+			rec[k] = x
+		}
+	}
+	rec["snapshot_time"] = rawDate("111T0:0:0")
+	rec["power_state"] = "Halted"
+	vm := call("VM.create", s, rec)
+	var nets []string
+	raw, err := d.Client().Call("network.get_all", s)
+	if err != nil || json.Unmarshal(raw, &nets) != nil || len(nets) == 0 {
+		t.Fatalf("networks: %s %v", raw, err)
+	}
+	call("VIF.create", s, map[string]any{"device": "0", "network": nets[0], "VM": vm, "MAC": "", "MTU": 1500,
+		"other_config": map[string]string{}, "qos_algorithm_type": "", "qos_algorithm_params": map[string]string{},
+		"locking_mode": "network_default", "ipv4_allowed": []string{}, "ipv6_allowed": []string{},
+		"ipv4_configuration_mode": "", "ipv6_configuration_mode": "", "ipv4_addresses": []string{}, "currently_attached": false})
 }

@@ -104,3 +104,9 @@
 // the input; callers must bound the body size (xapi allows 300 KiB for an
 // RPC body).
 package wire
+
+// InvalidDateTime is a <dateTime.iso8601> whose text is no date. It is
+// decoded, not refused: only a call that reads it as a date fails
+// (FIELD_TYPE_ERROR), as with xapi.
+type InvalidDateTime string
+

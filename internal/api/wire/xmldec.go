@@ -289,7 +289,10 @@ func (p *xmlParser) typed(tag string, depth int) (any, error) {
 		}
 		t, ok := parseDateTime(trimXMLSpace(s))
 		if !ok {
-			return nil, decodeErrorf("bad <dateTime.iso8601> %q", truncate([]byte(s)))
+			// Not a request error: xapi fails only a call that reads the
+			// value (the Go SDK writes 111T0:0:0 into fields no
+			// constructor reads).
+			return InvalidDateTime(truncate([]byte(s))), nil
 		}
 		return t, nil
 	case "base64":
