@@ -109,4 +109,3 @@ package wire
 // decoded, not refused: only a call that reads it as a date fails
 // (FIELD_TYPE_ERROR), as with xapi.
 type InvalidDateTime string
-
