@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"toolstackd/internal/ha/journal"
 	"toolstackd/internal/ha/lease"
 	"toolstackd/internal/pooltest"
 	"toolstackd/internal/testdaemon"
@@ -292,4 +293,46 @@ func TestHAFigures(t *testing.T) {
 	}
 	t.Logf("kill -9 of a host with 5 protected VMs, default timing (fence interval %v): all running elsewhere after %v",
 		lease.Defaults().FenceAfter(), last)
+}
+
+// A member cut off from the pool (every link through its fault proxy
+// blackholed) cannot renew its lease: it kills its protected VM itself,
+// the coordinator restarts it elsewhere after the fence interval, and
+// once the link heals the member is back without a second instance.
+func TestHAPartitionedHostFencesItself(t *testing.T) {
+	jpath := filepath.Join(t.TempDir(), "instances")
+	p, r, hosts := joined(t, testCtx(t), pooltest.Options{Hosts: 3, Proxy: true, Daemon: testdaemon.Options{ExtraArgs: []string{
+		"--ha-timing", haTiming, "--watchdog", "fake", "--instance-journal", jpath}}})
+	r.call("pool.enable_ha", []string{}, map[string]string{})
+	vm := r.str("VM.create", testdaemon.VMRecord("protected"))
+	r.call("VM.set_ha_restart_priority", vm, "restart")
+	r.call("VM.start_on", vm, hosts[2], false, false)
+	uuid := r.str("VM.get_uuid", vm)
+	if err := p.Link.Isolate(pooltest.Name(2)); err != nil {
+		t.Fatal(err)
+	}
+	cut := time.Now()
+	// The member's own instance goes first (its lease ends), then the VM
+	// runs elsewhere.
+	for simDomainIn(t, p.Hosts[2].DataDir, uuid) {
+		if time.Since(cut) > 15*time.Second {
+			t.Fatal("the cut-off member still runs its protected VM")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	killed := time.Since(cut)
+	on, _ := waitRunningElsewhere(r, vm, hosts[2], 30*time.Second)
+	t.Logf("cut off: the member killed its instance after %v; running on %s %v after the cut", killed, on, time.Since(cut))
+	p.Link.HealAll()
+	time.Sleep(3 * time.Second) // the member renews again
+	if ps := r.str("VM.get_power_state", vm); ps != "Running" || r.str("VM.get_resident_on", vm) != on {
+		t.Fatalf("after the heal the VM is %s", ps)
+	}
+	events, err := journal.Read(jpath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := journal.Check(events); len(o) > 0 {
+		t.Fatalf("two instances: %v", o)
+	}
 }
