@@ -130,6 +130,9 @@ type rawDate string
 
 // xmlValue writes v as an XML-RPC value (what a client's library does).
 func xmlValue(b *strings.Builder, v any) {
+	if m, ok := v.(map[string]string); ok {
+		v = anyMap(m)
+	}
 	b.WriteString("<value>")
 	switch x := v.(type) {
 	case string:
@@ -154,14 +157,6 @@ func xmlValue(b *strings.Builder, v any) {
 			xmlValue(b, e)
 		}
 		b.WriteString("</data></array>")
-	case map[string]string:
-		b.WriteString("<struct>")
-		for k, e := range x {
-			b.WriteString("<member><name>" + k + "</name>")
-			xmlValue(b, e)
-			b.WriteString("</member>")
-		}
-		b.WriteString("</struct>")
 	case map[string]any:
 		b.WriteString("<struct>")
 		for k, e := range x {
@@ -225,4 +220,12 @@ func TestGoSDKWholeRecords(t *testing.T) {
 		"other_config": map[string]string{}, "qos_algorithm_type": "", "qos_algorithm_params": map[string]string{},
 		"locking_mode": "network_default", "ipv4_allowed": []string{}, "ipv6_allowed": []string{},
 		"ipv4_configuration_mode": "", "ipv6_configuration_mode": "", "ipv4_addresses": []string{}, "currently_attached": false})
+}
+
+func anyMap(m map[string]string) map[string]any {
+	out := make(map[string]any, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
 }
