@@ -45,7 +45,8 @@ func TestIntraPoolEndpointsRefuseHostileInput(t *testing.T) {
 		_, _ = msg.ReadFrom(resp.Body)
 		return resp.StatusCode, msg.String()
 	}
-	paths := []string{"/pool/db", "/pool/call", "/pool/transfer", "/pool/rejoin", "/pool/readd", "/pool/secret", "/pool/leave"}
+	paths := []string{"/pool/db", "/pool/call", "/pool/transfer", "/pool/rejoin", "/pool/readd", "/pool/secret", "/pool/leave",
+		"/pool/session", "/pool/lease"}
 	for _, path := range paths {
 		for _, bad := range []string{"", "not-the-secret", secret + "x"} {
 			if code, _ := post(path, bad, []byte("{}")); code != http.StatusForbidden {
@@ -54,7 +55,7 @@ func TestIntraPoolEndpointsRefuseHostileInput(t *testing.T) {
 		}
 	}
 	// Holders of the secret sending garbage.
-	for _, path := range []string{"/pool/transfer", "/pool/readd", "/pool/secret", "/pool/leave"} {
+	for _, path := range []string{"/pool/transfer", "/pool/readd", "/pool/secret", "/pool/leave", "/pool/session", "/pool/lease"} {
 		if code, _ := post(path, secret, []byte("\x00not json")); code != http.StatusBadRequest {
 			t.Errorf("%s with garbage: %d, want 400", path, code)
 		}
@@ -67,6 +68,34 @@ func TestIntraPoolEndpointsRefuseHostileInput(t *testing.T) {
 	}
 	if code, _ := post("/pool/call", secret, []byte(`{}`), "X-Toolstackd-Identity", `{"Roles":-1}`); code != http.StatusBadRequest {
 		t.Errorf("/pool/call claiming roles that do not exist: %d, want 400", code)
+	}
+	// A session nobody holds is not described; a renewal for a host not
+	// in the pool (or with HA off) is not granted.
+	if code, _ := post("/pool/session", secret, []byte(`{"session":"OpaqueRef:nobody"}`)); code != http.StatusNotFound {
+		t.Errorf("/pool/session for an unknown session: %d, want 404", code)
+	}
+	if code, _ := post("/pool/lease", secret, []byte(`{"host":"00000000-0000-0000-0000-000000000000"}`)); code == http.StatusOK {
+		t.Error("/pool/lease granted a lease to a host that is not in the pool")
+	}
+	if code, _ := post("/pool/session", secret, bytes.Repeat([]byte(" "), 1<<20)); code != http.StatusBadRequest {
+		t.Errorf("/pool/session with a megabyte of nothing: %d, want 400", code)
+	}
+	// An HTTP handler's request naming who it runs as must carry the
+	// secret, and a holder of the secret must name a real identity.
+	for _, c := range []struct{ secret, who string }{{"", `{"User":"root","Roles":1}`}, {secret, "{not json"}, {secret, `{"Roles":-1}`}} {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.Addr(0)+"/export_raw_vdi?vdi=OpaqueRef:x&format=raw", nil)
+		req.Header.Set("X-Toolstackd-Identity", c.who)
+		if c.secret != "" {
+			req.Header.Set("X-Toolstackd-Pool-Secret", c.secret)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden {
+			t.Errorf("export with identity %q (secret %v): %d, want 403", c.who, c.secret != "", resp.StatusCode)
+		}
 	}
 	if code, _ := post("/pool/db", secret, []byte("\xff\xff garbage")); code == http.StatusOK {
 		t.Error("/pool/db took garbage")
