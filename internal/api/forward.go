@@ -124,7 +124,7 @@ func (s *Server) forward(c *Call, r *request) (any, error) {
 	}
 	id := Identity{Session: r.sessRef}
 	if sess := c.Session; sess != nil {
-		id = Identity{Session: sess.Ref, User: sess.User, Originator: sess.Originator, Roles: sess.Roles, Superuser: sess.LocalSuperuser}
+		id = sess.identity()
 	}
 	reply, err := (*s.forwarder.Load()).Forward(c.Ctx, host, body, id)
 	if err != nil {

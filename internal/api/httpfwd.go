@@ -94,7 +94,9 @@ func (s *Server) peerSession(w http.ResponseWriter, r *http.Request) (sess *Sess
 		http.Error(w, "pool secret required", http.StatusForbidden)
 		return nil, true
 	case ok:
-		return forwardedSession(r.Context(), who), false
+		sess := forwardedSession(r.Context(), who)
+		sess.peer = true
+		return sess, false
 	}
 	return nil, false
 }
@@ -125,11 +127,8 @@ func (s *Server) remoteSession(w http.ResponseWriter, r *http.Request, id string
 // host that must serve it; with false it serves r itself.
 func (s *Server) ProxyHTTP(w http.ResponseWriter, r *http.Request, sess *Session, host string) bool {
 	f := s.httpForwarder()
-	if f == nil || host == "" || host == schema.NullRef || host == s.Cfg.HostRef {
-		return false
-	}
-	if _, ok, _ := f.PeerIdentity(r); ok {
-		return false // a request another host sent here runs here
+	if f == nil || host == "" || host == schema.NullRef || host == s.Cfg.HostRef || sess.peer {
+		return false // (a request another host sent here runs here)
 	}
 	q := r.URL.Query()
 	ctx := r.Context()

@@ -37,6 +37,7 @@ type Session struct {
 	local   bool   // opened over the local socket
 	replica bool   // opened by slave_local_login: this host's own replica
 	remote  bool   // the coordinator's, for one forwarded call or request
+	peer    bool   // and that request came from another host of the pool
 
 	lastActive atomic.Int64 // unix nanoseconds
 	flushed    atomic.Int64 // last_active as last written to the database

@@ -385,17 +385,25 @@ func (res *resolver) vmResident(r *schema.Route) (schema.RouteKind, []string, er
 	if err != nil {
 		return 0, nil, err
 	}
-	switch vm.String(dm.VM.PowerState) {
-	case "Running", "Paused":
-		if h := vm.String(dm.VM.ResidentOn); res.validHost(h) {
-			return schema.RouteVMResident, []string{h}, nil
-		}
+	if h, ok := res.residentHost(vm); ok {
+		return schema.RouteVMResident, []string{h}, nil
 	}
 	if r.Else == schema.RouteSRAccess {
 		hosts, err := res.srAccess(nil, vm)
 		return schema.RouteSRAccess, hosts, err
 	}
 	return schema.RouteCoordinator, []string{res.coord}, nil
+}
+
+// residentHost is the host a running or paused VM's domain is on.
+func (res *resolver) residentHost(vm *db.Row) (string, bool) {
+	switch vm.String(dm.VM.PowerState) {
+	case "Running", "Paused":
+		if h := vm.String(dm.VM.ResidentOn); res.validHost(h) {
+			return h, true
+		}
+	}
+	return "", false
 }
 
 // placement chooses a host to start or resume a VM on: the host it is

@@ -37,11 +37,8 @@ func VMHost(snap db.Reader, self, vm string) string {
 	if !ok {
 		return self
 	}
-	switch row.String(dm.VM.PowerState) {
-	case "Running", "Paused":
-		if h := row.String(dm.VM.ResidentOn); res.validHost(h) {
-			return h
-		}
+	if h, ok := res.residentHost(row); ok {
+		return h
 	}
 	return self
 }

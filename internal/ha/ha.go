@@ -445,11 +445,7 @@ func (s *Service) fence() int {
 
 // protected reports whether HA restarts a VM elsewhere.
 func protected(vm *db.Row) bool {
-	switch vm.String(dm.VM.HARestartPriority) {
-	case "restart", "best-effort":
-		return true
-	}
-	return false
+	return planner.Priority(vm.String(dm.VM.HARestartPriority)).Protected()
 }
 
 // coordinate, on the coordinator, declares dead the hosts whose leases

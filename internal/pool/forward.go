@@ -45,18 +45,15 @@ func (p *Pool) Forward(ctx context.Context, hostRef string, body []byte, id api.
 	if addr == "" {
 		return nil, unreachable(errors.New("the host is not in raft's configuration"))
 	}
-	who, err := json.Marshal(id)
-	if err != nil {
-		return nil, err
-	}
 	ctx, cancel := context.WithTimeout(ctx, forwardTimeout)
 	defer cancel()
 	req, err := p.request(ctx, addr, callPath, "application/json", body)
 	if err != nil {
 		return nil, err
 	}
-	req.Header.Set(headerIdentity, string(who))
-	req.Header.Set(headerIndex, strconv.FormatUint(p.cfg.Repl.AppliedIndex(), 10))
+	if err := p.onBehalf(req, id); err != nil {
+		return nil, err
+	}
 	resp, err := p.client.Do(req)
 	if err != nil {
 		return nil, unreachable(err)
@@ -74,6 +71,18 @@ func (p *Pool) Forward(ctx context.Context, hostRef string, body []byte, id api.
 		return nil, xerr.New(xerr.InternalError, "a forwarded call's reply is over "+strconv.Itoa(maxReply)+" bytes")
 	}
 	return reply, nil
+}
+
+// onBehalf marks req as run for id, once the receiving host holds this
+// host's raft index.
+func (p *Pool) onBehalf(req *http.Request, id api.Identity) error {
+	who, err := json.Marshal(id)
+	if err != nil {
+		return err
+	}
+	req.Header.Set(headerIdentity, string(who))
+	req.Header.Set(headerIndex, strconv.FormatUint(p.cfg.Repl.AppliedIndex(), 10))
+	return nil
 }
 
 // addressOf is where raft reaches a host (its advertised address).

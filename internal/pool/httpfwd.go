@@ -100,19 +100,8 @@ func (p *Pool) peerRequest(hostRef string, req *http.Request, id api.Identity) (
 		p.log.Warn("cannot forward a request: the host is not in raft's configuration", "host", hostRef)
 		return "", xerr.New(xerr.CannotContactHost, hostRef)
 	}
-	who, err := json.Marshal(id)
-	if err != nil {
-		return "", err
-	}
-	req.URL.Scheme = "http"
-	if p.cfg.TLS != nil {
-		req.URL.Scheme = "https"
-	}
-	req.URL.Host, req.Host = addr, addr
-	req.Header.Set(raftnet.SecretHeader, p.secrets.Current())
-	req.Header.Set(headerIdentity, string(who))
-	req.Header.Set(headerIndex, strconv.FormatUint(p.cfg.Repl.AppliedIndex(), 10))
-	return addr, nil
+	p.toPeer(req, addr)
+	return addr, p.onBehalf(req, id)
 }
 
 // dial connects to another host as the pool's HTTP client does (its

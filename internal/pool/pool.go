@@ -317,17 +317,24 @@ func (p *Pool) post(ctx context.Context, addr, path, ctype string, body []byte) 
 
 // request makes an intra-pool request, with the pool secret.
 func (p *Pool) request(ctx context.Context, addr, path, ctype string, body []byte) (*http.Request, error) {
-	scheme := "http"
-	if p.cfg.TLS != nil {
-		scheme = "https"
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, scheme+"://"+addr+path, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, path, bytes.NewReader(body))
 	if err != nil {
 		return nil, err
 	}
 	req.Header.Set("Content-Type", ctype)
-	req.Header.Set(raftnet.SecretHeader, p.secrets.Current())
+	p.toPeer(req, addr)
 	return req, nil
+}
+
+// toPeer addresses req to the host at addr, over TLS when the pool speaks
+// it, with the pool secret.
+func (p *Pool) toPeer(req *http.Request, addr string) {
+	req.URL.Scheme = "http"
+	if p.cfg.TLS != nil {
+		req.URL.Scheme = "https"
+	}
+	req.URL.Host, req.Host = addr, addr
+	req.Header.Set(raftnet.SecretHeader, p.secrets.Current())
 }
 
 // maxDelta bounds a member's change sent to the coordinator.

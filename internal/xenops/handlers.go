@@ -7,6 +7,7 @@ import (
 	"toolstackd/internal/api"
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
+	"toolstackd/internal/ha/planner"
 	"toolstackd/internal/schema"
 	"toolstackd/internal/xenops/backend"
 	"toolstackd/internal/xerr"
@@ -135,13 +136,8 @@ func (m *Manager) noteAlwaysRun(ref string, o op) {
 	if !ok || row.Get(dm.VM.HAAlwaysRun) == want {
 		return
 	}
-	switch row.String(dm.VM.HARestartPriority) {
-	case "restart", "best-effort":
-	default:
-		if !want {
-			break // clearing is always right
-		}
-		return
+	if want && !planner.Priority(row.String(dm.VM.HARestartPriority)).Protected() {
+		return // set only for a VM HA protects; clearing is always right
 	}
 	if _, err := m.db.Update(func(tx *db.Tx) error {
 		if _, ok := tx.Get(dm.VM.Class, ref); !ok {

@@ -11,6 +11,7 @@ import (
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/ha/journal"
+	"toolstackd/internal/ha/planner"
 	"toolstackd/internal/schema"
 	"toolstackd/internal/xenops/backend"
 	"toolstackd/internal/xerr"
@@ -617,8 +618,7 @@ func (m *Manager) notOurs(vm *db.Row) bool {
 			return true
 		}
 	}
-	switch vm.String(dm.VM.HARestartPriority) {
-	case "restart", "best-effort":
+	if planner.Priority(vm.String(dm.VM.HARestartPriority)).Protected() {
 		for _, p := range snap.All(dm.Pool.Class) {
 			if on, _ := p.Get(dm.Pool.HAEnabled).(bool); on {
 				return true

@@ -21,6 +21,9 @@ const (
 	PriorityNone Priority = ""
 )
 
+// Protected reports whether HA restarts a VM of this priority elsewhere.
+func (p Priority) Protected() bool { return p == PriorityRestart || p == PriorityBestEffort }
+
 // Valid reports whether p is one of the three priorities xapi accepts.
 func (p Priority) Valid() bool {
 	return p == PriorityRestart || p == PriorityBestEffort || p == PriorityNone
