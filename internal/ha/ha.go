@@ -67,11 +67,14 @@ type Pool interface {
 	Voters() (voters, nonVoters int)
 }
 
-// Fencer kills protected VMs' domains on this host (xenops).
+// Fencer kills protected VMs' domains on this host and records VMs whose
+// host died (xenops).
 type Fencer interface {
 	// Fence kills the domains on this host of the VMs protect names (by
 	// uuid) and returns how many are left.
 	Fence(ctx context.Context, protect func(uuid string) bool) int
+	// SetHalted records in tx a VM that stopped with its host.
+	SetHalted(tx *db.Tx, vm string) error
 }
 
 // Config is a Service's setting.
@@ -500,12 +503,12 @@ func (s *Service) declareDead(host *db.Row) error {
 			if !ok || vm.Get(dm.VM.IsControlDomain) == true {
 				continue
 			}
-			for f, v := range map[*schema.Field]any{dm.VM.PowerState: string(dm.VMPowerStateHalted),
-				dm.VM.ResidentOn: schema.NullRef, dm.VM.ScheduledToBeResidentOn: schema.NullRef, dm.VM.Domid: int64(-1),
-				dm.VM.CurrentOperations: map[string]string{}} {
-				if err := tx.Set(f, ref, v); err != nil {
-					return err
-				}
+			// Operations it had in flight died with the host.
+			if err := tx.Set(dm.VM.CurrentOperations, ref, map[string]string{}); err != nil {
+				return err
+			}
+			if err := s.cfg.Fencer.SetHalted(tx, ref); err != nil {
+				return err
 			}
 			if protected(vm) {
 				restart = append(restart, vm)

@@ -3,6 +3,8 @@ package xenops
 import (
 	"context"
 
+	"toolstackd/internal/db"
+
 	"toolstackd/internal/ha/journal"
 	"toolstackd/internal/xenops/backend"
 )
@@ -41,3 +43,8 @@ func (m *Manager) journal(kind, uuid string) {
 		m.log.Error("cannot write the instance journal", "err", err)
 	}
 }
+
+// SetHalted records, in tx, a VM whose domain is gone with its host (HA
+// declaring the host dead): Halted, resident nowhere, its devices
+// unplugged and its consoles gone, as any VM that stops.
+func (m *Manager) SetHalted(tx *db.Tx, ref string) error { return m.setHalted(tx, ref) }

@@ -175,6 +175,9 @@ func TestHAConstraints(t *testing.T) {
 	dead := hostRefs(t, ctx, c, p, 0, s)[2]
 	gone := r.str("VM.create", testdaemon.VMRecord("on a host that dies"))
 	r.call("VM.start_on", gone, dead, false, false)
+	if consoles := string(r.call("VM.get_consoles", gone)); consoles == "[]" {
+		t.Fatal("a running VM without consoles")
+	}
 	p.Kill(2)
 	if _, err := c.Call(ctx, p.Addr(0), "host.declare_dead", s, hostRefs(t, ctx, c, p, 0, s)[0]); pooltest.Code(err) != xerr.OperationNotAllowed {
 		t.Fatalf("the coordinator declaring itself dead: %v", err)
@@ -182,6 +185,11 @@ func TestHAConstraints(t *testing.T) {
 	r.call("host.declare_dead", dead)
 	if ps, on := r.str("VM.get_power_state", gone), r.str("VM.get_resident_on", gone); ps != "Halted" || on != "OpaqueRef:NULL" {
 		t.Fatalf("a dead host's VM: %s on %s", ps, on)
+	}
+	// Recorded as any VM that stopped: no console left pointing at the
+	// dead host.
+	if consoles := string(r.call("VM.get_consoles", gone)); consoles != "[]" {
+		t.Fatalf("a dead host's VM keeps its consoles: %s", consoles)
 	}
 }
 
