@@ -39,6 +39,7 @@ func (s *Server) registerCore() {
 	s.registerTasks()
 	s.registerMessages()
 	s.registerNetwork()
+	s.registerHostOps()
 	s.registerRoles()
 
 	Register(s, s.eventFrom)
