@@ -280,6 +280,7 @@ func (h *host) registerModules(o options, hostRef string, first bool) error {
 	disks.vm.Store(h.xm)
 	// The xe CLI: POST /cli, the thin-CLI protocol.
 	cli.New(h.srv, cli.Options{Log: h.log}).Routes(h.router)
+	h.serveMetrics(o)
 	return nil
 }
 

@@ -43,6 +43,7 @@ type options struct {
 	logLevel    string
 	redoLog     string
 	debugListen string
+	metricsOpen bool
 	conns       netguard.Config
 	// onEject, set by run, starts the host afresh as a pool of its own
 	// (pool.eject), with root's password hash kept.
@@ -97,6 +98,7 @@ func rootCmd() *cobra.Command {
 	f.StringVar(&o.journal, "instance-journal", "", "tests: append every domain's start and stop (and a fake watchdog's reset) to this file, to check that no VM ever runs twice")
 	f.StringVar(&o.haTiming, "ha-timing", "", "HA's timing values over the defaults (docs/ha.md), e.g. lease=10s,renew=2s,grace=5s,watchdog=10s,margin=2s,drift=0.01")
 	f.StringVar(&o.redoLog, "redo-log", "", "mirror the database into a redo log at this file or block device (e.g. on shared storage)")
+	f.BoolVar(&o.metricsOpen, "metrics-open", false, "serve GET /metrics to anyone, without a session (for scrapers that cannot log in); default: authenticated like the other handlers")
 	f.StringVar(&o.debugListen, "debug-listen", "", "serve Go's profiler (net/http/pprof) on this address, e.g. 127.0.0.1:6060; empty: off")
 	// Connection limits (issue 10): see internal/netguard.
 	def := netguard.Defaults()

@@ -101,6 +101,8 @@ func (s *Server) eventFrom(c *Call, a dm.EventFromArgs) (any, error) {
 	}
 	ctx, done := sessionCtx(c)
 	defer done()
+	s.obs.watchers.Add(1)
+	defer s.obs.watchers.Add(-1)
 	b, err := events.From(ctx, s.DB, sub, a.Token, timeout)
 	if err != nil {
 		if c.Session.Context().Err() != nil {
@@ -126,6 +128,8 @@ func (s *Server) eventUnregister(c *Call, a dm.EventUnregisterArgs) (dm.Void, er
 func (s *Server) eventNext(c *Call, _ dm.EventNextArgs) (any, error) {
 	ctx, done := sessionCtx(c)
 	defer done()
+	s.obs.watchers.Add(1)
+	defer s.obs.watchers.Add(-1)
 	evs, err := s.events.Next(ctx, c.Session.Ref)
 	if err != nil {
 		if c.Session.Context().Err() != nil || errors.Is(err, context.Canceled) {

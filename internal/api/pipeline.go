@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"strings"
+	"time"
 
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/forwarding"
@@ -288,6 +289,14 @@ func (s *Server) Dispatch(ctx context.Context, method string, params []any) (any
 		return Unwrapped{""}, nil
 	}
 	r := &request{ctx: ctx, method: method}
+	start := time.Now()
+	v, err := s.dispatch(r, params)
+	s.observe(r, start, err)
+	return v, err
+}
+
+// dispatch runs a wire call through the stages.
+func (s *Server) dispatch(r *request, params []any) (any, error) {
 	if err := s.decodeWire(r, params); err != nil {
 		return nil, err
 	}

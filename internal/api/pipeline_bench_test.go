@@ -3,10 +3,12 @@ package api_test
 import (
 	"context"
 	"io"
+	"os"
 	"testing"
 
 	"toolstackd/internal/api"
 	"toolstackd/internal/api/wire"
+	"toolstackd/internal/metrics"
 )
 
 // BenchmarkPipeline measures one call through Dispatch, in process: a
@@ -16,6 +18,11 @@ import (
 // the code before the pipeline.
 func BenchmarkPipeline(b *testing.B) {
 	srv, s, net := benchServer(b, api.DefaultLimits())
+	if os.Getenv("TOOLSTACKD_BENCH_METRICS") == "1" {
+		// The daemon's /metrics observer on every call (compare with
+		// and without: docs/performance.md).
+		srv.SetObserver(metrics.New())
+	}
 	ctx := context.Background()
 	host := srv.Cfg.HostRef
 	req := &wire.JSONRequest{V2: true, ID: []byte("1")}

@@ -102,6 +102,7 @@ type Server struct {
 	rows      *rowCache // encoded records reused across replies
 	role      poolRole  // who coordinates (SetPoolRole)
 	forwarder atomic.Pointer[Forwarder]
+	obs       observeState // call observer, event watcher count
 
 	stop     chan struct{}
 	stopOnce sync.Once

@@ -214,3 +214,18 @@ func (qs *queues) depth(vm string) int {
 	}
 	return 0
 }
+
+// total is how many jobs wait over every VM.
+func (qs *queues) total() int {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	n := 0
+	for _, vq := range qs.q {
+		n += len(vq.jobs)
+	}
+	return n
+}
+
+// QueueDepth is how many VM operations wait for their turn on this
+// host (for metrics).
+func (m *Manager) QueueDepth() int { return m.q.total() }

@@ -157,6 +157,7 @@ type Store struct {
 	// Observers see every batch after it is on disk, in order (the redo
 	// log uses this).
 	observers []func(*db.Batch)
+	timing    func(time.Duration) // sees each successful write transaction's duration
 }
 
 // Error is a store error that says what to do about it.
@@ -339,6 +340,14 @@ func (s *Store) Observe(fn func(*db.Batch)) {
 	s.observers = append(s.observers, fn)
 }
 
+// ObserveCommits registers fn to see how long each successful write
+// transaction took (a group of commits, fsync included); for metrics.
+func (s *Store) ObserveCommits(fn func(time.Duration)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.timing = fn
+}
+
 // Append queues a committed batch (db.Persister).
 func (s *Store) Append(b *db.Batch) {
 	s.mu.Lock()
@@ -413,9 +422,16 @@ func (s *Store) commit(group []*db.Batch, closing bool) {
 		}
 		return
 	}
+	start := time.Now()
 	if err := s.write(group); err != nil {
 		s.writeFailed(err)
 		return
+	}
+	s.mu.Lock()
+	timing := s.timing
+	s.mu.Unlock()
+	if timing != nil {
+		timing(time.Since(start))
 	}
 	s.wrote(group)
 	s.durable(group)

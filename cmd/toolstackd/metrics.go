@@ -1,0 +1,31 @@
+package main
+
+import (
+	"net/http"
+	"time"
+
+	"toolstackd/internal/api"
+	"toolstackd/internal/metrics"
+)
+
+// serveMetrics adds GET /metrics: the daemon's health for Prometheus
+// (internal/metrics), authenticated like the other handlers unless
+// --metrics-open.
+func (h *host) serveMetrics(o options) {
+	reg := metrics.New()
+	h.srv.SetObserver(reg)
+	if h.store != nil {
+		h.store.ObserveCommits(reg.ObserveCommit)
+		reg.Counter("db_commits_total", "Write transactions of the database file.", func() float64 { return float64(h.store.Syncs()) })
+		reg.Counter("db_commit_failures_total", "Failed write attempts of the database file.", func() float64 { return float64(h.store.Failures()) })
+	}
+	reg.Gauge("db_generation", "The database's generation (one more for every commit).", func() float64 { return float64(h.db.Generation()) })
+	reg.Gauge("tasks_pending", "Tasks of this host's calls that have not finished.", func() float64 { return float64(h.srv.PendingTasks()) })
+	reg.Gauge("sessions", "Sessions open on this host.", func() float64 { return float64(h.srv.Sessions()) })
+	reg.Gauge("event_watchers", "event.from and event.next calls waiting for changes.", func() float64 { return float64(h.srv.EventWatchers()) })
+	if h.xm != nil {
+		reg.Gauge("xenops_queue_depth", "VM operations waiting for their turn.", func() float64 { return float64(h.xm.QueueDepth()) })
+	}
+	auth := func(w http.ResponseWriter, r *http.Request) bool { return h.srv.HTTPSession(w, r, 0) != nil }
+	h.router.Handle("/metrics", api.TrimSlash(reg.Handler(auth, o.metricsOpen, 10*time.Second))).Methods(http.MethodGet)
+}
