@@ -9,12 +9,25 @@ GOFLAGS_TEST ?= -race -count=1
 # scripts/install-test-deps.sh installs the pinned golangci-lint here.
 GOLANGCI_LINT ?= $(shell $(GO) env GOPATH)/bin/golangci-lint
 
-.PHONY: all build run test unit e2e fuzz bench generate check-generate lint clean
+# The version the binaries report (toolstackd --version, xe --version,
+# host.software_version's build_number): git's description of the
+# checkout, "dev" outside one.
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -X toolstackd/internal/version.Version=$(VERSION)
+# make deb writes the Debian package here.
+DEB_DIR   ?= $(BIN)
+
+.PHONY: all build run test unit e2e fuzz bench generate check-generate lint clean deb
 
 all: build
 
 build:
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
+
+# The Debian package, toolstackd_<version>_<arch>.deb in DEB_DIR, built
+# with dpkg-deb from a staged tree (packaging/build-deb.sh).
+deb:
+	GO=$(GO) packaging/build-deb.sh $(DEB_DIR) $(VERSION)
 
 # Runs the daemon on an embedded default: plain HTTP on loopback, state
 # under .toolstackd/ in this checkout, no root needed.

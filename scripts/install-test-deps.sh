@@ -11,6 +11,8 @@ dpkg -s qemu-system-x86 ovmf busybox-static linux-image-amd64 >/dev/null 2>&1 ||
 [ -f /usr/lib/python3/dist-packages/os_xenapi/client/XenAPI.py ] || need+=(python3-os-xenapi)
 command -v node >/dev/null || need+=(nodejs)
 command -v npm >/dev/null || need+=(npm)
+command -v ansible-playbook >/dev/null || need+=(ansible) # e2e ansible suite: ansible-core with community.general's xenserver_* modules
+command -v lintian >/dev/null || need+=(lintian) # tests/packaging: the Debian package is checked by lintian (about a minute to install)
 if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq

@@ -23,6 +23,7 @@ import (
 	"toolstackd/internal/pool/dbraft"
 	"toolstackd/internal/storage"
 	"toolstackd/internal/xenops"
+	"toolstackd/internal/xva"
 )
 
 // host is this toolstackd as a XenAPI host, without its listeners: the
@@ -262,7 +263,7 @@ func (h *host) registerModules(o options, hostRef string, first bool) error {
 		protected = append(protected, filepath.Dir(o.redoLog))
 	}
 	stor, err := storage.Register(h.srv, h.router, storage.Config{DataDir: o.dataDir, HostRef: hostRef, FirstBoot: first, Log: h.log,
-		ProtectedDirs: protected})
+		ProtectedDirs: protected, RunDir: o.runDir, PluginDirs: o.storagePluginDirs()})
 	if err != nil {
 		return err
 	}
@@ -273,11 +274,13 @@ func (h *host) registerModules(o options, hostRef string, first bool) error {
 	disks := &storageDisks{s: stor}
 	h.xm, err = xenops.Register(h.srv, h.router, xenops.Config{Backend: o.backend, DataDir: o.dataDir, HostRef: hostRef, Log: h.log,
 		ListenAddr: o.listen, Disks: disks, HostMemory: int64(o.hostMemory), Journal: o.journal,
-		QEMU: qemuConfig(o)})
+		QEMU: qemuConfig(o), HooksDir: o.hooksDir})
 	if err != nil {
 		return fmt.Errorf("xenops: %w", err)
 	}
 	disks.vm.Store(h.xm)
+	// XVA: /export, /export_metadata, /import and VM.import.
+	xva.Register(h.srv, h.router, stor, xva.Config{HostRef: hostRef, Log: h.log})
 	// The xe CLI: POST /cli, the thin-CLI protocol.
 	cli.New(h.srv, cli.Options{Log: h.log}).Routes(h.router)
 	h.serveMetrics(o)

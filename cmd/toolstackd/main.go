@@ -26,6 +26,7 @@ import (
 	"toolstackd/internal/api"
 	"toolstackd/internal/netguard"
 	"toolstackd/internal/storage"
+	"toolstackd/internal/version"
 )
 
 type options struct {
@@ -45,6 +46,17 @@ type options struct {
 	debugListen string
 	metricsOpen bool
 	conns       netguard.Config
+	// The service's files (issue 16): the configuration file, where
+	// runtime files, hook scripts and storage plugins live.
+	config     string
+	runDir     string
+	hooksDir   string
+	pluginDirs string
+	// systemd's watchdog: how long a part may have work waiting and
+	// finish none of it before the pings stop (internal/sdwatch).
+	dbStall, queueStall time.Duration
+	// debugHooks serves debug-only endpoints on --debug-listen (tests).
+	debugHooks bool
 	// onEject, set by run, starts the host afresh as a pool of its own
 	// (pool.eject), with root's password hash kept.
 	onEject func(rootHash string)
@@ -77,15 +89,30 @@ func rootCmd() *cobra.Command {
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: false,
+		Version:       version.Version,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.config != "" {
+				if err := applyConfigFile(cmd.Flags(), o.config); err != nil {
+					return err
+				}
+			}
 			if o.socket == "" {
 				o.socket = filepath.Join(o.dataDir, "xapi.sock")
+			}
+			if o.runDir == "" {
+				o.runDir = filepath.Join(o.dataDir, "run")
 			}
 			return run(cmd.Context(), o)
 		},
 	}
+	cmd.SetVersionTemplate("toolstackd {{.Version}}\n")
 	f := cmd.Flags()
+	f.StringVar(&o.config, "config", "", "read settings from this file (name = value lines, see toolstackd(8)); flags given on the command line win")
 	f.StringVar(&o.dataDir, "data-dir", defaultDataDir(), "where the host's state lives")
+	_ = f.SetAnnotation("data-dir", docDefault, []string{"/var/lib/toolstackd as root, else $XDG_STATE_HOME/toolstackd or ~/.local/state/toolstackd"})
+	f.StringVar(&o.runDir, "run-dir", "", "where runtime files live (the NBD sockets of disk transfers); empty: DATA_DIR/run")
+	f.StringVar(&o.hooksDir, "hooks-dir", "", "the VM lifecycle hook scripts, in a directory per hook (xapi's /etc/xapi.d); empty: DATA_DIR/hooks")
+	f.StringVar(&o.pluginDirs, "storage-plugin-dirs", "", "comma-separated directories searched for storage plugin drivers; empty: DATA_DIR/storage-plugins and /usr/libexec/toolstackd/storage")
 	f.StringVar(&o.listen, "listen", "127.0.0.1:8080", "HTTP address for XML-RPC, JSON-RPC and the other endpoints")
 	f.StringVar(&o.advertise, "advertise", "", "the address (ip:port) other hosts of a pool reach this one at, e.g. a proxy in front of it; empty: the --listen-https address if set, else the --listen address (host.address is its IP)")
 	f.BoolVar(&o.witness, "witness", false, "run as a pool's witness: a raft voter that never runs VMs (host.enabled is false), so that a pool of two hosts fails over on its own")
@@ -110,7 +137,13 @@ func rootCmd() *cobra.Command {
 	f.DurationVar(&o.conns.ConsoleIdle, "console-idle-timeout", def.ConsoleIdle, "close a /console connection with no traffic either way for this long")
 	f.IntVar(&o.conns.MaxConnsPerClient, "max-conns-per-client", def.MaxConnsPerClient, "connections open at once from one IP address (the local socket is exempt)")
 	f.IntVar(&o.conns.MaxConns, "max-conns", 0, "connections open at once in total; 0: the file limit (raised to its hard limit at start) less a reserve")
+	f.DurationVar(&o.dbStall, "sd-watchdog-db-stall", time.Minute, "systemd's watchdog (WatchdogSec): stop reassuring it once the database writer has had writes waiting and finished none for this long")
+	f.DurationVar(&o.queueStall, "sd-watchdog-queue-stall", 30*time.Minute, "systemd's watchdog: stop reassuring it once a VM's operation queue has not moved for this long (the operation ahead has run this long)")
+	f.BoolVar(&o.debugHooks, "debug-hooks", false, "tests: serve POST /debug/freeze-db?seconds=N on --debug-listen, which holds the database writer as a hung disk would")
+	_ = f.MarkHidden("debug-hooks")
 	cmd.AddCommand(recoverCmd())
+	cmd.AddCommand(configTemplateCmd())
+	cmd.AddCommand(docsCmd())
 	cmd.AddCommand(fakeWatchdogCmd())
 	return cmd
 }
@@ -134,6 +167,9 @@ func run(ctx context.Context, o options) error {
 	if err := os.MkdirAll(o.dataDir, 0o700); err != nil {
 		return fmt.Errorf("data dir: %w", err)
 	}
+	if err := os.MkdirAll(o.runDir, 0o700); err != nil {
+		return fmt.Errorf("run dir: %w", err)
+	}
 	guard := connectionGuard(o, log)
 	ejected := make(chan string, 1)
 	o.onEject = func(rootHash string) {
@@ -150,12 +186,24 @@ func run(ctx context.Context, o options) error {
 	// rebuilt in place while they keep serving.
 	var current handlerSwitch
 	current.set(api.TrimSlash(h.router))
-	ls, err := listen(o, guard, &current, log)
+	var cur atomic.Pointer[host] // for the watchdog and the debug hooks
+	cur.Store(h)
+	ls, err := listen(o, guard, &current, cur.Load, log)
 	if err != nil {
 		_ = h.close() // the listen error is the one to report
 		return err
 	}
+	// systemd (Type=notify) hears that the daemon is ready once the API
+	// answers a call, not merely once the sockets are open.
+	if err := ls.answering(ctx, 30*time.Second); err != nil {
+		ls.shutdown(time.Second)
+		_ = h.close()
+		return fmt.Errorf("the API does not answer: %w", err)
+	}
 	_, _ = daemon.SdNotify(false, daemon.SdNotifyReady) // no systemd, or it went: nothing to tell
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	startWatchdog(watchCtx, o, cur.Load, log)
 
 	sig, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -168,6 +216,7 @@ func run(ctx context.Context, o options) error {
 				return err
 			}
 			current.set(api.TrimSlash(h.router))
+			cur.Store(h)
 			log.Info("left the pool: this host is a pool of its own")
 			continue
 		case <-sig.Done():
@@ -176,9 +225,12 @@ func run(ctx context.Context, o options) error {
 	}
 	log.Info("stopping")
 	_, _ = daemon.SdNotify(false, daemon.SdNotifyStopping)
+	stopWatch()
 	h.stopCalls() // ends long polls, so that shutdown does not wait for them
 	ls.shutdown(10 * time.Second)
-	_ = os.Remove(o.socket)
+	if !ls.localFromSystemd {
+		_ = os.Remove(o.socket)
+	}
 	return h.close()
 }
 
@@ -244,6 +296,11 @@ type listeners struct {
 	guard   *netguard.Guard
 	servers []*http.Server
 	wg      sync.WaitGroup
+	// probe is where the daemon calls itself to see that the API answers
+	// (the local socket).
+	probe net.Addr
+	// localFromSystemd: the local socket is systemd's, which keeps it.
+	localFromSystemd bool
 }
 
 // serve runs an HTTP server for h on l, through the connection guard;
@@ -281,20 +338,32 @@ func (ls *listeners) shutdown(grace time.Duration) {
 // listen opens every socket the options ask for (or takes those systemd
 // hands over), the HTTPS one and the local superuser socket, and serves
 // the router on them.
-func listen(o options, guard *netguard.Guard, router http.Handler, log *slog.Logger) (ls *listeners, err error) {
+func listen(o options, guard *netguard.Guard, router http.Handler, current func() *host, log *slog.Logger) (ls *listeners, err error) {
 	ls = &listeners{log: log, guard: guard}
 	defer func() {
 		if err != nil {
 			ls.shutdown(time.Second)
 		}
 	}()
-	// Sockets handed over by systemd come first; otherwise listen.
-	if sockets, err := activation.Listeners(); err == nil && len(sockets) > 0 {
-		for _, l := range sockets {
+	// Sockets handed over by systemd (toolstackd.socket) come first: the
+	// Unix socket named "local" (FileDescriptorName=local) is the local
+	// superuser socket, every other one serves the API. Without an API
+	// socket from systemd, listen on --listen.
+	var local net.Listener
+	apiSockets := 0
+	named, _ := activation.ListenersWithNames() // none: not socket-activated
+	for name, list := range named {
+		for _, l := range list {
+			if name == "local" && l.Addr().Network() == "unix" && local == nil {
+				local = l
+				continue
+			}
 			ls.serve(l, router)
+			apiSockets++
 			log.Info("serving on socket from systemd", "addr", l.Addr())
 		}
-	} else {
+	}
+	if apiSockets == 0 {
 		l, err := net.Listen("tcp", o.listen)
 		if err != nil {
 			return nil, err
@@ -314,24 +383,30 @@ func listen(o options, guard *netguard.Guard, router http.Handler, log *slog.Log
 		ls.serve(l, router, cert, key)
 		log.Info("serving XenAPI", "url", "https://"+l.Addr().String())
 	}
-	_ = os.Remove(o.socket)
-	ul, err := net.Listen("unix", o.socket)
-	if err != nil {
-		return nil, fmt.Errorf("local socket: %w", err)
+	if local != nil {
+		// systemd made it, with the unit's SocketMode (0600).
+		ls.localFromSystemd = true
+	} else {
+		_ = os.Remove(o.socket)
+		local, err = net.Listen("unix", o.socket)
+		if err != nil {
+			return nil, fmt.Errorf("local socket: %w", err)
+		}
+		// The socket grants superuser rights: never serve it open to all.
+		if err := os.Chmod(o.socket, 0o600); err != nil {
+			_ = local.Close()
+			return nil, fmt.Errorf("local socket: %w", err)
+		}
 	}
-	// The socket grants superuser rights: never serve it open to all.
-	if err := os.Chmod(o.socket, 0o600); err != nil {
-		_ = ul.Close()
-		return nil, fmt.Errorf("local socket: %w", err)
-	}
-	ls.serve(ul, api.LocalHandler(router))
-	log.Info("serving local superuser socket", "path", o.socket)
+	ls.probe = local.Addr()
+	ls.serve(local, api.LocalHandler(router))
+	log.Info("serving local superuser socket", "path", local.Addr().String())
 	if o.debugListen != "" {
 		l, err := net.Listen("tcp", o.debugListen)
 		if err != nil {
 			return nil, fmt.Errorf("--debug-listen: %w", err)
 		}
-		ls.serve(l, profiler())
+		ls.serve(l, debugHandler(o, current, log))
 		log.Info("serving the profiler", "url", "http://"+l.Addr().String()+"/debug/pprof/")
 	}
 	return ls, nil

@@ -13,6 +13,7 @@ import (
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"
+	"toolstackd/internal/version"
 )
 
 // Version facts toolstackd reports as host.software_version and
@@ -148,7 +149,7 @@ func FirstBoot(d *db.DB, facts HostFacts, opts BootOptions) (string, error) {
 				"product_version": ProductVersion, "product_version_text": ProductVersion, "product_version_text_short": ProductVersion,
 				"platform_name": "toolstackd", "platform_version": PlatformVersion, "product_brand": "toolstackd",
 				"xapi": XapiVersion, "xapi_build": XapiVersion, "xen": "kvm", "hostname": facts.Hostname,
-				"date": now.Format("2006-01-02"), "build_number": "0", "linux": kernelRelease(),
+				"date": now.Format("2006-01-02"), "build_number": version.Version, "linux": kernelRelease(),
 			},
 			OtherConfig:  map[string]string{"agent_start_time": fmt.Sprint(now.Unix())},
 			Capabilities: []string{"hvm-3.0-x86_64"}, CPUConfiguration: map[string]string{}, SchedPolicy: "credit",
@@ -232,12 +233,54 @@ func roleNames() [][2]string {
 	}
 }
 
+// builtinDisks is the provisioning spec (other_config:disks) of each
+// built-in template that installs a known system, by name: one bootable
+// system disk at device 0, of the size xapi's templates give that kind
+// of guest, on the SR the client writes into sr (left empty: the pool's
+// default SR). "Other install media" has none, as the guest is unknown:
+// the client makes its disks.
+var builtinDisks = map[string]string{
+	"Debian Bookworm 12":        systemDiskSpec(10 << 30),
+	"Ubuntu Noble Numbat 24.04": systemDiskSpec(10 << 30),
+	"Windows 10 (64-bit)":       systemDiskSpec(32 << 30),
+}
+
+func systemDiskSpec(size int64) string {
+	return `<provision><disk device="0" size="` + strconv.FormatInt(size, 10) + `" sr="" bootable="true" type="system"/></provision>`
+}
+
+// upgradeTemplates gives the built-in templates of a database made before
+// they had a provisioning spec the spec they have now. xapi recreates its
+// default templates at start; here only the missing key is added, so a
+// spec an administrator changed stays as it is.
+func upgradeTemplates(tx *db.Tx) error {
+	var refs []string
+	tx.Ascend(dm.VM.Class, func(r *db.Row) bool {
+		oc, _ := r.Get(dm.VM.OtherConfig).(map[string]string)
+		if _, has := oc["disks"]; !has && r.Get(dm.VM.IsATemplate) == true && r.Get(dm.VM.IsDefaultTemplate) == true &&
+			builtinDisks[r.String(dm.VM.NameLabel)] != "" {
+			refs = append(refs, r.Ref)
+		}
+		return true
+	})
+	for _, ref := range refs {
+		row, _ := tx.Get(dm.VM.Class, ref)
+		if err := tx.AddToMap(dm.VM.OtherConfig, ref, "disks", builtinDisks[row.String(dm.VM.NameLabel)]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func builtinTemplates() []*dm.VMRecord {
 	mk := func(name, desc string, memMiB, vcpus int64, extra map[string]string) *dm.VMRecord {
 		mem := memMiB << 20
 		oc := map[string]string{"install-methods": "cdrom", "default_template": "true", "linux_template": "false"}
 		for k, v := range extra {
 			oc[k] = v
+		}
+		if spec := builtinDisks[name]; spec != "" {
+			oc["disks"] = spec
 		}
 		return &dm.VMRecord{
 			NameLabel: name, NameDescription: desc, IsATemplate: true, IsDefaultTemplate: true,
@@ -292,11 +335,15 @@ func ClearOperations(m *schema.Model, tx *db.Tx) error {
 
 // StartupReset brings a loaded database in line with a fresh start, as
 // xapi does: operations that were in progress are forgotten, every host
-// is not live until proven (this one is, now), and this host's facts and
-// software version are refreshed.
+// is not live until proven (this one is, now), this host's facts and
+// software version are refreshed, and built-in templates get what newer
+// versions give them (upgradeTemplates).
 func StartupReset(d *db.DB, hostRef string, facts HostFacts) error {
 	_, err := d.Update(func(tx *db.Tx) error {
 		if err := ClearOperations(d.Model(), tx); err != nil {
+			return err
+		}
+		if err := upgradeTemplates(tx); err != nil {
 			return err
 		}
 		host, ok := tx.Get(dm.Host.Class, hostRef)
@@ -319,6 +366,7 @@ func StartupReset(d *db.DB, hostRef string, facts HostFacts) error {
 			next[k] = v
 		}
 		next["product_version"], next["platform_version"], next["xapi"] = ProductVersion, PlatformVersion, XapiVersion
+		next["build_number"] = version.Version
 		if err := tx.Set(dm.Host.SoftwareVersion, hostRef, next); err != nil {
 			return err
 		}

@@ -173,10 +173,20 @@ func (s *Server) ProxyHTTP(w http.ResponseWriter, r *http.Request, sess *Session
 	return true
 }
 
-// LegacyUpload reports an HTTP/1.0-style upload with neither a length nor
-// chunking: its body runs to the end of the connection.
+// UnknownLength is the Content-Length Xen Orchestra's client (npm
+// xen-api) declares for a stream whose length it does not know (1 PiB):
+// it sends what it has and closes its side, and xapi, which answers an
+// upload before reading it, takes the end of the connection as the end of
+// the data. Nothing uploaded is that large, so such a length means
+// "unknown" here too.
+const UnknownLength = 1 << 50
+
+// LegacyUpload reports an upload whose body runs to the end of the
+// connection: HTTP/1.0-style with neither a length nor chunking, or with
+// the UnknownLength declaration.
 func LegacyUpload(r *http.Request) bool {
-	return r.ContentLength == 0 && r.Header.Get("Content-Length") == "" && len(r.TransferEncoding) == 0
+	noLength := r.ContentLength == 0 && r.Header.Get("Content-Length") == "" && len(r.TransferEncoding) == 0
+	return noLength || r.ContentLength >= UnknownLength
 }
 
 // hopHeaders are a connection's own headers, never passed on.
@@ -351,9 +361,14 @@ func HTTPStatus(err error) int {
 
 // WriteHTTPError answers an HTTP handler's request with a XenAPI error:
 // its status (HTTPStatus) and the code and parameters on one line of
-// text, which the pool's forwarding reads back (answerError).
+// text, which the pool's forwarding reads back (answerError). The
+// connection is closed after it: an upload refused before its body is
+// read is then answered at once, where net/http would first wait to read
+// what is left of the body (a client that waits for the answer before
+// sending, like Xen Orchestra's probe, would wait for the read deadline).
 func WriteHTTPError(w http.ResponseWriter, err error) {
 	xe := xerr.From(err)
+	w.Header().Set("Connection", "close")
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.WriteHeader(HTTPStatus(err))
 	_, _ = io.WriteString(w, strings.Join(append([]string{xe.Code}, xe.Params...), " ")+"\n") //nolint:gosec // text/plain, not HTML: nothing to script

@@ -163,6 +163,21 @@ func (s *Server) handle(wire string, h Handler) {
 	s.handlers[wire] = h
 }
 
+// Implemented reports whether a call of the message (its wire name,
+// without "Async.") gets past the bind stage: a handler is registered, or
+// the database serves it implicitly. The xe CLI uses it to tell which
+// commands could be wired. It is meant for after the modules registered.
+func (s *Server) Implemented(wire string) bool {
+	m := s.Model.Message(wire)
+	switch {
+	case m == nil:
+		return false
+	case s.handlers[m.Wire] != nil:
+		return true
+	}
+	return m.Class.InDB && (m.Implicit || fieldAccessor(m))
+}
+
 // Start runs the background jobs (session expiry, task collection).
 func (s *Server) Start() {
 	s.wg.Add(1)

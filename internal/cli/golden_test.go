@@ -112,6 +112,12 @@ func TestGolden(t *testing.T) {
 		{"syntax", []string{"vm-list", "oops"}},
 		{"help-vm-start", []string{"help", "vm-start"}},
 		{"bad-password", []string{"vm-list", "-pw", "wrong"}},
+		{"vm-disk-list", []string{"vm-disk-list", "vm=web"}},
+		{"vm-cd-list", []string{"vm-cd-list", "vm=web"}},
+		{"vm-disk-list-params", []string{"vm-disk-list", "vm=web", "vbd-params=uuid,device", "vdi-params=all"}},
+		{"diagnostic-vdi-status", []string{"diagnostic-vdi-status", "uuid=" + gVDIUUID}},
+		{"snapshot-revert-not-snapshot", []string{"snapshot-revert", "uuid=" + gVMUUID}},
+		{"vm-reset-powerstate-unforced", []string{"vm-reset-powerstate", "vm=web"}},
 		{"no-user", []string{"vm-list", "-u", "", "-pw", "x"}},
 	}
 	for _, c := range cases {

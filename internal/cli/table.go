@@ -72,11 +72,12 @@ func (cmd *Command) finish() {
 	}
 }
 
-// buildTable makes the command table: xapi's commands (answering
-// NOT_IMPLEMENTED until toolstackd has them), the commands generated for
-// each class, and the ones written here.
+// buildTable makes the command table: xapi's commands (its published
+// list and the few that list lacks, answering NOT_IMPLEMENTED until
+// toolstackd has them), the commands generated for each class, and the
+// ones written here.
 func (s *Server) buildTable() {
-	for _, e := range xapiCommands {
+	for _, e := range append(xapiCommands[:len(xapiCommands):len(xapiCommands)], unpublishedCommands...) {
 		s.cmds[e.name] = &Command{Name: e.name, Reqd: e.reqd, Optn: e.optn, Flags: e.flags}
 	}
 	s.buildViews()
@@ -85,6 +86,10 @@ func (s *Server) buildTable() {
 	}
 	s.addCommands()
 	s.addPoolCommands()
+	s.addVMCommands()
+	s.addStorageCommands()
+	s.addHostCommands()
+	s.addXVACommands()
 	for _, cmd := range s.cmds {
 		cmd.finish()
 		if cmd.Flags&(flagVMSelectors|flagHostSelectors|flagSRSelectors) != 0 && cmd.accepts == nil {

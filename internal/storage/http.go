@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -125,6 +126,9 @@ func writeError(w http.ResponseWriter, err error) { api.WriteHTTPError(w, err) }
 type xferTask struct {
 	*api.Task
 	ref string
+	// report, when set, takes the progress instead of the task (a
+	// transfer that is one part of a larger piece of work).
+	report func(float64)
 }
 
 // xferTask starts the transfer's task, or adopts the one the client
@@ -145,7 +149,13 @@ func (s *Service) xferTask(ctx context.Context, sess *api.Session, given, label 
 	return &xferTask{Task: t, ref: t.Ref}, t.Context(), nil
 }
 
-func (t *xferTask) progress(p float64) { t.Progress(min(p, 0.99)) }
+func (t *xferTask) progress(p float64) {
+	if t.report != nil {
+		t.report(p)
+		return
+	}
+	t.Progress(min(p, 0.99))
+}
 func (t *xferTask) wasCancelled() bool { return t.Cancelled() }
 func (t *xferTask) finish(err error)   { t.Finish(schema.Void, nil, err) }
 
@@ -220,9 +230,23 @@ func (s *Service) xferRequest(w http.ResponseWriter, r *http.Request, export boo
 }
 
 func (s *Service) serveImport(w http.ResponseWriter, r *http.Request) {
+	// xapi closes the connection after an import. Saying so also lets an
+	// error answered before the body is read go out at once: net/http
+	// would otherwise first try to read what is left of the body, and a
+	// client waiting for the answer before sending it would wait for the
+	// read deadline.
+	w.Header().Set("Connection", "close")
 	sess, q, ok := s.xferRequest(w, r, false)
 	if !ok {
 		return
+	}
+	// An upload with no length, or Xen Orchestra's 1 PiB for "unknown"
+	// (api.UnknownLength), is answered at once and read to the end of the
+	// connection, as xapi does.
+	toEOF := api.LegacyUpload(r)
+	declared := r.ContentLength
+	if toEOF {
+		declared = 0
 	}
 	snap := s.db.Snapshot()
 	vdi, err := resolveVDI(snap, q.VDI)
@@ -251,14 +275,14 @@ func (s *Service) serveImport(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	size := vdiSize(vdi)
-	if q.Format == "raw" && r.ContentLength > size {
+	if q.Format == "raw" && declared > size {
 		writeError(w, xerr.New(xerr.VDITooSmall, vdi.Ref, strconv.FormatInt(r.ContentLength, 10)))
 		return
 	}
-	if r.ContentLength > 0 {
+	if declared > 0 {
 		sr, _ := s.db.Snapshot().Get(dm.SR.Class, srRef)
 		if sr != nil {
-			if err := s.checkSpace(r.Context(), b, sr, r.ContentLength-vdiPhys(vdi)); err != nil {
+			if err := s.checkSpace(r.Context(), b, sr, declared-vdiPhys(vdi)); err != nil {
 				writeError(w, err)
 				return
 			}
@@ -266,12 +290,12 @@ func (s *Service) serveImport(w http.ResponseWriter, r *http.Request) {
 	}
 	// The disk reserve, before anything is written; importInto checks it
 	// again as data arrives.
-	if err := s.importGuard(b, q.Format).check(max(r.ContentLength-vdiPhys(vdi), 0)); err != nil {
+	if err := s.importGuard(b, q.Format).check(max(declared-vdiPhys(vdi), 0)); err != nil {
 		writeError(w, err)
 		return
 	}
 	rctx := r.Context()
-	if api.LegacyUpload(r) {
+	if toEOF {
 		// Its connection is taken over below, and net/http cancels the
 		// request's context when the client ends its side: the end of
 		// the body, not a reason to stop.
@@ -284,7 +308,7 @@ func (s *Service) serveImport(w http.ResponseWriter, r *http.Request) {
 	}
 	body := io.Reader(r.Body)
 	var conn net.Conn
-	if api.LegacyUpload(r) {
+	if toEOF {
 		// xapi's protocol: answer at once, then read to the end.
 		hj, ok := w.(http.Hijacker)
 		if !ok {
@@ -306,13 +330,30 @@ func (s *Service) serveImport(w http.ResponseWriter, r *http.Request) {
 			task.finish(err)
 			return
 		}
-		body = conn
 		stop := context.AfterFunc(ctx, func() { conn.SetReadDeadline(time.Now()) })
 		defer stop()
+		// Nothing is attached before the first byte: Xen Orchestra's
+		// probe for a redirect is this same request with no data, closed
+		// as soon as it is answered, while the upload itself follows on
+		// another connection and must be the VDI's only writer.
+		br := bufio.NewReaderSize(conn, 64<<10)
+		if _, err := br.Peek(1); err != nil {
+			switch {
+			case errors.Is(err, io.EOF) && q.Format == "raw":
+				err = nil // an empty disk image: nothing to write
+			case errors.Is(err, io.EOF):
+				err = xerr.New(xerr.ImportError, "an empty upload is not a "+q.Format+" image")
+			default:
+				err = s.importError(task, err, vdi.Ref)
+			}
+			task.finish(err)
+			return
+		}
+		body = br
 	} else {
 		w.Header().Set("Task-Id", task.ref)
 	}
-	err = s.importInto(ctx, task, b, vdi, q.Format, body, r.ContentLength)
+	err = s.importInto(ctx, task, b, vdi, q.Format, body, declared)
 	if err != nil {
 		s.log.Warn("VDI import failed", "vdi", vdi.UUID(), "task", task.ref, "err", err)
 	}

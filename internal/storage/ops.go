@@ -60,6 +60,10 @@ type marked struct {
 // waits for conflicting operations to finish. The returned function
 // removes them again.
 func (s *Service) mark(ctx context.Context, key string, objs ...marked) (func(), error) {
+	objs, err := publishedMarks(objs)
+	if err != nil {
+		return nil, err
+	}
 	deadline := time.Now().Add(s.cfg.OpWait)
 	for {
 		snap := s.db.Snapshot()
@@ -108,6 +112,37 @@ func (s *Service) mark(ctx context.Context, key string, objs ...marked) (func(),
 		}
 		t.Stop()
 	}
+}
+
+// srMarkAs says how an SR is marked for a VDI operation whose own name is
+// no value xapi writes in SR.current_operations. A copy makes a VDI on
+// its destination (xapi's copy goes through VDI.create, which marks the
+// SR vdi_create), and vdi_create goes with the same SR operations as
+// vdi_copy did, so its locking is unchanged. VDI.forget and VDI.update
+// mark only the VDI, as xapi's do: they no longer hold off an SR's
+// destroy, forget or unplug, which they need not (forget removes a
+// record that the SR's forget removes as well; update fails with the
+// SR's error when the SR goes meanwhile).
+var srMarkAs = map[string]string{"vdi_copy": "vdi_create", "vdi_forget": "", "vdi_update": ""}
+
+// publishedMarks returns the marks an operation takes, as xapi records
+// them; a mark xapi never writes is a bug here, refused with
+// INTERNAL_ERROR rather than shown to clients that would reject it.
+func publishedMarks(objs []marked) ([]marked, error) {
+	out := make([]marked, 0, len(objs))
+	for _, o := range objs {
+		if as, ok := srMarkAs[o.key]; ok && o.cls == dm.SR.Class {
+			if as == "" {
+				continue
+			}
+			o.key = as
+		}
+		if !dm.PublishedCurrentOp(o.cls.Name, o.key) {
+			return nil, xerr.New(xerr.InternalError, o.cls.Name+" operation "+o.key+" is not one xapi records")
+		}
+		out = append(out, o)
+	}
+	return out, nil
 }
 
 // unmark runs when an operation ends, which reports its own outcome: a
@@ -209,18 +244,38 @@ func (s *Service) refreshSR(tx *db.Tx, ref string) error {
 	info, _ := s.driverInfo(row.String(dm.SR.Type))
 	var ops []string
 	if srPlugged(tx, ref) {
-		ops = []string{"scan", "update", "unplug", "pbd_create", "pbd_destroy", "vdi_introduce", "vdi_forget", "vdi_copy", "vdi_update"}
-		for op, cap := range map[string]string{"vdi_create": "VDI_CREATE", "vdi_destroy": "VDI_DELETE", "vdi_resize": "VDI_RESIZE",
-			"vdi_clone": "VDI_CLONE", "vdi_snapshot": "VDI_SNAPSHOT", "vdi_set_on_boot": "VDI_RESET_ON_BOOT"} {
+		ops = slices.Clone(srPluggedOps)
+		for op, cap := range srCapOps {
 			if info.Has(cap) {
 				ops = append(ops, op)
 			}
 		}
 	} else {
-		ops = []string{"plug", "forget", "destroy", "pbd_create", "pbd_destroy"}
+		ops = slices.Clone(srUnpluggedOps)
 	}
 	return setAllowed(tx, dm.SR.AllowedOperations, ref, ops, mapField(row, dm.SR.CurrentOperations), srCompatible)
 }
+
+// The operations an SR's allowed_operations is made of: those of a
+// plugged SR, those its driver must have a capability for, and those of
+// an unplugged one. Only values xapi lists (its all_ops): VDI.copy,
+// VDI.forget and VDI.update are allowed on any plugged SR but have no
+// entry there.
+var (
+	srPluggedOps   = []string{"scan", "update", "unplug", "pbd_create", "pbd_destroy", "vdi_introduce"}
+	srUnpluggedOps = []string{"plug", "forget", "destroy", "pbd_create", "pbd_destroy"}
+	srCapOps       = map[string]string{"vdi_create": "VDI_CREATE", "vdi_destroy": "VDI_DELETE", "vdi_resize": "VDI_RESIZE",
+		"vdi_clone": "VDI_CLONE", "vdi_snapshot": "VDI_SNAPSHOT", "vdi_set_on_boot": "VDI_RESET_ON_BOOT"}
+)
+
+// The operations a VDI's allowed_operations is made of, as for SRs. xapi
+// lists set_on_boot nowhere (the value came after the set it keeps to),
+// so it is not here although VDI.set_on_boot may run.
+var (
+	vdiPluggedOps = []string{"copy", "update", "generate_config"}
+	vdiCapOps     = map[string]string{"clone": "VDI_CLONE", "snapshot": "VDI_SNAPSHOT"}
+	vdiIdleCapOps = map[string]string{"destroy": "VDI_DELETE", "resize": "VDI_RESIZE"}
+)
 
 // refreshVDI recomputes a VDI's allowed_operations.
 func (s *Service) refreshVDI(tx *db.Tx, ref string) error {
@@ -236,15 +291,15 @@ func (s *Service) refreshVDI(tx *db.Tx, ref string) error {
 	}
 	ops := []string{"forget"}
 	if srPlugged(tx, srRef) {
-		ops = append(ops, "copy", "update", "generate_config")
+		ops = append(ops, vdiPluggedOps...)
 		busy := s.vdiBusy(tx, ref)
-		for op, cap := range map[string]string{"clone": "VDI_CLONE", "snapshot": "VDI_SNAPSHOT"} {
+		for op, cap := range vdiCapOps {
 			if info.Has(cap) {
 				ops = append(ops, op)
 			}
 		}
 		if !busy {
-			for op, cap := range map[string]string{"destroy": "VDI_DELETE", "resize": "VDI_RESIZE", "set_on_boot": "VDI_RESET_ON_BOOT"} {
+			for op, cap := range vdiIdleCapOps {
 				if info.Has(cap) {
 					ops = append(ops, op)
 				}
@@ -257,11 +312,11 @@ func (s *Service) refreshVDI(tx *db.Tx, ref string) error {
 }
 
 // setAllowed records as an object's allowed_operations (sorted) those of
-// ops that go with every operation running on it (compatible(running,
-// op)).
+// ops that xapi lists for the class (datamodel.PublishableAllowed) and
+// that go with every operation running on it (compatible(running, op)).
 func setAllowed(tx *db.Tx, field *schema.Field, ref string, ops []string, running map[string]string,
 	compatible func(running, op string) bool) error {
-	ops = slices.DeleteFunc(ops, func(op string) bool {
+	ops = slices.DeleteFunc(dm.PublishableAllowed(field.Class.Name, ops), func(op string) bool {
 		for _, r := range running {
 			if !compatible(r, op) {
 				return true

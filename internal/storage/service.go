@@ -58,8 +58,9 @@ type Config struct {
 	// datapath/<scheme>/ subdirectories). Default: DataDir/storage-plugins
 	// and /usr/libexec/toolstackd/storage.
 	PluginDirs []string
-	// RunDir holds Unix sockets (short paths). Default: a directory under
-	// /run or the system temporary directory.
+	// RunDir holds Unix sockets (short paths). Default: DataDir/run; a
+	// path too long for a socket is replaced by one in the system
+	// temporary directory.
 	RunDir string
 	// OpWait is how long an operation waits for a conflicting one on the
 	// same object before OTHER_OPERATION_IN_PROGRESS. Default 30s.
@@ -142,8 +143,8 @@ func Register(srv *api.Server, router *mux.Router, cfg Config) (*Service, error)
 		cfg.PluginDirs = append(cfg.PluginDirs, "/usr/libexec/toolstackd/storage")
 	}
 	preferred := cfg.RunDir
-	if preferred == "" && os.Geteuid() == 0 {
-		preferred = "/run/toolstackd"
+	if preferred == "" && cfg.DataDir != "" {
+		preferred = filepath.Join(cfg.DataDir, "run")
 	}
 	run, err := runDir(preferred)
 	if err != nil {
@@ -260,11 +261,12 @@ func (s *Service) restart(ctx context.Context) {
 		}
 	}
 	s.restoreDatapaths(ctx)
-	// Start-up goes on; allowed_operations are recomputed at the next
-	// change of each SR.
+	// Start-up goes on; allowed_operations are recomputed for every SR
+	// and its VDIs (a database from an older version may hold values
+	// that are no longer published).
 	if _, err := s.db.Update(func(tx *db.Tx) error {
 		for _, sr := range tx.All(dm.SR.Class) {
-			if err := s.refreshSR(tx, sr.Ref); err != nil {
+			if err := s.refreshSRAll(tx, sr.Ref); err != nil {
 				return err
 			}
 		}

@@ -2,10 +2,7 @@ package xenops
 
 import (
 	"context"
-	"encoding/xml"
 	"os"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -18,10 +15,11 @@ import (
 	"toolstackd/internal/xerr"
 )
 
-// VM.clone, copy, snapshot, checkpoint, provision and destroy: the VM's
-// record and devices copied or removed, its disks copied through storage
-// (DiskResolver as VDICopier, else VDI.clone/snapshot/copy over the
-// XenAPI). A VM without disks (a template) needs no storage at all.
+// VM.clone, copy, snapshot, checkpoint and destroy (provision is in
+// provision.go): the VM's record and devices copied or removed, its disks
+// copied through storage (DiskResolver as VDICopier, else
+// VDI.clone/snapshot/copy over the XenAPI). A VM without disks (a
+// template) needs no storage at all.
 
 type copySpec struct {
 	kind       string // CopyClone, CopyFull or CopySnapshot
@@ -32,6 +30,11 @@ type copySpec struct {
 	suspendVDI string             // its memory image (checkpoint)
 	uuid       string             // its uuid, when chosen beforehand
 	extra      func(*db.Tx) error // more writes in the same transaction
+	// afterDisks, when set, runs once the disks are copied and before
+	// the records are made, and names the new VM's memory image (a
+	// checkpoint saves the memory there: disks first, while the guest
+	// is paused and its disks still active in the emulator).
+	afterDisks func() (suspendVDI string, err error)
 }
 
 func (m *Manager) vmClone(c *api.Call, a dm.VMCloneArgs) (dm.VMRef, error) {
@@ -94,6 +97,19 @@ func (m *Manager) copySuspendImage(o *opCtx, c *api.Call, vm *db.Row, spec *copy
 	img := &suspendImage{vdi: schema.NullRef}
 	err := o.run("copy-suspend-image", func(ctx context.Context) error {
 		vdi := vm.String(dm.VM.SuspendVDI)
+		if store, ok := m.disks.(SuspendStore); ok && vdi != "" && vdi != schema.NullRef {
+			// A suspend VDI of the copy's own, made out to it.
+			sr := schema.NullRef
+			if spec.kind == CopyFull && spec.sr != "" {
+				sr = spec.sr
+			}
+			nv, err := store.CopySuspendVDI(ctx, vdi, spec.uuid, sr)
+			if err != nil {
+				return err
+			}
+			img.vdi, spec.suspendVDI = nv, nv
+			return nil
+		}
 		if vdi != "" && vdi != schema.NullRef {
 			nv, err := m.copyVDI(ctx, c, vdi, CopyFull, schema.NullRef)
 			img.vdi, spec.suspendVDI = nv, nv
@@ -168,6 +184,11 @@ func (m *Manager) copyVM(o *opCtx, c *api.Call, srcRef string, spec copySpec) (n
 	vbds, err := m.copyDisks(o, c, srcRef, spec, &created)
 	if err != nil {
 		return "", err
+	}
+	if spec.afterDisks != nil {
+		if spec.suspendVDI, err = spec.afterDisks(); err != nil {
+			return "", err
+		}
 	}
 	err = o.run("records", func(ctx context.Context) error {
 		_, err := m.db.Update(func(tx *db.Tx) error {
@@ -368,7 +389,7 @@ func (f deviceRuntime) clear(vals []any) {
 }
 
 // vmCheckpoint is a snapshot with the memory: the guest is paused, its
-// memory saved into the snapshot's suspend image, its disks snapshotted,
+// disks snapshotted, its memory saved into the snapshot's suspend image,
 // and it runs on.
 func (m *Manager) vmCheckpoint(c *api.Call, a dm.VMCheckpointArgs) (dm.VMRef, error) {
 	row, err := c.Lookup(dm.VM.Class, string(a.VM))
@@ -397,34 +418,50 @@ func (m *Manager) vmCheckpoint(c *api.Call, a dm.VMCheckpointArgs) (dm.VMRef, er
 			out = ref
 			return nil
 		}
+		// A running guest is paused for the whole checkpoint, so that its
+		// disks and its memory are of the same instant. The disks are
+		// snapshotted first, while the emulator still has them active
+		// (saving the memory hands them over, as for a migration, and a
+		// snapshot taken after that leaves the guest unable to take its
+		// disks back); then the memory is saved, then the records made.
 		wasRunning := vm.String(dm.VM.PowerState) == psRunning
+		if wasRunning {
+			if err := oc.run("pause", func(ctx context.Context) error { return m.be.Pause(ctx, oc.uuid) }); err != nil {
+				return err
+			}
+		}
 		spec.uuid = uuid.NewString()
 		oc.window(0, 0.1, 1)
 		img, err := m.newSuspendImage(oc, vm, spec.uuid)
 		if err != nil {
+			m.unpauseAfterCheckpoint(oc, wasRunning)
 			return err
 		}
-		if err := m.saveMemory(oc, img, 0.1, 0.7); err != nil {
-			if xerr.HasCode(err, xerr.TaskCancelled) {
-				return err
-			}
-			m.log.Warn("checkpoint: saving memory", "vm", oc.uuid, "err", err)
-			return xerr.New(xerr.VMCheckpointSuspendFailed, oc.vm)
-		}
-		img.release(m)
-		spec.suspendVDI = img.vdi
-		ref, cerr := m.copyVM(oc, c, oc.vm, spec)
-		if wasRunning {
-			if err := m.be.Unpause(context.WithoutCancel(oc.ctx), oc.uuid); err != nil {
-				m.log.Error("checkpoint: resuming the guest", "vm", oc.uuid, "err", err)
-				if cerr == nil {
-					out = ref
+		ran, saved := false, false
+		spec.afterDisks = func() (string, error) {
+			ran = true
+			if err := m.saveMemory(oc, img, 0.4, 0.9); err != nil {
+				if xerr.HasCode(err, xerr.TaskCancelled) {
+					return "", err
 				}
-				return xerr.New(xerr.VMCheckpointResumeFailed, oc.vm)
+				m.log.Warn("checkpoint: saving memory", "vm", oc.uuid, "err", err)
+				return "", xerr.New(xerr.VMCheckpointSuspendFailed, oc.vm)
 			}
+			saved = true
+			img.release(m)
+			return img.vdi, nil
+		}
+		ref, cerr := m.copyVM(oc, c, oc.vm, spec)
+		if cerr != nil && (saved || !ran) {
+			img.discard(m) // (a failed save discarded it already)
+		}
+		if !m.unpauseAfterCheckpoint(oc, wasRunning) {
+			if cerr == nil {
+				out = ref
+			}
+			return xerr.New(xerr.VMCheckpointResumeFailed, oc.vm)
 		}
 		if cerr != nil {
-			img.discard(m)
 			return cerr
 		}
 		out = ref
@@ -436,143 +473,17 @@ func (m *Manager) vmCheckpoint(c *api.Call, a dm.VMCheckpointArgs) (dm.VMRef, er
 	return dm.VMRef(out), nil
 }
 
-// provisionSpec is the template's other_config:disks.
-type provisionSpec struct {
-	XMLName xml.Name            `xml:"provision"`
-	Disks   []provisionDiskSpec `xml:"disk"`
-}
-
-// provisionDiskSpec is one <disk> of a provision spec.
-type provisionDiskSpec struct {
-	Device   string `xml:"device,attr"`
-	Size     string `xml:"size,attr"`
-	SR       string `xml:"sr,attr"`
-	Bootable string `xml:"bootable,attr"`
-	Type     string `xml:"type,attr"`
-}
-
-// vmProvision turns a template copy into a VM: it creates the disks the
-// template's other_config:disks describes and clears is_a_template.
-func (m *Manager) vmProvision(c *api.Call, a dm.VMProvisionArgs) (dm.Void, error) {
-	row, err := c.Lookup(dm.VM.Class, string(a.VM))
-	if err != nil {
-		return dm.Void{}, err
+// unpauseAfterCheckpoint runs a guest the checkpoint paused again; false
+// when it cannot.
+func (m *Manager) unpauseAfterCheckpoint(oc *opCtx, wasRunning bool) bool {
+	if !wasRunning {
+		return true
 	}
-	o := dm.VMOperationsProvision
-	return dm.Void{}, m.withVMOpQ(c, row.Ref, o, false, func(oc *opCtx) (err error) {
-		snap := m.db.Snapshot()
-		vm, ok := snap.Get(dm.VM.Class, oc.vm)
-		if !ok {
-			return xerr.New(xerr.HandleInvalid, "VM", oc.vm)
-		}
-		other, _ := vm.Get(dm.VM.OtherConfig).(map[string]string)
-		var spec provisionSpec
-		if s := strings.TrimSpace(other["disks"]); s != "" {
-			if err := xml.Unmarshal([]byte(s), &spec); err != nil {
-				return xerr.New(xerr.InvalidValue, "other_config:disks", s)
-			}
-		}
-		var disks []provisionedDisk
-		defer func() {
-			if err != nil {
-				for _, d := range disks {
-					m.destroyVDI(oc.ctx, c, d.vdi)
-				}
-			}
-		}()
-		oc.window(0, 1, len(spec.Disks)+1)
-		for _, d := range spec.Disks {
-			if err := oc.run("create-disk:"+d.Device, func(ctx context.Context) error {
-				vdi, err := m.provisionDisk(ctx, c, snap, vm, d)
-				if err != nil {
-					return err
-				}
-				disks = append(disks, provisionedDisk{vdi, d.Device, d.Bootable == "true"})
-				return nil
-			}); err != nil {
-				return err
-			}
-		}
-		return oc.run("records", func(ctx context.Context) error {
-			_, err := m.db.Update(func(tx *db.Tx) error { return m.recordProvision(tx, oc.vm, disks) })
-			return err
-		})
-	})
-}
-
-// provisionedDisk is a VDI made for a provisioned VM and where it goes.
-type provisionedDisk struct {
-	vdi, device string
-	bootable    bool
-}
-
-// provisionDisk asks storage for the VDI one <disk> of other_config:disks
-// describes, on its SR (by uuid) or the pool's default SR.
-func (m *Manager) provisionDisk(ctx context.Context, c *api.Call, snap db.Reader, vm *db.Row, d provisionDiskSpec) (string, error) {
-	sr, err := m.provisionSR(snap, d.SR)
-	if err != nil {
-		return "", err
+	if err := m.be.Unpause(context.WithoutCancel(oc.ctx), oc.uuid); err != nil {
+		m.log.Error("checkpoint: resuming the guest", "vm", oc.uuid, "err", err)
+		return false
 	}
-	size, err := strconv.ParseInt(d.Size, 10, 64)
-	if err != nil || size <= 0 {
-		return "", xerr.New(xerr.InvalidValue, "size", d.Size)
-	}
-	typ := d.Type
-	if typ == "" {
-		typ = "user"
-	}
-	return m.createVDI(ctx, c, map[string]any{
-		"name_label": vm.String(dm.VM.NameLabel) + " " + d.Device, "name_description": "Created by template provisioner",
-		"SR": sr, "virtual_size": size, "type": typ,
-	})
-}
-
-// recordProvision gives the VM a VBD on each new disk, makes it a VM
-// rather than a template (other_config:disks gone) and stamps its install
-// time.
-func (m *Manager) recordProvision(tx *db.Tx, vmRef string, disks []provisionedDisk) error {
-	for _, d := range disks {
-		rec := &dm.VBDRecord{VM: dm.VMRef(vmRef), VDI: dm.VDIRef(d.vdi), Userdevice: d.device, Bootable: d.bootable,
-			Mode: dm.VBDModeRW, Type: dm.VBDTypeDisk, Unpluggable: true, OtherConfig: map[string]string{"owner": "true"},
-			QosAlgorithmParams: map[string]string{}, RuntimeProperties: map[string]string{}, CurrentOperations: map[string]dm.VBDOperations{}}
-		if _, err := tx.Insert(dm.VBD.Class, "", rec.Row()); err != nil {
-			return err
-		}
-	}
-	if err := tx.RemoveFromMap(dm.VM.OtherConfig, vmRef, "disks"); err != nil {
-		return err
-	}
-	if err := tx.Set(dm.VM.IsATemplate, vmRef, false); err != nil {
-		return err
-	}
-	vm, _ := tx.Get(dm.VM.Class, vmRef)
-	now := time.Now().UTC()
-	if ok, err := setMetrics(tx, vm.String(dm.VM.Metrics), map[*schema.Field]any{dm.VMMetrics.InstallTime: now}); ok || err != nil {
-		return err
-	}
-	mr, err := m.newMetrics(tx, now)
-	if err != nil {
-		return err
-	}
-	return tx.Set(dm.VM.Metrics, vmRef, mr)
-}
-
-func (m *Manager) provisionSR(r db.Reader, uuid string) (string, error) {
-	if uuid != "" {
-		row, ok := r.ByUUID(dm.SR.Class, uuid)
-		if !ok {
-			return "", xerr.New(xerr.UUIDInvalid, "SR", uuid)
-		}
-		return row.Ref, nil
-	}
-	if pools := r.All(dm.Pool.Class); len(pools) > 0 { // the one pool
-		sr := pools[0].String(dm.Pool.DefaultSR)
-		if _, ok := r.Get(dm.SR.Class, sr); ok {
-			return sr, nil
-		}
-		return "", xerr.New(xerr.DefaultSRNotFound, sr)
-	}
-	return "", xerr.New(xerr.DefaultSRNotFound, schema.NullRef)
+	return true
 }
 
 // createVDI asks storage for a new VDI through the XenAPI, filling the

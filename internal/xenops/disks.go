@@ -76,14 +76,26 @@ type VDICopier interface {
 
 // SuspendStore is implemented by a DiskResolver that can hold suspend
 // images in VDIs on the suspend SR. Without it, images are files under
-// DATA_DIR/xenops/suspend and VM.suspend_VDI stays null.
+// DATA_DIR/xenops/suspend and VM.suspend_VDI stays null. The backend
+// writes and reads an image as a plain file (a staging file under
+// DATA_DIR/xenops/suspend); the store copies it into and out of the VDI.
 type SuspendStore interface {
-	// CreateSuspendVDI makes a raw VDI of at least size bytes for vm's
-	// memory image on sr (the null ref: the pool's suspend_image_SR or
-	// default SR) and returns its ref; Attach then gives its path.
-	CreateSuspendVDI(ctx context.Context, vm, sr string, size int64) (string, error)
-	// DestroySuspendVDI deletes it.
+	// CreateSuspendVDI makes an empty suspend VDI of at least size bytes
+	// for VM vm's (ref) memory image on sr (the null ref: the pool's or
+	// host's suspend image SR) and returns its ref. forUUID is the VM the
+	// image will belong to: vm itself, or the snapshot a checkpoint makes.
+	CreateSuspendVDI(ctx context.Context, vm, forUUID, sr string, size int64) (string, error)
+	// DestroySuspendVDI deletes it; it refuses a VDI that is not a
+	// suspend image.
 	DestroySuspendVDI(ctx context.Context, vdi string) error
+	// SaveSuspendImage copies the image file at path into the VDI.
+	SaveSuspendImage(ctx context.Context, vdi, path string) error
+	// LoadSuspendImage checks that vdi is VM vm's (ref) suspend VDI and
+	// copies its image into a new file at path.
+	LoadSuspendImage(ctx context.Context, vm, vdi, path string) error
+	// CopySuspendVDI copies a suspend VDI for the VM with uuid vmUUID (a
+	// clone or snapshot) onto sr (the null ref: the same SR).
+	CopySuspendVDI(ctx context.Context, vdi, vmUUID, sr string) (string, error)
 }
 
 // LocationResolver is the DiskResolver used until storage provides one:

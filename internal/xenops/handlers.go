@@ -85,6 +85,7 @@ func (m *Manager) registerHandlers() {
 	api.Register(srv, func(c *api.Call, a dm.VIFUnplugForceArgs) (dm.Void, error) {
 		return dm.Void{}, m.vifUnplug(c, string(a.Self))
 	})
+	m.registerMessages14()
 }
 
 // powerOp binds the handler of an operation whose only argument is the

@@ -256,7 +256,8 @@ func allowedVMOps(v vmCheck) []string {
 			out = append(out, string(o))
 		}
 	}
-	return out
+	// Only what xapi lists: clients with an older enum refuse the rest.
+	return dm.PublishableAllowed(dm.VM.Class.Name, out)
 }
 
 // VBD and VIF operations (xapi_vbd_helpers, xapi_vif_helpers).
@@ -353,5 +354,5 @@ func (d *devCheck) allowed() []string {
 			out = append(out, o)
 		}
 	}
-	return out
+	return dm.PublishableAllowed(d.class, out)
 }

@@ -408,15 +408,43 @@ func (m *Manager) suspend(o *opCtx) error {
 
 // saveMemory is the step that writes the domain's memory into img,
 // reporting progress from lo to hi; a failed save discards the image.
+// An image kept in a VDI is saved into its staging file and then copied
+// into the VDI (the last fifth of the window); when that copy fails, a
+// guest that ran before the save runs on.
 func (m *Manager) saveMemory(o *opCtx, img *suspendImage, lo, hi float64) error {
-	o.window(lo, hi, 1)
+	mid := hi
+	if img.staged {
+		mid = lo + (hi-lo)*0.8
+	}
+	wasRunning := false
+	if info, ok := m.be.Info(o.uuid); ok {
+		wasRunning = info.State == backend.DomainRunning
+	}
+	o.window(lo, mid, 1)
 	err := o.run("save-memory", func(ctx context.Context) error {
-		return m.be.Suspend(ctx, o.uuid, img.path, func(f float64) { o.prog.Progress(lo + (hi-lo)*f) })
+		return m.be.Suspend(ctx, o.uuid, img.path, func(f float64) { o.prog.Progress(lo + (mid-lo)*f) })
 	})
+	if err == nil && img.staged {
+		o.window(mid, hi, 1)
+		err = o.run("write-suspend-image", func(ctx context.Context) error {
+			store, ok := m.disks.(SuspendStore)
+			if !ok {
+				return xerr.New(xerr.InternalError, "suspend image store gone")
+			}
+			return store.SaveSuspendImage(ctx, img.vdi, img.path)
+		})
+		if err != nil && wasRunning {
+			if uerr := m.be.Unpause(context.WithoutCancel(o.ctx), o.uuid); uerr != nil {
+				m.log.Error("running the guest again after a failed save", "vm", o.uuid, "err", uerr)
+			}
+		}
+	}
 	if err != nil {
 		img.discard(m)
+		return err
 	}
-	return err
+	img.dropStaging(m) // the VDI holds the image now
+	return nil
 }
 
 // resume starts a suspended VM from its memory image.
@@ -429,9 +457,14 @@ func (m *Manager) resume(o *opCtx, paused bool) error {
 	if err != nil {
 		return err
 	}
+	staged := img.staged
 	err = m.boot(o, 0, 0.95, paused, img.path)
 	img.release(m)
 	if err != nil {
+		if staged && xerr.HasCode(err, xerr.SuspendImageNotAccessible) {
+			// Name the VDI, as xapi does, not the staging file.
+			return xerr.New(xerr.SuspendImageNotAccessible, img.vdi)
+		}
 		return err
 	}
 	bg := context.WithoutCancel(o.ctx)
@@ -445,46 +478,68 @@ func (m *Manager) resume(o *opCtx, paused bool) error {
 }
 
 // suspendImage is where a memory image goes: a VDI from storage, or a
-// file under the data directory.
+// file under the data directory. An image in a VDI of a SuspendStore is
+// written and read by the backend as a staging file under the data
+// directory (staged), copied into the VDI after a save and out of it
+// before a restore; a VDI of a plain DiskResolver is attached and its
+// path used as the file.
 type suspendImage struct {
 	vm       string // the VM uuid it was attached for
 	vdi      string // "" (null) when a plain file
 	path     string
 	attached bool
+	staged   bool // path is a staging copy of the VDI's image
+}
+
+// stagePath is the staging file of a VM's image kept in a VDI.
+func (m *Manager) stagePath(uuid string) (string, error) {
+	return backend.EntryPath(m.suspendDir(), uuid, ".staging")
 }
 
 func (m *Manager) newSuspendImage(o *opCtx, vm *db.Row, forUUID string) (*suspendImage, error) {
 	img := &suspendImage{vm: vm.UUID(), vdi: schema.NullRef}
 	err := o.run("prepare-image", func(ctx context.Context) error {
+		if m.cfg.DataDir == "" { // nowhere for the image or its staging file
+			return xerr.New(xerr.VMNoSuspendSR, vm.Ref)
+		}
 		store, ok := m.disks.(SuspendStore)
 		if !ok {
-			if m.cfg.DataDir == "" {
-				return xerr.New(xerr.VMNoSuspendSR, vm.Ref)
-			}
 			var err error
 			img.path, err = m.suspendPath(forUUID)
 			return err
 		}
+		path, err := m.stagePath(forUUID)
+		if err != nil {
+			return err
+		}
 		size := vm.Get(dm.VM.MemoryStaticMax).(int64) + 64<<20
-		vdi, err := store.CreateSuspendVDI(ctx, vm.Ref, vm.String(dm.VM.SuspendSR), size)
+		vdi, err := store.CreateSuspendVDI(ctx, vm.Ref, forUUID, vm.String(dm.VM.SuspendSR), size)
 		if err != nil {
 			return err
 		}
-		img.vdi = vdi
-		src, err := m.disks.Attach(ctx, img.vm, vdi, false)
-		if err != nil {
-			_ = store.DestroySuspendVDI(context.WithoutCancel(ctx), vdi)
-			return err
-		}
-		img.path, img.attached = src.Target(), true
+		img.vdi, img.path, img.staged = vdi, path, true
 		return nil
 	})
 	return img, err
 }
 
+// openSuspendImage finds a suspended VM's image: its suspend VDI, copied
+// out by the store (which checks that the VDI is this VM's suspend
+// image) or attached, else the file a daemon without a store (or before
+// VDIs held images) wrote.
 func (m *Manager) openSuspendImage(ctx context.Context, vm *db.Row) (*suspendImage, error) {
 	vdi := vm.String(dm.VM.SuspendVDI)
 	if vdi != "" && vdi != schema.NullRef {
+		if store, ok := m.disks.(SuspendStore); ok && m.cfg.DataDir != "" {
+			path, err := m.stagePath(vm.UUID())
+			if err != nil {
+				return nil, err
+			}
+			if err := store.LoadSuspendImage(ctx, vm.Ref, vdi, path); err != nil {
+				return nil, err
+			}
+			return &suspendImage{vm: vm.UUID(), vdi: vdi, path: path, staged: true}, nil
+		}
 		src, err := m.disks.Attach(ctx, vm.UUID(), vdi, true)
 		if err != nil {
 			return nil, xerr.New(xerr.SuspendImageNotAccessible, vdi)
@@ -501,6 +556,8 @@ func (m *Manager) openSuspendImage(ctx context.Context, vm *db.Row) (*suspendIma
 	return &suspendImage{vdi: schema.NullRef, path: path}, nil
 }
 
+// release lets go of what the backend used: the attached VDI, or the
+// staging copy of a VDI's image.
 func (img *suspendImage) release(m *Manager) {
 	if img.attached {
 		if err := m.disks.Detach(context.Background(), img.vm, img.vdi); err != nil {
@@ -508,6 +565,18 @@ func (img *suspendImage) release(m *Manager) {
 		}
 		img.attached = false
 	}
+	img.dropStaging(m)
+}
+
+// dropStaging removes the staging file of an image kept in a VDI.
+func (img *suspendImage) dropStaging(m *Manager) {
+	if !img.staged {
+		return
+	}
+	if err := os.Remove(img.path); err != nil && !os.IsNotExist(err) {
+		m.log.Warn("removing a suspend image's staging file", "path", img.path, "err", err)
+	}
+	img.staged = false
 }
 
 func (img *suspendImage) discard(m *Manager) {
@@ -532,18 +601,28 @@ func (m *Manager) discardImage(ctx context.Context, img *suspendImage) error {
 	return nil
 }
 
-// discardSuspendImage drops a suspended (or checkpoint) VM's memory.
+// discardSuspendImage drops a suspended (or checkpoint) VM's memory. As
+// in xapi, a suspend VDI that cannot be destroyed (in use, or not a
+// suspend image at all) is logged and forgotten rather than failing the
+// caller: the VM's record lets go of it anyway.
 func (m *Manager) discardSuspendImage(ctx context.Context, vm *db.Row) error {
 	vdi := vm.String(dm.VM.SuspendVDI)
-	img := &suspendImage{vdi: vdi}
-	if vdi == "" || vdi == schema.NullRef {
-		path, err := m.suspendPath(vm.UUID())
-		if err != nil {
-			return err
+	if vdi != "" && vdi != schema.NullRef {
+		if _, ok := m.disks.(SuspendStore); ok && m.cfg.DataDir != "" {
+			if path, err := m.stagePath(vm.UUID()); err == nil {
+				(&suspendImage{path: path, staged: true}).dropStaging(m) // a resume cut short
+			}
 		}
-		img.vdi, img.path = schema.NullRef, path
+		if err := m.discardImage(ctx, &suspendImage{vdi: vdi}); err != nil {
+			m.log.Warn("suspend VDI left behind", "vm", vm.UUID(), "vdi", vdi, "err", err)
+		}
+		return nil
 	}
-	return m.discardImage(ctx, img)
+	path, err := m.suspendPath(vm.UUID())
+	if err != nil {
+		return err
+	}
+	return m.discardImage(ctx, &suspendImage{vdi: schema.NullRef, path: path})
 }
 
 // --- Reacting to domains --------------------------------------------

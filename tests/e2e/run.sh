@@ -12,6 +12,9 @@
 #   flood   python unittest, malformed and oversized requests (test_flood.py)
 #   restart python unittest, state across a SIGTERM and a restart on the same
 #           data directory (test_restart.py phase1, then phase2)
+#   ansible Debian's ansible-playbook with community.general's xenserver_guest,
+#           xenserver_guest_info and xenserver_guest_powerstate over Debian's
+#           XenAPI.py (ansible/guest.yml)
 #
 # Besides the tests inside each suite, the harness counts two checks per suite:
 # the daemon is still running when the suite ends, and it exits on SIGTERM.
@@ -27,7 +30,7 @@ bin="${TOOLSTACKD_BIN:-$root/bin/toolstackd}"
 suite_timeout="${E2E_SUITE_TIMEOUT:-900}"
 password="e2e-Root-$$-pw"
 
-all_suites=(xo xenapi flood restart)
+all_suites=(xo xenapi flood restart ansible)
 if [ $# -gt 0 ]; then suites=("$@"); else suites=("${all_suites[@]}"); fi
 for name in "${suites[@]}"; do
   case " ${all_suites[*]} " in
@@ -159,6 +162,45 @@ run_python() {
   fi
 }
 
+# run_ansible OUT: runs ansible/guest.yml against the daemon on $port and sets
+# ans_passed/ans_failed from the play recap: every task that ended ok counts
+# as passed (the assert tasks among them), a failed or unreachable task as
+# failed. A failing task ends the play, so later tasks are not counted.
+run_ansible() {
+  local out="$1" rc=0 line xenapi_dir=/usr/lib/python3/dist-packages/os_xenapi/client
+  ans_passed=0 ans_failed=0
+  if ! command -v ansible-playbook >/dev/null; then
+    echo "e2e[ansible]: ansible-playbook not found; run scripts/install-test-deps.sh"
+    ans_failed=1
+    return
+  fi
+  if [ ! -f "$xenapi_dir/XenAPI.py" ]; then
+    echo "e2e[ansible]: $xenapi_dir/XenAPI.py not found (python3-os-xenapi)"
+    ans_failed=1
+    return
+  fi
+  mkdir -p "$work/ansible/home" "$work/ansible/tmp"
+  # The modules `import XenAPI`: PYTHONPATH makes that Debian's XenAPI.py.
+  # Ansible's own state goes into the suite's directory, not ~/.ansible.
+  (cd "$here/ansible" &&
+    E2E_URL="http://127.0.0.1:$port" E2E_PASSWORD="$password" \
+      PYTHONPATH="$xenapi_dir" ANSIBLE_HOME="$work/ansible/home" \
+      ANSIBLE_LOCAL_TEMP="$work/ansible/tmp" ANSIBLE_REMOTE_TEMP="$work/ansible/tmp" \
+      ANSIBLE_CONFIG="$here/ansible/ansible.cfg" \
+      timeout --kill-after=10 "$suite_timeout" \
+      ansible-playbook -i localhost, guest.yml) 2>&1 | tee "$out" || rc=$?
+  line=$(grep -E '^localhost +: ok=[0-9]+ ' "$out" | tail -n1 || true)
+  if [ -n "$line" ]; then
+    ans_passed=$(echo "$line" | sed 's/.* ok=\([0-9]*\).*/\1/')
+    ans_failed=$(( $(echo "$line" | sed 's/.* failed=\([0-9]*\).*/\1/') + \
+      $(echo "$line" | sed 's/.* unreachable=\([0-9]*\).*/\1/') ))
+  fi
+  if [ "$rc" -ne 0 ] && [ "$ans_failed" -eq 0 ]; then
+    echo "e2e: ansible-playbook exited with status $rc"
+    ans_failed=1
+  fi
+}
+
 # run_suite NAME: runs one suite's client against the daemon on $port and
 # writes "passed failed" into $work/NAME/counts.
 run_suite() {
@@ -186,6 +228,10 @@ run_suite() {
     xenapi | flood)
       run_python "test_$name.py" "$out"
       passed=$py_passed failed=$py_failed
+      ;;
+    ansible)
+      run_ansible "$out"
+      passed=$ans_passed failed=$ans_failed
       ;;
     restart)
       # phase1 on the daemon run.sh started; then SIGTERM, a restart on the

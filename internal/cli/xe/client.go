@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"toolstackd/internal/cli/proto"
+	"toolstackd/internal/version"
 )
 
 // Client runs xe commands. The zero value is not usable: see New.
@@ -74,7 +75,10 @@ var errNotCLI = errors.New("not a CLI server")
 // the exit status.
 func (cl *Client) Run(args []string) int {
 	for _, a := range args {
-		if a == "-version" {
+		if a == "-version" || a == "--version" {
+			if a == "--version" {
+				fmt.Fprintf(cl.Stdout, "xe %s\n", version.Version)
+			}
 			fmt.Fprintf(cl.Stdout, "ThinCLI protocol: %d.%d\n", proto.Major, proto.Minor)
 			return 0
 		}

@@ -46,6 +46,7 @@ type Simulator struct {
 	fail      map[string]error
 	notifier  backend.Notifier
 	delays    map[string]time.Duration
+	signals   signalLog // what each domain was sent (signals.go)
 }
 
 type simDomain struct {

@@ -1,0 +1,315 @@
+package xva
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"toolstackd/internal/db"
+	"toolstackd/internal/schema"
+)
+
+// Records move between the database and ova.xml in two directions:
+// snapshotOf writes a row as XML-RPC's neutral values with references
+// rewritten to archive ids, and recordOf reads an archive's record back
+// into the canonical values a constructor takes, keeping only the fields
+// the constructor may be given.
+
+// snapshotOf is row as an archive record: every public field, with a
+// reference to an exported object written as its id and any other
+// reference as the null ref (sets of references keep only the exported).
+func snapshotOf(snap db.Reader, cls *schema.Class, row *db.Row, ids map[string]string) map[string]any {
+	out := make(map[string]any, len(cls.Fields))
+	for _, f := range cls.Fields {
+		if f.Internal {
+			continue
+		}
+		v := snap.Value(row, f)
+		if f.Name == "uuid" {
+			v = row.UUID()
+		}
+		if n := neutral(f.Type, v, ids); n != nil {
+			out[f.Name] = n
+		}
+	}
+	return out
+}
+
+// neutral is a canonical value as a neutral one; nil when it has none
+// (an empty option).
+func neutral(t *schema.Type, v any, ids map[string]string) any {
+	if v == nil {
+		if t.Kind == schema.KOption || t.Kind == schema.KRecord {
+			return nil
+		}
+		v = schema.Zero(t)
+	}
+	switch t.Kind {
+	case schema.KString, schema.KEnum:
+		s, _ := v.(string)
+		return s
+	case schema.KRef:
+		s, _ := v.(string)
+		if id, ok := ids[s]; ok {
+			return id
+		}
+		return schema.NullRef
+	case schema.KInt:
+		n, _ := v.(int64)
+		return n
+	case schema.KFloat:
+		f, _ := v.(float64)
+		return f
+	case schema.KBool:
+		b, _ := v.(bool)
+		return b
+	case schema.KDateTime:
+		tm, _ := v.(time.Time)
+		return tm
+	case schema.KOption:
+		return neutral(t.Elem, v, ids)
+	case schema.KSet:
+		out := []any{}
+		add := func(x any) {
+			if t.Elem.Kind == schema.KRef {
+				if id, ok := ids[x.(string)]; ok {
+					out = append(out, id)
+				}
+				return
+			}
+			if n := neutral(t.Elem, x, ids); n != nil {
+				out = append(out, n)
+			}
+		}
+		switch xs := v.(type) {
+		case []string:
+			for _, x := range xs {
+				add(x)
+			}
+		case []int64:
+			for _, x := range xs {
+				add(x)
+			}
+		case []any:
+			for _, x := range xs {
+				add(x)
+			}
+		}
+		return out
+	case schema.KMap:
+		out := map[string]any{}
+		put := func(k string, x any) {
+			if t.Elem.Kind == schema.KRef {
+				if id, ok := ids[x.(string)]; ok {
+					out[k] = id
+				}
+				return
+			}
+			if n := neutral(t.Elem, x, ids); n != nil {
+				out[k] = n
+			}
+		}
+		switch m := v.(type) {
+		case map[string]string:
+			for k, x := range m {
+				put(k, x)
+			}
+		case map[string]int64:
+			for k, x := range m {
+				put(k, x)
+			}
+		case map[string]float64:
+			for k, x := range m {
+				put(k, x)
+			}
+		case map[string][]string:
+			for k, x := range m {
+				put(k, x)
+			}
+		case map[string]any:
+			for k, x := range m {
+				put(k, x)
+			}
+		}
+		return out
+	}
+	return nil
+}
+
+// recordOf reads an archive record for cls's constructor: fields the
+// class does not have, keeps to itself or sets at run time are dropped,
+// as are references (the caller sets those it maps). An enum value this
+// model lacks leaves the field to its default; any other value of the
+// wrong type is an error naming the field.
+func recordOf(cls *schema.Class, snap map[string]any) (map[string]any, error) {
+	out := make(map[string]any, len(snap))
+	for k, x := range snap {
+		f := cls.Field(k)
+		if f == nil || f.Internal || f.Derived || f.Qualifier == schema.DynamicRO || f.Name == "uuid" || hasRef(f.Type) {
+			continue
+		}
+		v, err := canonical(f.Type, x)
+		if err != nil {
+			if f.Type.Kind == schema.KEnum {
+				continue
+			}
+			return nil, fmt.Errorf("field %s of %s: %v", f.Name, cls.Name, err)
+		}
+		out[f.Name] = v
+	}
+	return out, nil
+}
+
+func hasRef(t *schema.Type) bool {
+	for ; t != nil; t = t.Elem {
+		if t.Kind == schema.KRef || t.Kind == schema.KRecord {
+			return true
+		}
+	}
+	return false
+}
+
+// canonical reads a neutral value as type t. xapi writes 64-bit integers
+// as strings and matches enum values without regard to case.
+func canonical(t *schema.Type, v any) (any, error) {
+	bad := fmt.Errorf("a %T where %s is expected", v, t.Text)
+	switch t.Kind {
+	case schema.KString:
+		switch x := v.(type) {
+		case string:
+			return x, nil
+		case nil:
+			return "", nil
+		}
+	case schema.KEnum:
+		s, ok := v.(string)
+		if !ok {
+			return nil, bad
+		}
+		if t.Enum == nil || t.Enum.Has(s) {
+			return s, nil
+		}
+		for _, e := range t.Enum.Values {
+			if strings.EqualFold(e, s) {
+				return e, nil
+			}
+		}
+		return nil, fmt.Errorf("%q is not a value of %s", clip(s), t.Text)
+	case schema.KInt:
+		switch x := v.(type) {
+		case int64:
+			return x, nil
+		case string:
+			n, err := strconv.ParseInt(strings.TrimSpace(x), 10, 64)
+			if err != nil {
+				return nil, bad
+			}
+			return n, nil
+		case float64:
+			if x == math.Trunc(x) && math.Abs(x) < 1<<62 {
+				return int64(x), nil
+			}
+		}
+	case schema.KFloat:
+		switch x := v.(type) {
+		case float64:
+			return x, nil
+		case int64:
+			return float64(x), nil
+		case string:
+			f, err := schema.ParseFloat(strings.TrimSpace(x))
+			if err != nil {
+				return nil, bad
+			}
+			return f, nil
+		}
+	case schema.KBool:
+		switch x := v.(type) {
+		case bool:
+			return x, nil
+		case string:
+			switch strings.ToLower(x) {
+			case "true", "1":
+				return true, nil
+			case "false", "0":
+				return false, nil
+			}
+		case int64:
+			return x != 0, nil
+		}
+	case schema.KDateTime:
+		switch x := v.(type) {
+		case time.Time:
+			return x.UTC(), nil
+		case string:
+			tm, err := schema.ParseTime(x)
+			if err != nil {
+				return nil, bad
+			}
+			return tm, nil
+		}
+	case schema.KOption:
+		if v == nil {
+			return nil, nil
+		}
+		return canonical(t.Elem, v)
+	case schema.KSet:
+		items, ok := v.([]any)
+		if !ok && v != nil {
+			return nil, bad
+		}
+		switch {
+		case t.Elem.StringLike():
+			out := make([]string, 0, len(items))
+			for _, x := range items {
+				e, err := canonical(t.Elem, x)
+				if err != nil {
+					return nil, err
+				}
+				out = append(out, e.(string))
+			}
+			return out, nil
+		case t.Elem.Kind == schema.KInt:
+			out := make([]int64, 0, len(items))
+			for _, x := range items {
+				e, err := canonical(t.Elem, x)
+				if err != nil {
+					return nil, err
+				}
+				out = append(out, e.(int64))
+			}
+			return out, nil
+		}
+		out := make([]any, 0, len(items))
+		for _, x := range items {
+			e, err := canonical(t.Elem, x)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, e)
+		}
+		return out, nil
+	case schema.KMap:
+		m, ok := v.(map[string]any)
+		if !ok && v != nil {
+			return nil, bad
+		}
+		out := schema.EmptyMap(t)
+		for k, x := range m {
+			if t.Key.Kind == schema.KInt {
+				if _, err := strconv.ParseInt(k, 10, 64); err != nil {
+					return nil, bad
+				}
+			}
+			e, err := canonical(t.Elem, x)
+			if err != nil {
+				return nil, err
+			}
+			out = schema.MapPut(out, k, e)
+		}
+		return out, nil
+	}
+	return nil, bad
+}
