@@ -12,6 +12,13 @@ import (
 	"toolstackd/internal/xerr"
 )
 
+// DecodeValue reads a neutral value (as the wire codecs or an XVA's
+// ova.xml give it) as type t, exactly as a call's argument is read: other
+// modules that take XenAPI values from outside use it, so that they accept
+// what the API accepts and nothing more. name is what FIELD_TYPE_ERROR
+// reports.
+func DecodeValue(t *schema.Type, v any, name string) (any, error) { return decodeValue(t, v, name) }
+
 // decodeValue turns a neutral wire value into the canonical value of type
 // t, accepting the spellings real clients send (ints as strings, dates as
 // strings, ...). name is what FIELD_TYPE_ERROR reports.

@@ -3,6 +3,7 @@ package ha
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -184,6 +185,12 @@ func (s *Service) checkPlan(ctx context.Context, snap db.Reader, change planner.
 	return nil
 }
 
+// The names of HA's alerts (XenAPI messages on the pool).
+const (
+	alertOvercommitted = "HA_POOL_OVERCOMMITTED"
+	alertPlanDrop      = "HA_POOL_DROP_IN_PLAN_EXISTS_FOR"
+)
+
 // replan, on the coordinator, keeps pool.ha_plan_exists_for (the host
 // failures a plan exists for, at most ha_host_failures_to_tolerate) and
 // pool.ha_overcommitted current.
@@ -202,13 +209,27 @@ func (s *Service) replan(ctx context.Context) {
 		return
 	}
 	exists, over := int64(n), int64(n) < want
-	if cur, _ := p.Get(dm.Pool.HAPlanExistsFor).(int64); cur == exists {
-		if was, _ := p.Get(dm.Pool.HAOvercommitted).(bool); was == over {
-			return
-		}
+	cur, _ := p.Get(dm.Pool.HAPlanExistsFor).(int64)
+	was, _ := p.Get(dm.Pool.HAOvercommitted).(bool)
+	if cur == exists && was == over {
+		return
 	}
 	if over {
 		s.log.Warn("HA: the pool is overcommitted: no plan for the failures it is set to tolerate", "tolerate", want, "plan_for", exists)
+	}
+	// Alerts, as xapi raises them: a drop in the failures a plan exists
+	// for, and the step into overcommitment (once, on the transition).
+	var alerts []*dm.MessageRecord
+	now := s.cfg.Now().UTC()
+	if exists < cur {
+		alerts = append(alerts, &dm.MessageRecord{Name: alertPlanDrop, Priority: 3, Cls: dm.ClsPool,
+			ObjUUID: p.UUID(), Timestamp: now, Body: strconv.FormatInt(exists, 10)})
+	}
+	if over && !was {
+		alerts = append(alerts, &dm.MessageRecord{Name: alertOvercommitted, Priority: 3, Cls: dm.ClsPool,
+			ObjUUID: p.UUID(), Timestamp: now, Body: fmt.Sprintf(
+				"Pool '%s' can no longer promise to survive %d host failures: a failover plan exists for %d.",
+				p.String(dm.Pool.NameLabel), want, exists)})
 	}
 	_, err = s.cfg.Server.DB.Update(func(tx *db.Tx) error {
 		if _, ok := tx.Get(dm.Pool.Class, p.Ref); !ok {
@@ -216,6 +237,11 @@ func (s *Service) replan(ctx context.Context) {
 		}
 		for f, v := range map[*schema.Field]any{dm.Pool.HAPlanExistsFor: exists, dm.Pool.HAOvercommitted: over} {
 			if err := tx.Set(f, p.Ref, v); err != nil {
+				return err
+			}
+		}
+		for _, a := range alerts {
+			if _, err := tx.Insert(dm.Message.Class, "", a.Row()); err != nil {
 				return err
 			}
 		}

@@ -766,19 +766,7 @@ func (m *Manager) markVMOp(c *api.Call, ref string, o op, extra func(v *vmCheck)
 	}); err != nil {
 		return nil, err
 	}
-	return func() {
-		if _, err := m.db.Update(func(tx *db.Tx) error {
-			if _, ok := tx.Get(dm.VM.Class, ref); !ok {
-				return nil
-			}
-			if err := tx.RemoveFromMap(dm.VM.CurrentOperations, ref, key); err != nil {
-				return err
-			}
-			return refreshVM(tx, ref)
-		}); err != nil {
-			m.log.Error("cannot unmark a VM operation", "vm", ref, "op", o, "task", key, "err", err)
-		}
-	}, nil
+	return func() { m.unmarkVMOp(ref, key, o) }, nil
 }
 
 // vmRevert is VM.revert(snapshot): the VM the snapshot was taken of (made

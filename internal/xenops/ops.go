@@ -120,19 +120,7 @@ func (m *Manager) withVMOpQ(c *api.Call, ref string, o op, queued bool, body fun
 	defer m.untrackOp(ref, key)
 	defer func() {
 		t1 := time.Now()
-		// The caller hears the operation's own outcome; a failed unmark
-		// can only be logged (start-up clears stale marks).
-		if _, err := m.db.Update(func(tx *db.Tx) error {
-			if _, ok := tx.Get(dm.VM.Class, ref); !ok {
-				return nil
-			}
-			if err := tx.RemoveFromMap(dm.VM.CurrentOperations, ref, key); err != nil {
-				return err
-			}
-			return refreshVM(tx, ref)
-		}); err != nil {
-			m.log.Error("cannot unmark a VM operation", "vm", vmUUID, "op", o, "task", key, "err", err)
-		}
+		m.unmarkVMOp(ref, key, o)
 		m.log.Debug("operation", "vm", vmUUID, "op", o, "mark", tMark, "run", tRun, "unmark", time.Since(t1), "total", time.Since(t0))
 	}()
 	oc := &opCtx{m: m, ctx: ctx, task: c.Task, key: key, vm: ref, uuid: vmUUID, op: string(o), prog: c.RunningTask(), hi: 1, total: 1}
@@ -268,4 +256,21 @@ func (m *Manager) withDevOp(c *api.Call, cls *schema.Class, ref, o string, body 
 		err = cancelledErr(c.Task)
 	}
 	return err
+}
+
+// unmarkVMOp takes an operation's mark off a VM (gone VMs need none).
+// The caller hears the operation's own outcome; a failed unmark can only
+// be logged (start-up clears stale marks).
+func (m *Manager) unmarkVMOp(ref, key string, o dm.VMOperations) {
+	if _, err := m.db.Update(func(tx *db.Tx) error {
+		if _, ok := tx.Get(dm.VM.Class, ref); !ok {
+			return nil
+		}
+		if err := tx.RemoveFromMap(dm.VM.CurrentOperations, ref, key); err != nil {
+			return err
+		}
+		return refreshVM(tx, ref)
+	}); err != nil {
+		m.log.Error("cannot unmark a VM operation", "vm", ref, "op", o, "task", key, "err", err)
+	}
 }

@@ -53,7 +53,7 @@ func planImport(h *Header) (*importPlan, error) {
 		if !isClass(o, "VM") {
 			continue
 		}
-		isTrue := func(k string) bool { b, _ := canonical(schema.Bool, o.Snapshot[k]); v, _ := b.(bool); return v }
+		isTrue := func(k string) bool { b, _ := api.DecodeValue(schema.Bool, o.Snapshot[k], k); v, _ := b.(bool); return v }
 		if isTrue("is_a_snapshot") || isTrue("is_control_domain") {
 			continue
 		}
@@ -80,7 +80,7 @@ func planImport(h *Header) (*importPlan, error) {
 			if _, ok := p.sizes[vdi]; ok {
 				continue
 			}
-			size, err := canonical(schema.Int, d.Snapshot["virtual_size"])
+			size, err := api.DecodeValue(schema.Int, d.Snapshot["virtual_size"], "virtual_size")
 			n, _ := size.(int64)
 			if err != nil || n < 0 || n > MaxDiskSize {
 				return nil, errInvalid("disk %s has a virtual_size of %v (at most %d)", clip(vdi), d.Snapshot["virtual_size"], int64(MaxDiskSize))

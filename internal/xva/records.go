@@ -2,11 +2,9 @@ package xva
 
 import (
 	"fmt"
-	"math"
-	"strconv"
-	"strings"
 	"time"
 
+	"toolstackd/internal/api"
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"
 )
@@ -150,7 +148,7 @@ func recordOf(cls *schema.Class, snap map[string]any) (map[string]any, error) {
 		if f == nil || f.Internal || f.Derived || f.Qualifier == schema.DynamicRO || f.Name == "uuid" || hasRef(f.Type) {
 			continue
 		}
-		v, err := canonical(f.Type, x)
+		v, err := api.DecodeValue(f.Type, x, f.Name)
 		if err != nil {
 			if f.Type.Kind == schema.KEnum {
 				continue
@@ -171,145 +169,3 @@ func hasRef(t *schema.Type) bool {
 	return false
 }
 
-// canonical reads a neutral value as type t. xapi writes 64-bit integers
-// as strings and matches enum values without regard to case.
-func canonical(t *schema.Type, v any) (any, error) {
-	bad := fmt.Errorf("a %T where %s is expected", v, t.Text)
-	switch t.Kind {
-	case schema.KString:
-		switch x := v.(type) {
-		case string:
-			return x, nil
-		case nil:
-			return "", nil
-		}
-	case schema.KEnum:
-		s, ok := v.(string)
-		if !ok {
-			return nil, bad
-		}
-		if t.Enum == nil || t.Enum.Has(s) {
-			return s, nil
-		}
-		for _, e := range t.Enum.Values {
-			if strings.EqualFold(e, s) {
-				return e, nil
-			}
-		}
-		return nil, fmt.Errorf("%q is not a value of %s", clip(s), t.Text)
-	case schema.KInt:
-		switch x := v.(type) {
-		case int64:
-			return x, nil
-		case string:
-			n, err := strconv.ParseInt(strings.TrimSpace(x), 10, 64)
-			if err != nil {
-				return nil, bad
-			}
-			return n, nil
-		case float64:
-			if x == math.Trunc(x) && math.Abs(x) < 1<<62 {
-				return int64(x), nil
-			}
-		}
-	case schema.KFloat:
-		switch x := v.(type) {
-		case float64:
-			return x, nil
-		case int64:
-			return float64(x), nil
-		case string:
-			f, err := schema.ParseFloat(strings.TrimSpace(x))
-			if err != nil {
-				return nil, bad
-			}
-			return f, nil
-		}
-	case schema.KBool:
-		switch x := v.(type) {
-		case bool:
-			return x, nil
-		case string:
-			switch strings.ToLower(x) {
-			case "true", "1":
-				return true, nil
-			case "false", "0":
-				return false, nil
-			}
-		case int64:
-			return x != 0, nil
-		}
-	case schema.KDateTime:
-		switch x := v.(type) {
-		case time.Time:
-			return x.UTC(), nil
-		case string:
-			tm, err := schema.ParseTime(x)
-			if err != nil {
-				return nil, bad
-			}
-			return tm, nil
-		}
-	case schema.KOption:
-		if v == nil {
-			return nil, nil
-		}
-		return canonical(t.Elem, v)
-	case schema.KSet:
-		items, ok := v.([]any)
-		if !ok && v != nil {
-			return nil, bad
-		}
-		switch {
-		case t.Elem.StringLike():
-			out := make([]string, 0, len(items))
-			for _, x := range items {
-				e, err := canonical(t.Elem, x)
-				if err != nil {
-					return nil, err
-				}
-				out = append(out, e.(string))
-			}
-			return out, nil
-		case t.Elem.Kind == schema.KInt:
-			out := make([]int64, 0, len(items))
-			for _, x := range items {
-				e, err := canonical(t.Elem, x)
-				if err != nil {
-					return nil, err
-				}
-				out = append(out, e.(int64))
-			}
-			return out, nil
-		}
-		out := make([]any, 0, len(items))
-		for _, x := range items {
-			e, err := canonical(t.Elem, x)
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, e)
-		}
-		return out, nil
-	case schema.KMap:
-		m, ok := v.(map[string]any)
-		if !ok && v != nil {
-			return nil, bad
-		}
-		out := schema.EmptyMap(t)
-		for k, x := range m {
-			if t.Key.Kind == schema.KInt {
-				if _, err := strconv.ParseInt(k, 10, 64); err != nil {
-					return nil, bad
-				}
-			}
-			e, err := canonical(t.Elem, x)
-			if err != nil {
-				return nil, err
-			}
-			out = schema.MapPut(out, k, e)
-		}
-		return out, nil
-	}
-	return nil, bad
-}

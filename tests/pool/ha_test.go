@@ -266,6 +266,23 @@ func TestHAPlanner(t *testing.T) {
 		r.call("VM.start_on", b, hosts[i], false, false)
 	}
 	waitPlan("0", "true")
+	// The alerts xapi raises on that step, on the pool.
+	var msgs map[string]map[string]any
+	if err := json.Unmarshal(r.call("message.get_all_records"), &msgs); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]string{}
+	for _, m := range msgs {
+		name, _ := m["name"].(string)
+		body, _ := m["body"].(string)
+		seen[name] = body
+	}
+	if body, ok := seen["HA_POOL_DROP_IN_PLAN_EXISTS_FOR"]; !ok || body != "0" {
+		t.Errorf("HA_POOL_DROP_IN_PLAN_EXISTS_FOR: %q %v (messages %v)", body, ok, seen)
+	}
+	if _, ok := seen["HA_POOL_OVERCOMMITTED"]; !ok {
+		t.Errorf("no HA_POOL_OVERCOMMITTED among %v", seen)
+	}
 	if got := string(r.call("pool.ha_compute_hypothetical_max_host_failures_to_tolerate", map[string]string{a: ""})); got != "1" {
 		t.Fatalf("hypothetical with the VM unprotected: %s", got)
 	}
