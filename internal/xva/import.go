@@ -53,7 +53,11 @@ func planImport(h *Header) (*importPlan, error) {
 		if !isClass(o, "VM") {
 			continue
 		}
-		isTrue := func(k string) bool { b, _ := api.DecodeValue(schema.Bool, o.Snapshot[k], k); v, _ := b.(bool); return v }
+		isTrue := func(k string) bool {
+			b, _ := api.DecodeValue(schema.Bool, o.Snapshot[k], k)
+			v, _ := b.(bool)
+			return v
+		}
 		if isTrue("is_a_snapshot") || isTrue("is_control_domain") {
 			continue
 		}

@@ -168,4 +168,3 @@ func hasRef(t *schema.Type) bool {
 	}
 	return false
 }
-
