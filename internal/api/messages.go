@@ -1,10 +1,13 @@
 package api
 
 import (
+	"strconv"
+	"strings"
 	"time"
 
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
+	"toolstackd/internal/schema"
 	"toolstackd/internal/xerr"
 )
 
@@ -36,13 +39,9 @@ func (s *Server) registerMessages() {
 		})
 	})
 	Register(s, func(c *Call, a dm.MessageDestroyAllArgs) (dm.Void, error) {
-		match := func(r *db.Row) bool {
-			for k, v := range a.Filters {
-				if f := dm.Message.Class.Field(k); f == nil || r.String(f) != v {
-					return false
-				}
-			}
-			return true
+		match, err := destroyAllFilter(a.Filters)
+		if err != nil {
+			return dm.Void{}, err
 		}
 		rows := s.messagesWhere(c, match)
 		return dm.Void{}, c.Update(func(tx *db.Tx) error {
@@ -54,6 +53,43 @@ func (s *Server) registerMessages() {
 			return nil
 		})
 	})
+}
+
+// destroyAllFilter reads message.destroy_all's filters as xapi does:
+// "before" and "after" are times (messages strictly earlier, or later,
+// go), "priority" a number (messages of that priority go); other keys are
+// ignored, and no filter matches every message.
+func destroyAllFilter(filters map[string]string) (func(*db.Row) bool, error) {
+	var before, after *time.Time
+	prio := int64(-1)
+	for k, v := range filters {
+		switch k {
+		case "before", "after":
+			t, err := schema.ParseTime(v)
+			if err != nil {
+				return nil, xerr.New(xerr.InvalidValue, k, v)
+			}
+			if k == "before" {
+				before = &t
+			} else {
+				after = &t
+			}
+		case "priority":
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			if err != nil || n < 0 {
+				return nil, xerr.New(xerr.InvalidValue, k, v)
+			}
+			prio = n
+		}
+	}
+	return func(r *db.Row) bool {
+		ts, _ := r.Get(dm.Message.Timestamp).(time.Time)
+		if before != nil && !ts.Before(*before) || after != nil && !ts.After(*after) {
+			return false
+		}
+		p, _ := r.Get(dm.Message.Priority).(int64)
+		return prio < 0 || p == prio
+	}, nil
 }
 
 func (s *Server) messagesWhere(c *Call, keep func(*db.Row) bool) []*db.Row {

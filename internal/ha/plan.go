@@ -44,16 +44,37 @@ func planPool(snap db.Reader) planner.Pool {
 		if !protected(vm) || vm.Get(dm.VM.IsATemplate) == true || vm.Get(dm.VM.IsASnapshot) == true {
 			continue
 		}
-		pv := planner.VM{ID: vm.Ref, Priority: planner.Priority(vm.String(dm.VM.HARestartPriority))}
-		pv.Memory, _ = vm.Get(dm.VM.MemoryStaticMax).(int64)
-		pv.Order, _ = vm.Get(dm.VM.Order).(int64)
-		switch vm.String(dm.VM.PowerState) {
-		case string(dm.VMPowerStateRunning), string(dm.VMPowerStatePaused):
-			pv.Host = vm.String(dm.VM.ResidentOn)
-		}
-		p.VMs = append(p.VMs, pv)
+		p.VMs = append(p.VMs, planVM(vm, planner.Priority(vm.String(dm.VM.HARestartPriority))))
 	}
 	return p
+}
+
+// planVM is a VM as the planner sees it, with the priority given: its
+// memory, its order, and its host while it runs.
+func planVM(vm *db.Row, prio planner.Priority) planner.VM {
+	pv := planner.VM{ID: vm.Ref, Priority: prio}
+	pv.Memory, _ = vm.Get(dm.VM.MemoryStaticMax).(int64)
+	pv.Order, _ = vm.Get(dm.VM.Order).(int64)
+	switch vm.String(dm.VM.PowerState) {
+	case string(dm.VMPowerStateRunning), string(dm.VMPowerStatePaused):
+		pv.Host = vm.String(dm.VM.ResidentOn)
+	}
+	return pv
+}
+
+// withVMs adds to pool the VMs of refs it lacks (unprotected ones a call
+// asks about), with priority prio.
+func withVMs(pool *planner.Pool, snap db.Reader, refs []string, prio planner.Priority) {
+	have := map[string]bool{}
+	for _, v := range pool.VMs {
+		have[v.ID] = true
+	}
+	for _, ref := range refs {
+		if row, ok := snap.Get(dm.VM.Class, ref); ok && !have[ref] {
+			have[ref] = true
+			pool.VMs = append(pool.VMs, planVM(row, prio))
+		}
+	}
 }
 
 // quorumLimit is the most host failures the raft pool itself survives.
@@ -85,7 +106,9 @@ func (s *Service) maxFailures(c *api.Call, _ dm.PoolHAComputeMaxHostFailuresToTo
 
 func (s *Service) hypotheticalMaxFailures(c *api.Call, a dm.PoolHAComputeHypotheticalMaxHostFailuresToTolerateArgs) (int64, error) {
 	conf := map[string]planner.Priority{}
+	var refs []string
 	for vm, prio := range a.Configuration {
+		refs = append(refs, string(vm))
 		if _, ok := c.Snapshot().Get(dm.VM.Class, string(vm)); !ok {
 			return 0, xerr.New(xerr.HandleInvalid, dm.VM.Class.Name, string(vm))
 		}
@@ -96,7 +119,10 @@ func (s *Service) hypotheticalMaxFailures(c *api.Call, a dm.PoolHAComputeHypothe
 	}
 	ctx, cancel := context.WithTimeout(c.Ctx, planTimeout)
 	defer cancel()
-	n, err := planner.HypotheticalMaxFailures(ctx, planPool(c.Snapshot()), conf, s.quorumLimit(), planner.Options{})
+	// The configuration may protect VMs that are not protected now.
+	pool := planPool(c.Snapshot())
+	withVMs(&pool, c.Snapshot(), refs, planner.PriorityNone)
+	n, err := planner.HypotheticalMaxFailures(ctx, pool, conf, s.quorumLimit(), planner.Options{})
 	return int64(n), planErr(err)
 }
 
@@ -130,22 +156,7 @@ func (s *Service) failoverPlan(c *api.Call, a dm.PoolHAComputeVMFailoverPlanArgs
 	}
 	pool := planPool(snap)
 	// The VMs asked about are planned whether or not they are protected.
-	have := map[string]bool{}
-	for _, v := range pool.VMs {
-		have[v.ID] = true
-	}
-	for _, ref := range vms {
-		if have[ref] {
-			continue
-		}
-		row, _ := snap.Get(dm.VM.Class, ref)
-		pv := planner.VM{ID: ref, Priority: planner.Priority("restart")}
-		pv.Memory, _ = row.Get(dm.VM.MemoryStaticMax).(int64)
-		if row.String(dm.VM.PowerState) == string(dm.VMPowerStateRunning) {
-			pv.Host = row.String(dm.VM.ResidentOn)
-		}
-		pool.VMs = append(pool.VMs, pv)
-	}
+	withVMs(&pool, snap, vms, planner.PriorityRestart)
 	plan, err := planner.FailoverPlan(pool, hosts, vms)
 	if err != nil {
 		return nil, planErr(err)

@@ -560,6 +560,19 @@ func (m *Manager) vmDestroy(c *api.Call) (any, error) {
 			if err := del(dm.VMGuestMetrics.Class, vm.String(dm.VM.GuestMetrics)); err != nil {
 				return err
 			}
+			// Its children take its parent, as xapi rebases them, so
+			// that no VM is left naming a parent that is gone.
+			parent := vm.String(dm.VM.Parent)
+			if _, ok := tx.Get(dm.VM.Class, parent); !ok || parent == oc.vm {
+				parent = schema.NullRef
+			}
+			for _, child := range strs(tx.Value(vm, dm.VM.Children)) {
+				if _, ok := tx.Get(dm.VM.Class, child); ok && child != oc.vm {
+					if err := tx.Set(dm.VM.Parent, child, parent); err != nil {
+						return err
+					}
+				}
+			}
 			return tx.Delete(dm.VM.Class, oc.vm)
 		})
 		if err == nil {

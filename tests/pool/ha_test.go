@@ -261,9 +261,10 @@ func TestHAPlanner(t *testing.T) {
 	r.call("VM.set_ha_restart_priority", b, "")
 	// Unprotected VMs fill the other hosts: if host 0 failed, the
 	// protected VM would have nowhere to go.
+	var filler string
 	for _, i := range []int{1, 2} {
-		b := sized("filler", 2<<30)
-		r.call("VM.start_on", b, hosts[i], false, false)
+		filler = sized("filler", 2<<30)
+		r.call("VM.start_on", filler, hosts[i], false, false)
 	}
 	waitPlan("0", "true")
 	// The alerts xapi raises on that step, on the pool.
@@ -285,6 +286,12 @@ func TestHAPlanner(t *testing.T) {
 	}
 	if got := string(r.call("pool.ha_compute_hypothetical_max_host_failures_to_tolerate", map[string]string{a: ""})); got != "1" {
 		t.Fatalf("hypothetical with the VM unprotected: %s", got)
+	}
+	// A configuration may protect a VM that is not protected now, and it
+	// names every VM to protect: with only a filler protected, it can
+	// restart on the other filler's host if its own fails.
+	if got := string(r.call("pool.ha_compute_hypothetical_max_host_failures_to_tolerate", map[string]string{filler: "restart"})); got != "1" {
+		t.Fatalf("hypothetical with a filler protected: %s", got)
 	}
 }
 

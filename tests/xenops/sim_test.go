@@ -375,7 +375,18 @@ func TestSimTemplateInstall(t *testing.T) {
 		t.Fatalf("checkpoint: snapshot %s, VM %s", e.power(cpt), e.power(vm))
 	}
 	e.call("VM.hard_shutdown", vm)
+	// The checkpoint is the VM's parent; destroying it hands the VM the
+	// checkpoint's own parent, so that the next snapshot names no lost VM.
+	if p := e.field("VM", vm, "parent"); p != cpt {
+		t.Fatalf("parent after checkpoint: %v, want %s", p, cpt)
+	}
+	grand := e.field("VM", cpt, "parent")
 	e.call("VM.destroy", cpt)
+	if p := e.field("VM", vm, "parent"); p != grand {
+		t.Fatalf("parent after its destroy: %v, want %v", p, grand)
+	}
+	again := e.str(e.call("VM.snapshot", vm, "again"))
+	e.call("VM.destroy", again)
 	var n int
 	ents, _ := os.ReadDir(filepath.Join(e.dir, "xenops", "suspend"))
 	n = len(ents)
