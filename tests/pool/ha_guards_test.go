@@ -3,7 +3,6 @@ package pool
 import (
 	"encoding/json"
 	"testing"
-	"time"
 
 	"toolstackd/internal/pooltest"
 	"toolstackd/internal/testdaemon"
@@ -41,13 +40,7 @@ func TestHAOvercommitRefusals(t *testing.T) {
 		"--ha-timing", haTiming, "--host-memory", "4GiB"}}})
 	c, s := r.c, r.s
 	pool := poolRef(t, ctx, c, p, 0, s)
-	sized := func(name string, size int64) string {
-		rec := testdaemon.VMRecord(name)
-		for _, f := range []string{"memory_static_max", "memory_dynamic_max", "memory_dynamic_min", "memory_target"} {
-			rec[f] = size
-		}
-		return r.str("VM.create", rec)
-	}
+	sized := func(name string, size int64) string { return sizedVM(r, name, size) }
 	refused := func(what, method string, params ...any) {
 		t.Helper()
 		_, err := c.Call(ctx, p.Addr(0), method, append([]any{s}, params...)...)
@@ -55,21 +48,7 @@ func TestHAOvercommitRefusals(t *testing.T) {
 			t.Fatalf("%s (%s): %v, want %s", what, method, err, xerr.HAOperationWouldBreakFailoverPlan)
 		}
 	}
-	waitPlan := func(wantFor, over string) {
-		t.Helper()
-		deadline := time.Now().Add(15 * time.Second)
-		for {
-			got := string(r.call("pool.get_ha_plan_exists_for", pool))
-			o := string(r.call("pool.get_ha_overcommitted", pool))
-			if got == wantFor && o == over {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("ha_plan_exists_for %s overcommitted %s, want %s %s", got, o, wantFor, over)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-	}
+	waitPlan := func(wantFor, over string) { t.Helper(); waitPlanFor(r, pool, wantFor, over) }
 	powerState := func(vm string) string { t.Helper(); return r.str("VM.get_power_state", vm) }
 
 	r.call("pool.enable_ha", []string{}, map[string]string{})

@@ -204,13 +204,7 @@ func TestHAPlanner(t *testing.T) {
 		"--ha-timing", haTiming, "--host-memory", "4GiB"}}})
 	c, s := r.c, r.s
 	pool := poolRef(t, ctx, c, p, 0, s)
-	sized := func(name string, size int64) string {
-		rec := testdaemon.VMRecord(name)
-		for _, f := range []string{"memory_static_max", "memory_dynamic_max", "memory_dynamic_min", "memory_target"} {
-			rec[f] = size
-		}
-		return r.str("VM.create", rec)
-	}
+	sized := func(name string, size int64) string { return sizedVM(r, name, size) }
 	r.call("pool.enable_ha", []string{}, map[string]string{})
 	a := sized("protected", 3<<30)
 	r.call("VM.set_ha_restart_priority", a, "restart")
@@ -232,21 +226,7 @@ func TestHAPlanner(t *testing.T) {
 		t.Fatalf("tolerating two failures of three voters: %v", err)
 	}
 	r.call("pool.set_ha_host_failures_to_tolerate", pool, 1)
-	waitPlan := func(wantFor string, over string) {
-		t.Helper()
-		deadline := time.Now().Add(15 * time.Second)
-		for {
-			got := string(r.call("pool.get_ha_plan_exists_for", pool))
-			o := string(r.call("pool.get_ha_overcommitted", pool))
-			if got == wantFor && o == over {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("ha_plan_exists_for %s overcommitted %s, want %s %s", got, o, wantFor, over)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-	}
+	waitPlan := func(wantFor, over string) { t.Helper(); waitPlanFor(r, pool, wantFor, over) }
 	waitPlan("1", "false")
 	// A second protected 3 GiB VM still leaves a plan; a third would not:
 	// protecting it is refused.
@@ -292,6 +272,34 @@ func TestHAPlanner(t *testing.T) {
 	// restart on the other filler's host if its own fails.
 	if got := string(r.call("pool.ha_compute_hypothetical_max_host_failures_to_tolerate", map[string]string{filler: "restart"})); got != "1" {
 		t.Fatalf("hypothetical with a filler protected: %s", got)
+	}
+}
+
+// sizedVM makes a VM whose memory fields are all size.
+func sizedVM(r rpc, name string, size int64) string {
+	r.t.Helper()
+	rec := testdaemon.VMRecord(name)
+	for _, f := range []string{"memory_static_max", "memory_dynamic_max", "memory_dynamic_min", "memory_target"} {
+		rec[f] = size
+	}
+	return r.str("VM.create", rec)
+}
+
+// waitPlanFor waits until the pool's ha_plan_exists_for and
+// ha_overcommitted read as wanted (the coordinator replans every 2 s).
+func waitPlanFor(r rpc, pool, wantFor, over string) {
+	r.t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		got := string(r.call("pool.get_ha_plan_exists_for", pool))
+		o := string(r.call("pool.get_ha_overcommitted", pool))
+		if got == wantFor && o == over {
+			return
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("ha_plan_exists_for %s overcommitted %s, want %s %s", got, o, wantFor, over)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 
