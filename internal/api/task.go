@@ -62,6 +62,15 @@ func (s *Server) StartTask(ctx context.Context, sess *Session, label, descriptio
 	return t, nil
 }
 
+// TaskFor is the task of an HTTP request's work: the client's own when it
+// named one (task_id: AdoptTask), else a new one (StartTask).
+func (s *Server) TaskFor(ctx context.Context, sess *Session, given, label string) (*Task, error) {
+	if given != "" {
+		return s.AdoptTask(ctx, sess, given)
+	}
+	return s.StartTask(ctx, sess, label, "")
+}
+
 // AdoptTask takes over a pending task a client made (task.create) and
 // handed to this work (an HTTP transfer's task_id): only a session that
 // may act on the task may adopt it (see CheckTaskOwner). From then on

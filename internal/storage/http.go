@@ -136,13 +136,7 @@ type xferTask struct {
 // above, may hand it over: the transfer writes its progress and outcome).
 // The context it returns ends with the request or with task.cancel.
 func (s *Service) xferTask(ctx context.Context, sess *api.Session, given, label string) (*xferTask, context.Context, error) {
-	var t *api.Task
-	var err error
-	if given != "" {
-		t, err = s.srv.AdoptTask(ctx, sess, given)
-	} else {
-		t, err = s.srv.StartTask(ctx, sess, label, "")
-	}
+	t, err := s.srv.TaskFor(ctx, sess, given, label)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -82,13 +82,10 @@ func (s *Service) roles(msg string) schema.RoleSet {
 
 // task starts the request's task, or adopts the one the client named.
 func (s *Service) task(ctx context.Context, sess *api.Session, given, label string) (*api.Task, error) {
-	if given != "" {
-		if !strings.HasPrefix(given, "OpaqueRef:") {
-			return nil, xerr.New(xerr.HandleInvalid, "task", clip(given))
-		}
-		return s.srv.AdoptTask(ctx, sess, given)
+	if given != "" && !strings.HasPrefix(given, "OpaqueRef:") {
+		return nil, xerr.New(xerr.HandleInvalid, "task", clip(given))
 	}
-	return s.srv.StartTask(ctx, sess, label, "")
+	return s.srv.TaskFor(ctx, sess, given, label)
 }
 
 // refuse answers a request refused before its work started with err
