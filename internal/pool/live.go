@@ -1,6 +1,8 @@
 package pool
 
 import (
+	"time"
+
 	"github.com/hashicorp/raft"
 
 	dm "toolstackd/internal/api/datamodel"
@@ -15,6 +17,16 @@ import (
 // host_metrics.live. A host that stops answering is not live within the
 // transport timeout and raft's retry back-off (about 15 s); its VMs'
 // records are left as they are.
+//
+// One failed heartbeat is not enough: a member that restarts resets the
+// coordinator's pooled connection, and the first heartbeat after that
+// fails although the member is back a moment later. A member is written
+// down as not live only when its heartbeats are still failing
+// liveGrace after the first failure of the run.
+
+// liveGrace is how long a member's heartbeats must keep failing before
+// the coordinator records it as not live.
+const liveGrace = time.Second
 
 // watchLiveness follows raft's heartbeat observations until stop closes.
 func (p *Pool) watchLiveness(rf *raft.Raft, stop <-chan struct{}) {
@@ -28,14 +40,46 @@ func (p *Pool) watchLiveness(rf *raft.Raft, stop <-chan struct{}) {
 	})
 	rf.RegisterObserver(obs)
 	defer rf.DeregisterObserver(obs)
+	// failing holds, per member whose heartbeats are failing, when the
+	// run of failures began and the timer that ends its grace.
+	type run struct {
+		since time.Time
+		timer *time.Timer
+	}
+	failing := make(map[string]run)
+	expired := make(chan string, 64)
+	defer func() {
+		for _, r := range failing {
+			r.timer.Stop()
+		}
+	}()
 	for {
 		select {
 		case o := <-ch:
 			switch d := o.Data.(type) {
 			case raft.FailedHeartbeatObservation:
-				p.setLive(string(d.PeerID), false)
+				peer := string(d.PeerID)
+				if _, ok := failing[peer]; !ok {
+					failing[peer] = run{since: time.Now(), timer: time.AfterFunc(liveGrace, func() {
+						select {
+						case expired <- peer:
+						case <-stop:
+						}
+					})}
+				}
 			case raft.ResumedHeartbeatObservation:
-				p.setLive(string(d.PeerID), true)
+				peer := string(d.PeerID)
+				if r, ok := failing[peer]; ok {
+					r.timer.Stop()
+					delete(failing, peer)
+				}
+				p.setLive(peer, true)
+			}
+		case peer := <-expired:
+			// A timer stopped too late may still deliver: only a member
+			// whose current run of failures has lasted the grace counts.
+			if r, ok := failing[peer]; ok && time.Since(r.since) >= liveGrace {
+				p.setLive(peer, false)
 			}
 		case <-stop:
 			return
