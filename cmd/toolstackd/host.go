@@ -21,6 +21,7 @@ import (
 	"toolstackd/internal/ha/watchdog"
 	"toolstackd/internal/pool"
 	"toolstackd/internal/pool/dbraft"
+	"toolstackd/internal/rrdd"
 	"toolstackd/internal/storage"
 	"toolstackd/internal/xenops"
 	"toolstackd/internal/xva"
@@ -39,6 +40,7 @@ type host struct {
 	db     *db.DB
 	srv    *api.Server
 	xm     *xenops.Manager
+	rrdd   *rrdd.Service
 	router *mux.Router
 	// closers run when the host closes, last added first.
 	closers  []func() error
@@ -283,6 +285,10 @@ func (h *host) registerModules(o options, hostRef string, first bool) error {
 	xva.Register(h.srv, h.router, stor, xva.Config{HostRef: hostRef, Log: h.log})
 	// The xe CLI: POST /cli, the thin-CLI protocol.
 	cli.New(h.srv, cli.Options{Log: h.log}).Routes(h.router)
+	// rrdd: data sources, round-robin archives, /rrd_updates.
+	if err := h.openRRDD(o, hostRef); err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
 	h.serveMetrics(o)
 	return nil
 }

@@ -45,7 +45,9 @@ type options struct {
 	redoLog     string
 	debugListen string
 	metricsOpen bool
-	conns       netguard.Config
+	// metricsPlugins is the directory of rrdd plugin files (--metrics-plugin-dir).
+	metricsPlugins string
+	conns          netguard.Config
 	// The service's files (issue 16): the configuration file, where
 	// runtime files, hook scripts and storage plugins live.
 	config     string
@@ -54,7 +56,7 @@ type options struct {
 	pluginDirs string
 	// systemd's watchdog: how long a part may have work waiting and
 	// finish none of it before the pings stop (internal/sdwatch).
-	dbStall, queueStall time.Duration
+	dbStall, queueStall, metricsStall time.Duration
 	// debugHooks serves debug-only endpoints on --debug-listen (tests).
 	debugHooks bool
 	// onEject, set by run, starts the host afresh as a pool of its own
@@ -99,6 +101,9 @@ func rootCmd() *cobra.Command {
 			if o.socket == "" {
 				o.socket = filepath.Join(o.dataDir, "xapi.sock")
 			}
+			if o.metricsPlugins == "" {
+				o.metricsPlugins = filepath.Join(o.dataDir, "metrics-plugins")
+			}
 			if o.runDir == "" {
 				o.runDir = filepath.Join(o.dataDir, "run")
 			}
@@ -126,6 +131,7 @@ func rootCmd() *cobra.Command {
 	f.StringVar(&o.haTiming, "ha-timing", "", "HA's timing values over the defaults (docs/ha.md), e.g. lease=10s,renew=2s,grace=5s,watchdog=10s,margin=2s,drift=0.01")
 	f.StringVar(&o.redoLog, "redo-log", "", "mirror the database into a redo log at this file or block device (e.g. on shared storage)")
 	f.BoolVar(&o.metricsOpen, "metrics-open", false, "serve GET /metrics to anyone, without a session (for scrapers that cannot log in); default: authenticated like the other handlers")
+	f.StringVar(&o.metricsPlugins, "metrics-plugin-dir", "", "the directory metric plugins write their files to (xcp-rrdd's protocol v2, xapi's /dev/shm/metrics); empty: DATA_DIR/metrics-plugins")
 	f.StringVar(&o.debugListen, "debug-listen", "", "serve Go's profiler (net/http/pprof) on this address, e.g. 127.0.0.1:6060; empty: off")
 	// Connection limits (issue 10): see internal/netguard.
 	def := netguard.Defaults()
@@ -138,6 +144,7 @@ func rootCmd() *cobra.Command {
 	f.IntVar(&o.conns.MaxConnsPerClient, "max-conns-per-client", def.MaxConnsPerClient, "connections open at once from one IP address (the local socket is exempt)")
 	f.IntVar(&o.conns.MaxConns, "max-conns", 0, "connections open at once in total; 0: the file limit (raised to its hard limit at start) less a reserve")
 	f.DurationVar(&o.dbStall, "sd-watchdog-db-stall", time.Minute, "systemd's watchdog (WatchdogSec): stop reassuring it once the database writer has had writes waiting and finished none for this long")
+	f.DurationVar(&o.metricsStall, "sd-watchdog-metrics-stall", 2*time.Minute, "systemd's watchdog: stop reassuring it once the metrics loop has finished no 5 s tick for this long")
 	f.DurationVar(&o.queueStall, "sd-watchdog-queue-stall", 30*time.Minute, "systemd's watchdog: stop reassuring it once a VM's operation queue has not moved for this long (the operation ahead has run this long)")
 	f.BoolVar(&o.debugHooks, "debug-hooks", false, "tests: serve POST /debug/freeze-db?seconds=N on --debug-listen, which holds the database writer as a hung disk would")
 	_ = f.MarkHidden("debug-hooks")

@@ -5,7 +5,9 @@ import (
 	"time"
 
 	"toolstackd/internal/api"
+	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/metrics"
+	"toolstackd/internal/rrd/plugin"
 )
 
 // serveMetrics adds GET /metrics: the daemon's health for Prometheus
@@ -25,6 +27,26 @@ func (h *host) serveMetrics(o options) {
 	reg.Gauge("event_watchers", "event.from and event.next calls waiting for changes.", func() float64 { return float64(h.srv.EventWatchers()) })
 	if h.xm != nil {
 		reg.Gauge("xenops_queue_depth", "VM operations waiting for their turn.", func() float64 { return float64(h.xm.QueueDepth()) })
+	}
+	if svc := h.rrdd; svc != nil {
+		// The data sources' newest 5 s values, as /rrd_updates has them.
+		reg.Samples("data_source", "The newest 5 s value of each recorded data source of this host, its VMs and its SRs (xapi's data-source names).",
+			[]string{"owner", "uuid", "name"}, func(emit func(float64, ...string)) {
+				hostUUID := ""
+				if row, ok := h.db.Snapshot().Get(dm.Host.Class, h.srv.Cfg.HostRef); ok {
+					hostUUID = row.UUID()
+				}
+				svc.EachLatest(func(o plugin.Owner, name string, v float64) {
+					switch o.Kind {
+					case plugin.Host:
+						emit(v, "host", hostUUID, name)
+					case plugin.VM:
+						emit(v, "vm", o.UUID, name)
+					case plugin.SR:
+						emit(v, "sr", o.UUID, name)
+					}
+				})
+			})
 	}
 	auth := func(w http.ResponseWriter, r *http.Request) bool { return h.srv.HTTPSession(w, r, 0) != nil }
 	h.router.Handle("/metrics", api.TrimSlash(reg.Handler(auth, o.metricsOpen, 10*time.Second))).Methods(http.MethodGet)

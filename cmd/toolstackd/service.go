@@ -66,9 +66,8 @@ func (ls *listeners) answering(ctx context.Context, timeout time.Duration) error
 
 // startWatchdog feeds systemd's watchdog when the unit has one
 // (WATCHDOG_USEC, WatchdogSec=): WATCHDOG=1 every half interval while the
-// database writer and the VM queues make progress. The metrics loop is
-// not checked yet. The checks follow the current host (a host rebuilt
-// after pool.eject).
+// database writer, the VM queues and the metrics loop make progress.
+// The checks follow the current host (a host rebuilt after pool.eject).
 func startWatchdog(ctx context.Context, o options, current func() *host, log *slog.Logger) {
 	// Unset, so that the processes the daemon starts (QEMU) do not see it.
 	interval, err := daemon.SdWatchdogEnabled(true)
@@ -101,6 +100,14 @@ func startWatchdog(ctx context.Context, o options, current func() *host, log *sl
 		}
 		return f()
 	}
+	// The metrics loop always has work: a tick every 5 s.
+	metricsStall := sdwatch.Counter(func() (bool, uint64) {
+		h := current()
+		if h == nil || h.rrdd == nil {
+			return false, 0
+		}
+		return true, h.rrdd.Ticks()
+	})
 	log.Info("pinging systemd's watchdog while the daemon makes progress", "interval", interval)
 	go sdwatch.Run(ctx, sdwatch.Config{
 		Interval: interval,
@@ -112,6 +119,7 @@ func startWatchdog(ctx context.Context, o options, current func() *host, log *sl
 		Checks: []sdwatch.Check{
 			{Name: "database writer", Limit: o.dbStall, Stalled: dbStall},
 			{Name: "VM operation queues", Limit: o.queueStall, Stalled: queueStall},
+			{Name: "metrics loop", Limit: o.metricsStall, Stalled: metricsStall},
 		},
 	})
 }

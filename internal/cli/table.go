@@ -90,6 +90,7 @@ func (s *Server) buildTable() {
 	s.addStorageCommands()
 	s.addHostCommands()
 	s.addXVACommands()
+	s.addDataSourceCommands()
 	for _, cmd := range s.cmds {
 		cmd.finish()
 		if cmd.Flags&(flagVMSelectors|flagHostSelectors|flagSRSelectors) != 0 && cmd.accepts == nil {

@@ -103,6 +103,29 @@ func (r *Registry) Counter(name, help string, fn func() float64) {
 	r.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help}, fn))
 }
 
+// Samples adds a family of gauges with the given labels, read at each
+// scrape: fn calls emit once per series, with its value and its label
+// values in the order of labels. name is without the namespace.
+func (r *Registry) Samples(name, help string, labels []string, fn func(emit func(v float64, labelValues ...string))) {
+	r.reg.MustRegister(&samples{desc: prometheus.NewDesc(prometheus.BuildFQName(namespace, "", name), help, labels, nil), fn: fn})
+}
+
+// samples is the collector of Samples.
+type samples struct {
+	desc *prometheus.Desc
+	fn   func(emit func(v float64, labelValues ...string))
+}
+
+func (s *samples) Describe(ch chan<- *prometheus.Desc) { ch <- s.desc }
+
+func (s *samples) Collect(ch chan<- prometheus.Metric) {
+	s.fn(func(v float64, lv ...string) {
+		if m, err := prometheus.NewConstMetric(s.desc, prometheus.GaugeValue, v, lv...); err == nil {
+			ch <- m
+		}
+	})
+}
+
 // Gatherer is the registry, for tests and for handlers that add to it.
 func (r *Registry) Gatherer() prometheus.Gatherer { return r.reg }
 

@@ -731,6 +731,49 @@ describe('xen-api HTTP transfers (putResource/getResource)', () => {
     )
   })
 
+  // Xen Orchestra's stats (xo-server's xapi-stats) read the metrics this
+  // way: getResource('/rrd_updates', { query: { cf: 'AVERAGE', host:
+  // 'true', interval, json: 'true', start } }) on the client's own
+  // connection settings, then parse the body as JSON and index values by
+  // legend entries such as AVERAGE:host:<uuid>:cpu0.
+  test('stats: /rrd_updates with json=true, as XO asks for it', async () => {
+    assert.ok(connected, 'the client did not connect')
+    const hostUUID = Object.values(xapi.objects.all).find(o => o.$type === 'host')?.uuid
+    assert.ok(hostUUID, 'no host in the client cache')
+    const before = proxy.log.length
+    // The daemon samples every 5 s: wait for a few rows.
+    const json = await waitFor(
+      async () => {
+        const response = await withTimeout(
+          xapi.getResource('/rrd_updates', {
+            query: { cf: 'AVERAGE', host: 'true', interval: 5, json: 'true', start: Math.floor(Date.now() / 1e3) - 600 },
+          }),
+          30e3,
+          'getResource(/rrd_updates)'
+        )
+        const text = Buffer.from(await response.body.arrayBuffer()).toString('utf8')
+        const parsed = JSON.parse(text)
+        return parsed.data.length >= 2 ? parsed : undefined
+      },
+      30e3,
+      'two rows of host metrics'
+    )
+    const legend = json.meta.legend
+    for (const ds of ['cpu0', 'cpu_avg', 'memory_total_kib', 'memory_free_kib', 'loadavg']) {
+      assert.ok(legend.includes(`AVERAGE:host:${hostUUID}:${ds}`), `legend lacks ${ds}: ${legend.join(' ')}`)
+    }
+    assert.equal(Number(json.meta.step), 5)
+    assert.ok(Math.abs(Number(json.meta.end) - Date.now() / 1e3) < 60, `meta.end ${json.meta.end} is far from now`)
+    const total = legend.indexOf(`AVERAGE:host:${hostUUID}:memory_total_kib`)
+    for (const row of json.data) {
+      assert.equal(row.values.length, legend.length)
+    }
+    assert.ok(Number(json.data[0].values[total]) > 0, `memory_total_kib ${json.data[0].values[total]}`)
+    assert.ok(Number(json.data[0].t) > Number(json.data[1].t), 'rows are newest first')
+    const gets = proxy.log.slice(before).filter(e => e.path.startsWith('/rrd_updates'))
+    assert.ok(gets.length > 0 && gets.every(e => e.status === 200), JSON.stringify(gets))
+  })
+
   test('no warnings from the client during the transfers', () => {
     assert.deepEqual(warn.warnings, [])
     assert.equal(xapi.watchEventsError, undefined)

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"toolstackd/internal/rrdd/stats"
 	"toolstackd/internal/xerr"
 )
 
@@ -99,6 +100,12 @@ type Accelerated interface {
 // to snapshot or clone a disk in use.
 type LiveSnapshotter interface {
 	LiveSnapshot(ctx context.Context, uuid, device, path, format string) error
+}
+
+// StatsReporter is a backend that can read a running domain's counters.
+type StatsReporter interface {
+	// Stats reads the domain's counters now. Disk devices are userdevices ("0", "1", ...) and NIC devices VIF device numbers, as the backend knows them.
+	Stats(ctx context.Context, uuid string) (stats.VM, error)
 }
 
 // DomainState is what a domain is doing.
