@@ -52,13 +52,18 @@ func (s *Server) addDataSourceCommands() {
 				return nil
 			})
 		})
-		s.register(k.prefix+"-data-source-record", "Starts recording a data source of the "+k.class+".", func(c *Ctx) error {
-			name := c.require("data-source")
-			return one(c, func(row *db.Row) error {
-				_, err := c.call(k.class+".record_data_source", row.Ref, name)
-				return err
+		for _, v := range []struct{ cmd, msg, help string }{
+			{"record", "record_data_source", "Starts recording a data source of the " + k.class + "."},
+			{"forget", "forget_data_source_archives", "Stops recording a data source of the " + k.class + " and drops its history."},
+		} {
+			s.register(k.prefix+"-data-source-"+v.cmd, v.help, func(c *Ctx) error {
+				name := c.require("data-source")
+				return one(c, func(row *db.Row) error {
+					_, err := c.call(k.class+"."+v.msg, row.Ref, name)
+					return err
+				})
 			})
-		})
+		}
 		s.register(k.prefix+"-data-source-query", "Prints the newest 5 s value of a recorded data source of the "+k.class+".", func(c *Ctx) error {
 			name := c.require("data-source")
 			return one(c, func(row *db.Row) error {
@@ -69,13 +74,6 @@ func (s *Server) addDataSourceCommands() {
 				f, _ := v.(float64)
 				c.out.list(strconv.FormatFloat(f, 'f', 6, 64))
 				return nil
-			})
-		})
-		s.register(k.prefix+"-data-source-forget", "Stops recording a data source of the "+k.class+" and drops its history.", func(c *Ctx) error {
-			name := c.require("data-source")
-			return one(c, func(row *db.Row) error {
-				_, err := c.call(k.class+".forget_data_source_archives", row.Ref, name)
-				return err
 			})
 		})
 	}
