@@ -41,9 +41,9 @@ import (
 // with a one-line reason, or use the default; an interval that is not a
 // number, negative or over ten years is 400 too (xapi takes 0). A missing
 // RRD is 404 for the host, VMs and SRs alike (xapi: 404 for a VM, 500 for
-// the others). One case keeps xapi's 500: /rrd_updates for which no
-// archive answers (no RRD selected at all, or a cf some selected RRD has
-// no archive of), xapi's uncaught No_RRA_Available.
+// the others). /rrd_updates for which no archive answers (no RRD
+// selected at all, or a cf some selected RRD has no archive of: xapi's
+// uncaught No_RRA_Available, a 500 there) is a 400 with that reason.
 
 // MaxPutBytes bounds the body of PUT /rrd (gzip or plain XML); the
 // decompressed dump is bounded by rrd.MaxXMLBytes as well.
