@@ -16,10 +16,13 @@ arch=$(dpkg --print-architecture)
 
 # Debian's version must start with a digit and has no '-' (a native
 # package): v1.2.3-4-gabc-dirty -> 1.2.3+4.gabc.dirty; a describe
-# without a tag (abc1234-dirty) -> 0~git.abc1234.dirty.
+# without a tag (abc1234-dirty) -> 0~git<N>.abc1234.dirty, N the number
+# of commits up to it (0 when git cannot say, e.g. a source tarball), so
+# that later builds sort after earlier ones as upgrades must.
 debversion=${version#v}
 if printf '%s' "$debversion" | grep -Eq '^[0-9a-f]{7,40}(-dirty)?$|^dev$'; then
-	debversion="0~git.$(printf '%s' "$debversion" | tr -- - .)"
+	count=$(git rev-list --count "${debversion%-dirty}" 2>/dev/null || echo 0)
+	debversion="0~git${count}.$(printf '%s' "$debversion" | tr -- - .)"
 else
 	debversion=$(printf '%s' "$debversion" | sed 's/-/+/; s/-/./g')
 fi

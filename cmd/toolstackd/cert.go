@@ -14,6 +14,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"toolstackd/internal/certs"
 )
 
 // poolTLS is the pool layer's TLS configuration when the host serves
@@ -31,7 +33,10 @@ func (o options) poolTLS() (*tls.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("certificate: %w", err)
 	}
-	return &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}, nil
+	// Peers ask for the pool's server name: the listener answers it with
+	// this (pinned) certificate even once clients get an operator's one.
+	return &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12,
+		ServerName: certs.PoolServerName}, nil
 }
 
 // ensureCertificate makes a self-signed server certificate under the data

@@ -39,6 +39,18 @@ var notSettings = map[string]bool{"config": true, "help": true, "version": true}
 // flags only, so that test and debug switches stay on the command line.
 func isSetting(f *pflag.Flag) bool { return f != nil && !f.Hidden && !notSettings[f.Name] }
 
+// settingsOf is the effective value of every setting: from the command
+// line, the configuration file or the default.
+func settingsOf(flags *pflag.FlagSet) map[string]string {
+	out := map[string]string{}
+	flags.VisitAll(func(f *pflag.Flag) {
+		if isSetting(f) {
+			out[f.Name] = f.Value.String()
+		}
+	})
+	return out
+}
+
 // applyConfigFile reads the file at path and sets every flag it names that
 // was not given on the command line.
 func applyConfigFile(flags *pflag.FlagSet, path string) error {
@@ -123,6 +135,10 @@ func clip(s string) string {
 // scripts in /etc.
 var packagedSettings = []struct{ name, value string }{
 	{"backend", "qemu"},
+	// As xapi: HTTPS on 443 (certificate made at first start), plain HTTP
+	// on 80.
+	{"listen", "0.0.0.0:80"},
+	{"listen-https", "0.0.0.0:443"},
 	{"data-dir", "/var/lib/toolstackd"},
 	{"run-dir", "/run/toolstackd"},
 	{"hooks-dir", "/etc/toolstackd/hooks"},

@@ -164,6 +164,8 @@ var xeOptions = []struct{ opt, help string }{
 	{"-pw PASSWORD", "The password. Also password=PASSWORD."},
 	{"-pwf FILE", "A file with the user on its first line and the password on its second. Also passwordfile=FILE."},
 	{"--nossl", "Plain HTTP to a remote server. Also nossl=true."},
+	{"--cafile FILE", "CA certificates (PEM) a remote server's certificate may chain to, besides the system's. Also cafile=FILE or $XE_CA_FILE."},
+	{"--no-verify", "Do not check a remote server's certificate (xapi's xe never does; this one does unless told not to). Also noverify=true."},
 	{"--traceparent VALUE", "A W3C trace context to pass to the server (also from $TRACEPARENT)."},
 	{"--debug", "Show the conversation with the server."},
 	{"--debug-on-fail", "Show the conversation with the server when the command fails."},

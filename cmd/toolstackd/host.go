@@ -13,6 +13,7 @@ import (
 
 	"toolstackd/internal/api"
 	dm "toolstackd/internal/api/datamodel"
+	"toolstackd/internal/certs"
 	"toolstackd/internal/cli"
 	"toolstackd/internal/db"
 	"toolstackd/internal/db/persist"
@@ -23,6 +24,7 @@ import (
 	"toolstackd/internal/pool/dbraft"
 	"toolstackd/internal/rrdd"
 	"toolstackd/internal/storage"
+	"toolstackd/internal/sysstatus"
 	"toolstackd/internal/xenops"
 	"toolstackd/internal/xva"
 )
@@ -119,6 +121,9 @@ func (h *host) openPool(o options) error {
 	}
 	cfg := pool.Config{DataDir: o.dataDir, Advertise: o.advertiseAddr(), Port: o.port(), LocalIP: o.localIP(),
 		TLS: tlsCfg, HostUUID: row.UUID(), Server: h.srv, Repl: h.repl, Log: h.log, Eject: o.onEject}
+	if tlsCfg != nil && o.certStore != nil {
+		cfg.OwnCert = o.certStore.PoolCertificate
+	}
 	p, err := pool.Open(cfg)
 	if err != nil {
 		return err
@@ -283,8 +288,14 @@ func (h *host) registerModules(o options, hostRef string, first bool) error {
 	disks.vm.Store(h.xm)
 	// XVA: /export, /export_metadata, /import and VM.import.
 	xva.Register(h.srv, h.router, stor, xva.Config{HostRef: hostRef, Log: h.log})
+	// Bug reports: GET /system-status, host.get_system_status_capabilities,
+	// host.bugreport_upload.
+	sysstatus.Register(h.srv, h.router, sysstatus.Config{DataDir: o.dataDir, ConfigFile: o.config, HostRef: hostRef,
+		Log: h.log, Settings: o.settings})
 	// The xe CLI: POST /cli, the thin-CLI protocol.
 	cli.New(h.srv, cli.Options{Log: h.log}).Routes(h.router)
+	// Server certificates and the pool's CA certificates.
+	certs.Register(h.srv, certs.Config{Store: o.certStore, HostRef: hostRef, Log: h.log})
 	// rrdd: data sources, round-robin archives, /rrd_updates.
 	if err := h.openRRDD(o, hostRef); err != nil {
 		return fmt.Errorf("metrics: %w", err)

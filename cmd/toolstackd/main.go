@@ -4,6 +4,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -24,6 +25,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"toolstackd/internal/api"
+	"toolstackd/internal/certs"
 	"toolstackd/internal/netguard"
 	"toolstackd/internal/storage"
 	"toolstackd/internal/version"
@@ -35,6 +37,12 @@ type options struct {
 	advertise   string
 	witness     bool
 	listenHTTPS string
+	// httpsOnly refuses every request on the plain listeners (--https-only).
+	httpsOnly bool
+	// settings are the effective values of every setting, for bug reports.
+	settings map[string]string
+	// certStore is the host's certificates (certs.go), opened by run.
+	certStore   *certs.Store
 	socket      string
 	backend     string
 	hostMemory  memSize
@@ -42,6 +50,7 @@ type options struct {
 	watchdog    string
 	journal     string
 	logLevel    string
+	logTarget   logTarget
 	redoLog     string
 	debugListen string
 	metricsOpen bool
@@ -107,6 +116,7 @@ func rootCmd() *cobra.Command {
 			if o.runDir == "" {
 				o.runDir = filepath.Join(o.dataDir, "run")
 			}
+			o.settings = settingsOf(cmd.Flags())
 			return run(cmd.Context(), o)
 		},
 	}
@@ -122,10 +132,12 @@ func rootCmd() *cobra.Command {
 	f.StringVar(&o.advertise, "advertise", "", "the address (ip:port) other hosts of a pool reach this one at, e.g. a proxy in front of it; empty: the --listen-https address if set, else the --listen address (host.address is its IP)")
 	f.BoolVar(&o.witness, "witness", false, "run as a pool's witness: a raft voter that never runs VMs (host.enabled is false), so that a pool of two hosts fails over on its own")
 	f.StringVar(&o.listenHTTPS, "listen-https", "", "HTTPS address (self-signed certificate made on first boot); empty: none. When set, the host's pool traffic goes over it, each peer checked by its pinned certificate")
+	f.BoolVar(&o.httpsOnly, "https-only", false, "answer every request on the plain HTTP listeners 403 Forbidden, as xapi's host.https_only closes port 80 (the local socket is not restricted); needs --listen-https")
 	f.StringVar(&o.socket, "socket", "", "local Unix socket whose callers are the local superuser (default DATA_DIR/xapi.sock)")
 	f.StringVar(&o.backend, "backend", "simulator", "VM backend: simulator or qemu")
 	f.Var(&o.hostMemory, "host-memory", "the memory VMs may use on this host, e.g. 16GiB (a simulated host's size); 0: the simulator's is unbounded, QEMU's is the host's available memory")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	f.Var(&o.logTarget, "log-target", logTargetHelp)
 	f.StringVar(&o.watchdog, "watchdog", "", "HA's watchdog: a device (/dev/watchdog) it pets while this host holds its lease, or \"fake\" (tests: a process that kills this daemon's process group); empty: none")
 	f.StringVar(&o.journal, "instance-journal", "", "tests: append every domain's start and stop (and a fake watchdog's reset) to this file, to check that no VM ever runs twice")
 	f.StringVar(&o.haTiming, "ha-timing", "", "HA's timing values over the defaults (docs/ha.md), e.g. lease=10s,renew=2s,grace=5s,watchdog=10s,margin=2s,drift=0.01")
@@ -160,7 +172,7 @@ func run(ctx context.Context, o options) error {
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	log := newLogger(o.logTarget, level)
 	switch o.backend {
 	case "simulator", "qemu":
 	default:
@@ -177,6 +189,14 @@ func run(ctx context.Context, o options) error {
 	if err := os.MkdirAll(o.runDir, 0o700); err != nil {
 		return fmt.Errorf("run dir: %w", err)
 	}
+	if err := o.checkHTTPSOnly(); err != nil {
+		return err
+	}
+	store, err := openCertStore(o)
+	if err != nil {
+		return err
+	}
+	o.certStore = store
 	guard := connectionGuard(o, log)
 	ejected := make(chan string, 1)
 	o.onEject = func(rootHash string) {
@@ -311,8 +331,8 @@ type listeners struct {
 }
 
 // serve runs an HTTP server for h on l, through the connection guard;
-// with TLS files it serves HTTPS.
-func (ls *listeners) serve(l net.Listener, h http.Handler, tlsFiles ...string) {
+// with a TLS configuration it serves HTTPS.
+func (ls *listeners) serve(l net.Listener, h http.Handler, tlsCfg ...*tls.Config) {
 	hs := ls.guard.Server(h)
 	hs.ErrorLog = slog.NewLogLogger(ls.log.Handler(), slog.LevelDebug)
 	l = ls.guard.Listener(l, l.Addr().Network() == "unix")
@@ -321,8 +341,9 @@ func (ls *listeners) serve(l net.Listener, h http.Handler, tlsFiles ...string) {
 	go func() {
 		defer ls.wg.Done()
 		var err error
-		if len(tlsFiles) == 2 {
-			err = hs.ServeTLS(l, tlsFiles[0], tlsFiles[1])
+		if len(tlsCfg) == 1 {
+			hs.TLSConfig = tlsCfg[0]
+			err = hs.ServeTLS(l, "", "")
 		} else {
 			err = hs.Serve(l)
 		}
@@ -365,7 +386,7 @@ func listen(o options, guard *netguard.Guard, router http.Handler, current func(
 				local = l
 				continue
 			}
-			ls.serve(l, router)
+			ls.serve(l, plainHandler(o, router))
 			apiSockets++
 			log.Info("serving on socket from systemd", "addr", l.Addr())
 		}
@@ -375,19 +396,15 @@ func listen(o options, guard *netguard.Guard, router http.Handler, current func(
 		if err != nil {
 			return nil, err
 		}
-		ls.serve(l, router)
+		ls.serve(l, plainHandler(o, router))
 		log.Info("serving XenAPI", "url", "http://"+l.Addr().String())
 	}
 	if o.listenHTTPS != "" {
-		cert, key, err := ensureCertificate(o.dataDir)
-		if err != nil {
-			return nil, fmt.Errorf("certificate: %w", err)
-		}
 		l, err := net.Listen("tcp", o.listenHTTPS)
 		if err != nil {
 			return nil, err
 		}
-		ls.serve(l, router, cert, key)
+		ls.serve(l, router, o.certStore.ServerTLS()) // certificates swapped in place (certs.go)
 		log.Info("serving XenAPI", "url", "https://"+l.Addr().String())
 	}
 	if local != nil {
@@ -455,6 +472,6 @@ func rootPassword(dir string, log *slog.Logger) (string, error) {
 	if err := os.WriteFile(path, []byte(pw+"\n"), 0o600); err != nil {
 		return "", err
 	}
-	log.Info("generated root password", "password", pw, "file", path)
+	log.Info("generated root password", "file", path) // the password itself is never logged
 	return pw, nil
 }

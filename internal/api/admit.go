@@ -106,7 +106,7 @@ func (s *Server) admit(c *Call, marks []forwarding.Mark) (release func(), err er
 		// The call's outcome stands; a mark left behind is cleared at the
 		// next start-up, so a failure here can only be logged.
 		if err := each(func(a Admitter, tx *db.Tx, m forwarding.Mark) error { return a.Release(tx, m, key) }); err != nil {
-			s.Log.Error("cannot release operation marks", "method", c.Msg.Wire, "key", key, "err", err)
+			s.Log.Error("cannot release operation marks", append(c.logArgs(), "key", key, "err", err)...)
 		}
 	}, nil
 }
@@ -124,7 +124,7 @@ func (s *Server) schedule(vm, host string) (clear func()) {
 			return tx.Set(dm.VM.ScheduledToBeResidentOn, vm, to)
 		})
 		if err != nil {
-			s.Log.Warn("cannot record where a VM is scheduled", "vm", vm, "host", to, "err", err)
+			s.Log.Warn("cannot record where a VM is scheduled", s.uuidAttr("vm", dm.VM.Class, vm), "host", to, "err", err)
 		}
 	}
 	set(host)

@@ -3,8 +3,10 @@ package api
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 
+	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/api/wire"
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"
@@ -71,7 +73,7 @@ func (s *Server) SessionFor(ref string) *Session { return s.sessions.get(ref) }
 func (s *Server) run(c *Call, h Handler) (v any, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			s.Log.Error("handler panic", "method", c.Msg.Wire, "panic", r)
+			s.Log.Error("handler panic", append(c.logArgs(), "panic", r)...)
 			v, err = nil, xerr.New(xerr.InternalError, fmt.Sprintf("%s: %v", c.Msg.Wire, r))
 		}
 	}()
@@ -80,6 +82,29 @@ func (s *Server) run(c *Call, h Handler) (v any, err error) {
 		return nil, xerr.From(err)
 	}
 	return v, nil
+}
+
+// logArgs name a call in the log (internal/journal's fields): its wire
+// name, its session's uuid and its task's. Never the session's ref: that
+// is the bearer secret.
+func (c *Call) logArgs() []any {
+	args := []any{"call", c.Msg.Wire}
+	if c.Session != nil && c.Session.UUID != "" {
+		args = append(args, "session", c.Session.UUID)
+	}
+	if c.Task != "" {
+		args = append(args, c.Server.uuidAttr("task", dm.Task.Class, c.Task))
+	}
+	return args
+}
+
+// uuidAttr names the object ref of class cls in the log by its uuid
+// under key, or by its ref under key_ref once its record is gone.
+func (s *Server) uuidAttr(key string, cls *schema.Class, ref string) slog.Attr {
+	if row, ok := s.DB.Snapshot().Get(cls, ref); ok {
+		return slog.String(key, row.UUID())
+	}
+	return slog.String(key+"_ref", ref)
 }
 
 // wireResult wraps a handler's canonical result for the encoders.

@@ -119,7 +119,7 @@ func (s *Server) serveXML(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if err != nil {
-		s.Log.Debug("writing reply", "method", method, "err", err)
+		s.Log.Debug("writing reply", "call", method, "err", err)
 	}
 }
 
@@ -149,7 +149,7 @@ func (s *Server) serveJSON(w http.ResponseWriter, r *http.Request) {
 		err = wire.WriteJSONSuccess(w, req, res)
 	}
 	if err != nil {
-		s.Log.Debug("writing reply", "method", req.Method, "err", err)
+		s.Log.Debug("writing reply", "call", req.Method, "err", err)
 	}
 }
 

@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
+
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"
@@ -26,6 +28,7 @@ import (
 // ends the session's event.from and event.next waits.
 type Session struct {
 	Ref            string
+	UUID           string // the record's: what logs name it by, as Ref is the bearer secret
 	User           string // the user name it logged in as
 	Subject        string // subject ref, or the null ref
 	Roles          schema.RoleSet
@@ -350,6 +353,7 @@ func findSubject(snap db.Reader, id string) *db.Row {
 func (s *Server) openSession(sess *Session, userRef string, epoch uint64) (string, error) {
 	now := time.Now().UTC()
 	rec := &dm.SessionRecord{
+		UUID:             uuid.NewString(),
 		ThisHost:         dm.HostRef(s.Cfg.HostRef),
 		ThisUser:         dm.UserRef(userRef),
 		LastActive:       now,
@@ -372,7 +376,7 @@ func (s *Server) openSession(sess *Session, userRef string, epoch uint64) (strin
 	if err != nil {
 		return "", err
 	}
-	sess.Ref = ref
+	sess.Ref, sess.UUID = ref, rec.UUID
 	sess.ctx, sess.cancel = context.WithCancel(context.Background())
 	sess.touch()
 	sess.flushed.Store(sess.lastActive.Load())
@@ -401,7 +405,7 @@ func (s *Server) endSession(sess *Session) {
 		}
 		return nil
 	}); err != nil {
-		s.Log.Error("cannot delete an ended session's record", "session", sess.Ref, "err", err)
+		s.Log.Error("cannot delete an ended session's record", "session", sess.UUID, "err", err)
 	}
 }
 

@@ -168,7 +168,7 @@ func (t *Task) writeProgress() {
 			}
 			return tx.Set(dm.Task.Progress, t.Ref, v)
 		}); err != nil {
-			t.s.Log.Warn("cannot record task progress", "task", t.Ref, "err", err)
+			t.s.Log.Warn("cannot record task progress", t.s.uuidAttr("task", dm.Task.Class, t.Ref), "err", err)
 		}
 		t.mu.Lock()
 		if !t.dirty {

@@ -213,7 +213,7 @@ func (s *Server) FinishTask(ref string, resultType *schema.Type, v any, err erro
 		}
 		set := func(f *schema.Field, v any) {
 			if e := tx.Set(f, ref, v); e != nil {
-				s.Log.Error("task update", "task", ref, "field", f.Name, "err", e)
+				s.Log.Error("task update", s.uuidAttr("task", dm.Task.Class, ref), "field", f.Name, "err", e)
 			}
 		}
 		switch {
@@ -234,7 +234,7 @@ func (s *Server) FinishTask(ref string, resultType *schema.Type, v any, err erro
 		return nil
 	})
 	if uerr != nil {
-		s.Log.Error("finishing task", "task", ref, "err", uerr)
+		s.Log.Error("finishing task", s.uuidAttr("task", dm.Task.Class, ref), "err", uerr)
 	}
 }
 

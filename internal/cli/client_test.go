@@ -287,7 +287,8 @@ func TestClientConsole(t *testing.T) {
 }
 
 // TestClientTLS: a server that is not this host is reached over TLS
-// unless --nossl is given.
+// unless --nossl is given, and its certificate is verified unless
+// --no-verify is given.
 func TestClientTLS(t *testing.T) {
 	h := newHarness(t, goldenFixture)
 	var ip string
@@ -317,7 +318,10 @@ func TestClientTLS(t *testing.T) {
 		code := cl.Run(append([]string{"-s", ip, "-p", port, "-pw", rootPW}, args...))
 		return code, out.String(), errb.String()
 	}
-	if code, out, e := run("host-list", "params=uuid", "--minimal"); code != 0 || out != gHostUUID+"\n" {
+	if code, _, e := run("host-list", "params=uuid", "--minimal"); code != 1 || !strings.Contains(e, "--no-verify") {
+		t.Fatalf("TLS to a server whose certificate does not verify: %d %q", code, e)
+	}
+	if code, out, e := run("host-list", "params=uuid", "--minimal", "--no-verify"); code != 0 || out != gHostUUID+"\n" {
 		t.Fatalf("TLS: %d %q %q", code, out, e)
 	}
 	if code, _, e := run("host-list", "--nossl"); code != 1 || e != "Server internal error.\n" {

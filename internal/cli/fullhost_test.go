@@ -15,6 +15,7 @@ import (
 	"toolstackd/internal/pool"
 	"toolstackd/internal/pool/dbraft"
 	"toolstackd/internal/storage"
+	"toolstackd/internal/sysstatus"
 	"toolstackd/internal/xenops"
 	"toolstackd/internal/xva"
 )
@@ -56,6 +57,7 @@ func newFullHarness(t testing.TB) *harness {
 		t.Fatal(err)
 	}
 	xva.Register(srv, r, stor, xva.Config{HostRef: hostRef, Log: quiet})
+	sysstatus.Register(srv, r, sysstatus.Config{DataDir: dir, HostRef: hostRef, Log: quiet})
 	host, _ := d.Snapshot().Get(dm.Host.Class, hostRef)
 	p, err := pool.Open(pool.Config{DataDir: dir, Advertise: "127.0.0.1:1", Port: "1", HostUUID: host.UUID(), Server: srv,
 		Repl: dbraft.New(dbraft.Options{Model: dm.Model, Log: quiet}), Log: quiet})

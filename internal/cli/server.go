@@ -297,7 +297,8 @@ func (c *Ctx) login() (func(), error) {
 	c.session = res.(string)
 	return func() {
 		// The conversation is over; a session left behind expires.
-		if _, _, err := c.s.api.Invoke(context.WithoutCancel(c.ctx), c.session, "session.logout"); err != nil {
+		// SESSION_INVALID (it ended meanwhile) is not logged: it names the ref.
+		if _, _, err := c.s.api.Invoke(context.WithoutCancel(c.ctx), c.session, "session.logout"); err != nil && !xerr.HasCode(err, xerr.SessionInvalid) {
 			c.s.log.Warn("cli: session.logout", "err", err)
 		}
 	}, nil
@@ -400,7 +401,7 @@ func (c *Ctx) checkParams() error {
 func secretParam(cmd, k string) bool {
 	lk := strings.ToLower(k)
 	switch {
-	case strings.Contains(lk, "password"), strings.Contains(lk, "secret"), k == "url":
+	case strings.Contains(lk, "password"), strings.Contains(lk, "secret"), k == "url", lk == "session_id":
 		return true
 	case cmd == "user-password-change" && (k == "old" || k == "new"):
 		return true

@@ -91,6 +91,7 @@ func (s *Server) buildTable() {
 	s.addHostCommands()
 	s.addXVACommands()
 	s.addDataSourceCommands()
+	s.addSysStatusCommands()
 	for _, cmd := range s.cmds {
 		cmd.finish()
 		if cmd.Flags&(flagVMSelectors|flagHostSelectors|flagSRSelectors) != 0 && cmd.accepts == nil {

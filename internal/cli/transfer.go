@@ -63,7 +63,7 @@ func (c *Ctx) transfer(put bool, file, path string, q url.Values, label string) 
 		// The transfer's outcome is already decided; a task left behind
 		// is collected with the finished ones.
 		if _, _, err := c.s.api.Invoke(context.WithoutCancel(c.ctx), c.session, "task.destroy", task); err != nil {
-			c.s.log.Warn("cli: task.destroy", "task", task, "err", err)
+			c.s.log.Warn("cli: task.destroy", "task_ref", task, "err", err)
 		}
 	}()
 	// -1: no handler has the task yet.

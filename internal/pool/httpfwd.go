@@ -43,7 +43,9 @@ func (p *Pool) ForwardHTTP(ctx context.Context, hostRef string, req *http.Reques
 	}
 	resp, err := p.client.Do(req.WithContext(ctx)) //nolint:gosec // the address is a pool member's from raft's configuration, not the client's
 	if err != nil {
-		p.log.Warn("cannot forward a request", "host", hostRef, "addr", addr, "path", req.URL.Path, "err", err)
+		// Do's error is a *url.Error naming the URL, whose query may hold
+		// the session's ref (session_id): its cause is logged instead.
+		p.log.Warn("cannot forward a request", "host", hostRef, "addr", addr, "path", req.URL.Path, "err", errors.Unwrap(err))
 		return nil, xerr.New(xerr.CannotContactHost, hostRef)
 	}
 	return resp, nil

@@ -71,7 +71,7 @@ func (p *Pool) join(c *api.Call, a dm.PoolJoinArgs) (dm.Void, error) {
 	}
 	req := joinRequest{UUID: p.cfg.HostUUID, Address: p.cfg.Advertise,
 		Rows: replica.EncodeRows(ownRows(snap, p.cfg.Server.Cfg.HostRef))}
-	if own := ownCert(p.cfg.TLS); own != nil {
+	if own := p.ownCert(); own != nil {
 		req.Cert = certPEM(own)
 	}
 	body, err := json.Marshal(req)
@@ -425,7 +425,7 @@ func (p *Pool) becomePool(ctx context.Context) error {
 	if err := p.cfg.Repl.WaitLeading(ctx); err != nil {
 		return err
 	}
-	if own := ownCert(p.cfg.TLS); own != nil {
+	if own := p.ownCert(); own != nil {
 		// The coordinator's own pin, in the snapshot every joiner starts from.
 		if _, err := p.cfg.Server.DB.Update(func(tx *db.Tx) error {
 			return putHostCert(tx, p.cfg.Server.Cfg.HostRef, own)

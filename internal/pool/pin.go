@@ -151,7 +151,19 @@ func pinnedTLS(base *tls.Config, verify func(tls.ConnectionState) error) *tls.Co
 	return c
 }
 
-// ownCert is this host's certificate (Config.TLS's first), or nil.
+// ownCert is this host's pinned certificate now: Config.OwnCert's, or
+// Config.TLS's first; nil without TLS.
+func (p *Pool) ownCert() *x509.Certificate {
+	if p.cfg.TLS == nil {
+		return nil
+	}
+	if p.cfg.OwnCert != nil {
+		return p.cfg.OwnCert()
+	}
+	return ownCert(p.cfg.TLS)
+}
+
+// ownCert is the first certificate of c, or nil.
 func ownCert(c *tls.Config) *x509.Certificate {
 	if c == nil || len(c.Certificates) == 0 || len(c.Certificates[0].Certificate) == 0 {
 		return nil

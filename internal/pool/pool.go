@@ -46,6 +46,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -86,6 +87,10 @@ type Config struct {
 	// checked by its pinned certificate (see pin.go); its first
 	// certificate is this host's own, the one its HTTPS listener serves.
 	TLS *tls.Config
+	// OwnCert, when set, is this host's pinned certificate now (it
+	// changes with host.refresh_server_certificate); without it the
+	// first certificate of TLS is.
+	OwnCert func() *x509.Certificate
 	// HostUUID is this host's uuid: its raft server ID.
 	HostUUID string
 	Server   *api.Server

@@ -349,7 +349,7 @@ func (s *Service) serveImport(w http.ResponseWriter, r *http.Request) {
 	}
 	err = s.importInto(ctx, task, b, vdi, q.Format, body, declared)
 	if err != nil {
-		s.log.Warn("VDI import failed", "vdi", vdi.UUID(), "task", task.ref, "err", err)
+		s.log.Warn("VDI import failed", "vdi", vdi.UUID(), "task_ref", task.ref, "err", err)
 	}
 	task.finish(err)
 	s.updateSRStats(context.Background(), srRef)
@@ -626,7 +626,7 @@ func (s *Service) serveExport(w http.ResponseWriter, r *http.Request) {
 		err = xerr.New(xerr.TaskCancelled, "")
 	}
 	if err != nil {
-		s.log.Warn("VDI export failed", "vdi", vdi.UUID(), "task", task.ref, "err", err)
+		s.log.Warn("VDI export failed", "vdi", vdi.UUID(), "task_ref", task.ref, "err", err)
 	}
 	task.finish(err)
 }

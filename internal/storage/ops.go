@@ -162,7 +162,7 @@ func (s *Service) unmark(key string, objs []marked) {
 		}
 		return nil
 	}); err != nil {
-		s.log.Error("cannot unmark a storage operation", "task", key, "objects", len(objs), "err", err)
+		s.log.Error("cannot unmark a storage operation", "task_ref", key, "objects", len(objs), "err", err)
 	}
 }
 

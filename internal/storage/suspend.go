@@ -300,7 +300,7 @@ func (s *Service) suspendCopyError(err error) error {
 // that cannot be read, is SUSPEND_IMAGE_NOT_ACCESSIBLE.
 func (s *Service) LoadSuspendImage(ctx context.Context, vmRef, vdiRef, path string) error {
 	refuse := func(why string, args ...any) error {
-		s.log.Warn("refusing a suspend VDI", append([]any{"vm", vmRef, "vdi", vdiRef, "why", why}, args...)...)
+		s.log.Warn("refusing a suspend VDI", append([]any{"vm_ref", vmRef, "vdi", vdiRef, "why", why}, args...)...)
 		return xerr.New(xerr.SuspendImageNotAccessible, vdiRef)
 	}
 	vm, ok := s.db.Snapshot().Get(dm.VM.Class, vmRef)

@@ -146,7 +146,7 @@ func (m *Manager) noteAlwaysRun(ref string, o op) {
 		}
 		return tx.Set(dm.VM.HAAlwaysRun, ref, want)
 	}); err != nil {
-		m.log.Warn("cannot record ha_always_run", "vm", ref, "err", err)
+		m.log.Warn("cannot record ha_always_run", m.logRef("vm", dm.VM.Class, ref), "err", err)
 	}
 }
 

@@ -2,6 +2,7 @@ package xenops
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	"toolstackd/internal/api"
@@ -164,7 +165,7 @@ func (m *Manager) cancelOps(ref, except string) {
 	defer m.mu.Unlock()
 	for k, r := range m.ops[ref] {
 		if k != except {
-			m.log.Info("cancelling an operation in the way of a hard one", "vm", ref, "op", r.op, "task", k)
+			m.log.Info("cancelling an operation in the way of a hard one", m.logRef("vm", dm.VM.Class, ref), "op", r.op, m.logRef("task", dm.Task.Class, k))
 			r.cancel()
 		}
 	}
@@ -228,7 +229,7 @@ func (m *Manager) withDevOp(c *api.Call, cls *schema.Class, ref, o string, body 
 			}
 			return refreshVM(tx, vmRef)
 		}); err != nil {
-			m.log.Error("cannot unmark a device operation", "class", cls.Name, "ref", ref, "op", o, "task", key, "err", err)
+			m.log.Error("cannot unmark a device operation", "class", cls.Name, "ref", ref, "vm", vmUUID, "op", o, m.logRef("task", dm.Task.Class, key), "err", err)
 		}
 	}()
 	oc := &opCtx{m: m, ctx: ctx, task: c.Task, vm: vmRef, uuid: vmUUID, op: cls.Name + "." + o, prog: c.RunningTask(), hi: 1, total: 1}
@@ -259,6 +260,15 @@ func (m *Manager) withDevOp(c *api.Call, cls *schema.Class, ref, o string, body 
 }
 
 // unmarkVMOp takes an operation's mark off a VM (gone VMs need none).
+// logRef names an object in the log by its uuid under key ("vm": the
+// journal's VM_UUID), or by its ref under key_ref once it has no record.
+func (m *Manager) logRef(key string, cls *schema.Class, ref string) slog.Attr {
+	if row, ok := m.db.Snapshot().Get(cls, ref); ok {
+		return slog.String(key, row.UUID())
+	}
+	return slog.String(key+"_ref", ref)
+}
+
 // The caller hears the operation's own outcome; a failed unmark can only
 // be logged (start-up clears stale marks).
 func (m *Manager) unmarkVMOp(ref, key string, o dm.VMOperations) {
@@ -271,6 +281,6 @@ func (m *Manager) unmarkVMOp(ref, key string, o dm.VMOperations) {
 		}
 		return refreshVM(tx, ref)
 	}); err != nil {
-		m.log.Error("cannot unmark a VM operation", "vm", ref, "op", o, "task", key, "err", err)
+		m.log.Error("cannot unmark a VM operation", m.logRef("vm", dm.VM.Class, ref), "op", o, m.logRef("task", dm.Task.Class, key), "err", err)
 	}
 }

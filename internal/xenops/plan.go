@@ -114,7 +114,7 @@ func (m *Manager) restorePlan(r db.Reader, ref, image string) (*bootPlan, error)
 		err = backend.ErrImageBackend
 	}
 	if err != nil {
-		m.log.Warn("unusable suspend image", "vm", ref, "image", image, "err", err)
+		m.log.Warn("unusable suspend image", m.logRef("vm", dm.VM.Class, ref), "image", image, "err", err)
 		return nil, xerr.New(xerr.SuspendImageNotAccessible, image)
 	}
 	p, err := m.plan(r, ref)
@@ -129,7 +129,7 @@ func (m *Manager) restorePlan(r db.Reader, ref, image string) (*bootPlan, error)
 		err = fmt.Errorf("%d hot-plugged VCPUs for %d in all", len(meta.HotCPUs), p.spec.VCPUs+len(meta.HotCPUs))
 	}
 	if err != nil {
-		m.log.Warn("unusable suspend image", "vm", ref, "image", image, "err", err)
+		m.log.Warn("unusable suspend image", m.logRef("vm", dm.VM.Class, ref), "image", image, "err", err)
 		return nil, xerr.New(xerr.SuspendImageNotAccessible, image)
 	}
 	p.spec.RestoreFrom, p.spec.HotCPUs = image, hot

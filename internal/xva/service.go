@@ -319,7 +319,7 @@ func (s *Service) serveExport(w http.ResponseWriter, r *http.Request) {
 		err = xerr.New(xerr.TaskCancelled, task.Ref)
 	}
 	if err != nil {
-		s.log.Warn("VM export failed", "vm", vm.UUID(), "task", task.Ref, "err", err)
+		s.log.Warn("VM export failed", "vm", vm.UUID(), "task_ref", task.Ref, "err", err)
 	} else {
 		s.log.Info("VM exported", "vm", vm.UUID(), "disks", len(set.disks), "compression", string(comp))
 	}

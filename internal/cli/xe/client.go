@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -117,7 +118,7 @@ func (cl *Client) debugf(format string, args ...any) {
 // usage is xe's help on its own options.
 func (cl *Client) usage() {
 	fmt.Fprint(cl.Stderr, "Usage: xe <command> [-s server] [-p port] ([-u username] [-pw password] or [-pwf <password file>]) "+
-		"[--nossl] [--traceparent traceparent] <other arguments>\n\n"+
+		"[--nossl] [--cafile file] [--no-verify] [--traceparent traceparent] <other arguments>\n\n"+
 		"The commands come from the server: to list them, run\n\txe help [--all] [-s <server> -p <port>]\n")
 }
 
@@ -235,18 +236,56 @@ func (cl *Client) dialHost(ctx context.Context, host string, useTLS bool) (net.C
 	if !useTLS {
 		return d.DialContext(ctx, "tcp", addr)
 	}
-	// As xe does, the server's certificate is not checked (pools use
-	// self-signed ones); XE_CA_FILE names a CA bundle to check it with.
-	cfg := &tls.Config{ServerName: h, InsecureSkipVerify: true} //nolint:gosec // as xe: pools use self-signed certificates; XE_CA_FILE turns checking on below
-	if ca := cl.getenv("XE_CA_FILE"); ca != "" {
-		pool, err := loadCA(ca)
-		if err != nil {
-			return nil, err
-		}
-		cfg.InsecureSkipVerify, cfg.RootCAs = false, pool
+	cfg, err := cl.tlsConfig(h)
+	if err != nil {
+		return nil, err
 	}
 	td := &tls.Dialer{NetDialer: d, Config: cfg}
-	return td.DialContext(ctx, "tcp", addr)
+	c, err := td.DialContext(ctx, "tcp", addr)
+	if err != nil && isVerifyError(err) {
+		return nil, &fatalError{fmt.Sprintf("The certificate of %s could not be verified: %v\n"+
+			"Name the CA that issued it with --cafile FILE (or XE_CA_FILE), or skip the check with --no-verify.\n", addr, err)}
+	}
+	return c, err
+}
+
+// tlsConfig is the TLS configuration for host. Unlike xapi's xe, which
+// never checks the server (its stunnel runs without verify), the
+// server's certificate is checked against the system's CAs and those of
+// --cafile (or $XE_CA_FILE), and must name the server; --no-verify skips
+// the check (a host's first self-signed certificate).
+func (cl *Client) tlsConfig(host string) (*tls.Config, error) {
+	cfg := &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12}
+	if cl.opts.NoVerify {
+		cfg.InsecureSkipVerify = true //nolint:gosec // asked for with --no-verify
+		return cfg, nil
+	}
+	ca := cl.opts.CAFile
+	if ca == "" {
+		ca = cl.getenv("XE_CA_FILE")
+	}
+	if ca == "" {
+		return cfg, nil // the system's roots
+	}
+	roots, err := x509.SystemCertPool()
+	if err != nil || roots == nil {
+		roots = x509.NewCertPool()
+	}
+	if err := addCA(roots, ca); err != nil {
+		return nil, err
+	}
+	cfg.RootCAs = roots
+	return cfg, nil
+}
+
+// isVerifyError reports whether a TLS dial failed on the server's
+// certificate.
+func isVerifyError(err error) bool {
+	var unknown x509.UnknownAuthorityError
+	var host x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	var verify *tls.CertificateVerificationError
+	return errors.As(err, &unknown) || errors.As(err, &host) || errors.As(err, &invalid) || errors.As(err, &verify)
 }
 
 // session sends the command and runs the conversation.

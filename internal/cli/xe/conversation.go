@@ -581,14 +581,15 @@ func (s *conversation) connect(url string) error {
 	}
 }
 
-func loadCA(path string) (*x509.CertPool, error) {
-	pem, err := os.ReadFile(path) //nolint:gosec // XE_CA_FILE, named by the xe user
+// addCA adds the certificates of the PEM file at path (--cafile) to
+// pool.
+func addCA(pool *x509.CertPool, path string) error {
+	pem, err := os.ReadFile(path) //nolint:gosec // --cafile, named by the xe user
 	if err != nil {
-		return nil, err
+		return err
 	}
-	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("%s: no certificates", path)
+		return fmt.Errorf("%s: no certificates", path)
 	}
-	return pool, nil
+	return nil
 }

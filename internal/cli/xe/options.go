@@ -23,6 +23,8 @@ type Options struct {
 	Password    string
 	PassFile    string
 	NoSSL       bool
+	CAFile      string // CAs (PEM) the server may chain to besides the system's: --cafile, cafile=, $XE_CA_FILE
+	NoVerify    bool   // do not check the server's certificate: --no-verify, noverify=
 	Debug       bool
 	DebugOnFail bool
 	Traceparent string
@@ -63,6 +65,14 @@ func (o *Options) setKeyword(k, v string) (bool, error) {
 			return true, &usageError{fmt.Sprintf("nossl must be true or false, not %q", v)}
 		}
 		o.NoSSL = b
+	case "cafile":
+		o.CAFile = v
+	case "noverify":
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return true, &usageError{fmt.Sprintf("noverify must be true or false, not %q", v)}
+		}
+		o.NoVerify = b
 	case "debug":
 		o.Debug, _ = strconv.ParseBool(v)
 	case "debugonfail":
@@ -80,9 +90,9 @@ func (o *Options) setKeyword(k, v string) (bool, error) {
 var (
 	valueSwitches = map[string]string{
 		"-s": "server", "-h": "server", "-p": "port", "-u": "username", "-pw": "password", "-pwf": "passwordfile",
-		"--traceparent": "traceparent",
+		"--traceparent": "traceparent", "--cafile": "cafile",
 	}
-	flagSwitches = map[string]string{"--nossl": "nossl", "--debug": "debug", "--debug-on-fail": "debugonfail"}
+	flagSwitches = map[string]string{"--nossl": "nossl", "--no-verify": "noverify", "--debug": "debug", "--debug-on-fail": "debugonfail"}
 )
 
 // processArgs applies xe's own options in args and returns the rest, in
