@@ -53,6 +53,18 @@ func Register(srv *api.Server, r *mux.Router, s *Service) {
 		return void(withOwner(c, a.Host, host, func(o plugin.Owner) (any, error) { return nil, s.Forget(o, a.DataSource) }))
 	})
 
+	api.Register(srv, func(c *api.Call, a dm.HostBackupRrdsArgs) (dm.Void, error) {
+		if _, err := c.Lookup(dm.Host.Class, string(a.Host)); err != nil {
+			return dm.Void{}, err
+		}
+		delay := 0.0 // NaN and negative delays: now
+		if a.Delay > 0 {
+			delay = min(a.Delay, maxBackupDelay.Seconds())
+		}
+		s.BackupAfter(time.Duration(delay * float64(time.Second)))
+		return dm.Void{}, nil
+	})
+
 	api.Register(srv, func(c *api.Call, a dm.VMGetDataSourcesArgs) (any, error) {
 		return withOwner(c, a.Self, vm, func(o plugin.Owner) (any, error) { return s.records(o), nil })
 	})

@@ -105,6 +105,9 @@ type Service struct {
 	afterTick []func(now time.Time)
 	// ticks counts the ticks done (the watchdog's sign of progress).
 	ticks atomic.Uint64
+	// backup is host.backup_rrds's pending archiving, due at backupDue.
+	backup    *time.Timer
+	backupDue time.Time
 }
 
 // OnTick adds a function called after each tick with the tick's time

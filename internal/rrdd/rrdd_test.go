@@ -365,3 +365,31 @@ func TestPrune(t *testing.T) {
 		}
 	}
 }
+
+// host.backup_rrds: one pending backup at a time, moved earlier, never
+// later; it writes every RRD in memory.
+func TestBackupAfter(t *testing.T) {
+	dir := t.TempDir()
+	f := &fake{readings: []Reading{gauge(hostOwner, "mem", true, 1), gauge(vmOwner, "memory", true, 5)}}
+	s, _ := newService(t, dir, Named{"fake", f})
+	s.Tick(context.Background(), at(0))
+	s.BackupAfter(time.Hour)
+	s.BackupAfter(2 * time.Hour) // later: ignored
+	s.mu.Lock()
+	due := time.Until(s.backupDue)
+	s.mu.Unlock()
+	if due > time.Hour || due < 59*time.Minute {
+		t.Fatalf("backup due in %v", due)
+	}
+	s.BackupAfter(time.Duration(math.NaN()))
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, err := os.Stat(filepath.Join(dir, vmUUID+".gz")); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no archive written by BackupAfter(now)")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"toolstackd/internal/rrd"
 	"toolstackd/internal/rrd/plugin"
@@ -136,6 +137,34 @@ func (s *Service) Prune() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// maxBackupDelay bounds host.backup_rrds's delay.
+const maxBackupDelay = 24 * time.Hour
+
+// BackupAfter archives every RRD after delay (host.backup_rrds), in the
+// background. At most one backup waits at a time: asking again moves it
+// earlier, never later. A negative or NaN delay means now.
+func (s *Service) BackupAfter(delay time.Duration) {
+	delay = min(max(delay, 0), maxBackupDelay)
+	due := time.Now().Add(delay)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.backup != nil && !s.backupDue.After(due) {
+		return
+	}
+	if s.backup != nil {
+		s.backup.Stop()
+	}
+	s.backupDue = due
+	s.backup = time.AfterFunc(delay, func() {
+		s.mu.Lock()
+		s.backup = nil
+		s.mu.Unlock()
+		if err := s.ArchiveAll(); err != nil {
+			s.log.Warn("archiving metrics (host.backup_rrds)", "err", err)
+		}
+	})
 }
 
 // Remove forgets a VM or SR: its RRD in memory and its archive (VM.destroy,
