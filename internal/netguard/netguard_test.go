@@ -68,6 +68,28 @@ func closedWithin(t *testing.T, c net.Conn, bound time.Duration) time.Duration {
 	return took
 }
 
+// closedAmong counts the connections the server closes within bound,
+// reading them all at once.
+func closedAmong(conns []net.Conn, bound time.Duration) int {
+	deadline := time.Now().Add(bound)
+	closed := make(chan bool, len(conns))
+	for _, c := range conns {
+		go func() {
+			_ = c.SetReadDeadline(deadline)
+			_, err := io.Copy(io.Discard, c)
+			ne, ok := err.(net.Error)
+			closed <- !(ok && ne.Timeout())
+		}()
+	}
+	n := 0
+	for range conns {
+		if <-closed {
+			n++
+		}
+	}
+	return n
+}
+
 func TestPerClientCap(t *testing.T) {
 	g, addr := serve(t, fast(), hello)
 	var ok, refused int
@@ -146,7 +168,12 @@ func TestGlobalCapReclaimsIdle(t *testing.T) {
 	if s := g.Stats(); s.Open != 9 || s.Reclaimed != 5 {
 		t.Fatalf("stats %+v", s)
 	}
-	closedWithin(t, conns[0], time.Second)
+	// Five of the nine idle ones are closed. (Which five is the oldest
+	// idle first; under load the server may mark one idle a little after
+	// the next, so the test does not insist on exactly the first five.)
+	if n := closedAmong(conns[:9], time.Second); n != 5 {
+		t.Fatalf("%d of the 9 idle connections closed within 1s, want 5", n)
+	}
 	// Now hold every slot busy (mid-header): nothing to reclaim, refusal.
 	for _, c := range conns {
 		c.Close()

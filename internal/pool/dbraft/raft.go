@@ -93,7 +93,28 @@ func (r *Replicator) Start(o StartOptions) (err error) {
 	r.raftStore = store
 	r.watchDone, r.stopWatch = make(chan struct{}), make(chan struct{})
 	go r.watch(rf, notify, r.stopWatch)
+	go r.watchLeader(rf, r.stopWatch)
 	return nil
+}
+
+// watchLeader ends a delta on its way to a coordinator as soon as raft
+// sees another leader (or none): see forward.
+func (r *Replicator) watchLeader(rf *raft.Raft, stop <-chan struct{}) {
+	ch := make(chan raft.Observation, 16)
+	obs := raft.NewObserver(ch, false, func(o *raft.Observation) bool {
+		_, ok := o.Data.(raft.LeaderObservation)
+		return ok
+	})
+	rf.RegisterObserver(obs)
+	defer rf.DeregisterObserver(obs)
+	for {
+		select {
+		case <-ch:
+			r.abortForward()
+		case <-stop:
+			return
+		}
+	}
 }
 
 // catchUp restores the newest raft snapshot when the file holds less
@@ -190,6 +211,7 @@ func (r *Replicator) watch(rf *raft.Raft, notify <-chan bool, stop <-chan struct
 	for {
 		select {
 		case leader := <-notify:
+			r.abortForward()
 			if !leader {
 				was := r.Mode()
 				r.setMode(Follower)

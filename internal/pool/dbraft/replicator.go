@@ -133,6 +133,10 @@ type Replicator struct {
 	mu    sync.Mutex
 	cond  *sync.Cond
 	queue []*db.Batch
+	// fwdCancel ends the delta forward is sending (nil: none), under
+	// fwdMu.
+	fwdMu     sync.Mutex
+	fwdCancel context.CancelFunc
 	// mode is what the replicator does now: written under mu, read
 	// without it on every call's path (Mode).
 	mode atomic.Int32
@@ -255,10 +259,41 @@ type delta struct {
 // a set), so two in flight at once could land in the other order and the
 // older value win (a VM's current_operations keeping an operation that
 // had ended).
+//
+// A delta in flight to a coordinator that is no longer one (it was cut
+// off, or this host was elected) would hold up every later write here
+// until its request timed out: abortForward ends it at once when
+// leadership changes, and its writer fails with ErrNotLeader (the change
+// may or may not have been made, as for any write in flight when
+// leadership moves).
 func (r *Replicator) forward() {
 	defer r.wg.Done()
 	for d := range r.deltas {
-		d.f.remote <- r.opts.Forward(context.Background(), d.entry)
+		ctx, cancel := context.WithCancel(context.Background())
+		r.fwdMu.Lock()
+		r.fwdCancel = cancel
+		r.fwdMu.Unlock()
+		err := r.opts.Forward(ctx, d.entry)
+		r.fwdMu.Lock()
+		aborted := r.fwdCancel == nil
+		r.fwdCancel = nil
+		r.fwdMu.Unlock()
+		cancel()
+		if err != nil && aborted {
+			err = fmt.Errorf("%w: the coordinator changed while a change was on its way to it: %w", ErrNotLeader, err)
+		}
+		d.f.remote <- err
+	}
+}
+
+// abortForward ends the delta on its way to the coordinator, if any (see
+// forward).
+func (r *Replicator) abortForward() {
+	r.fwdMu.Lock()
+	defer r.fwdMu.Unlock()
+	if r.fwdCancel != nil {
+		r.fwdCancel()
+		r.fwdCancel = nil
 	}
 }
 
