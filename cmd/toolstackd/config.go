@@ -143,6 +143,8 @@ var packagedSettings = []struct{ name, value string }{
 	{"run-dir", "/run/toolstackd"},
 	{"hooks-dir", "/etc/toolstackd/hooks"},
 	{"storage-plugin-dirs", "/etc/toolstackd/storage-plugins,/usr/libexec/toolstackd/storage"},
+	// Networks made real with Linux bridges.
+	{"network-backend", "linux"},
 }
 
 // docDefault is the annotation that replaces a flag's default in the

@@ -20,6 +20,7 @@ import (
 	"toolstackd/internal/ha"
 	"toolstackd/internal/ha/lease"
 	"toolstackd/internal/ha/watchdog"
+	"toolstackd/internal/network"
 	"toolstackd/internal/pool"
 	"toolstackd/internal/pool/dbraft"
 	"toolstackd/internal/rrdd"
@@ -43,6 +44,7 @@ type host struct {
 	srv    *api.Server
 	xm     *xenops.Manager
 	rrdd   *rrdd.Service
+	net    *network.Manager
 	router *mux.Router
 	// closers run when the host closes, last added first.
 	closers  []func() error
@@ -276,12 +278,16 @@ func (h *host) registerModules(o options, hostRef string, first bool) error {
 	}
 	// The storage service is not closed at exit: detaching its SRs would
 	// pull the disks from under running VMs.
+	// Networking: bridges, PIFs, VLANs, bonds, tunnels (--network-backend).
+	if err := h.openNetwork(o, hostRef); err != nil {
+		return err
+	}
 	// xenops: VM lifecycle, hotplug and /console, with disks from the
 	// storage layer's datapaths.
 	disks := &storageDisks{s: stor}
 	h.xm, err = xenops.Register(h.srv, h.router, xenops.Config{Backend: o.backend, DataDir: o.dataDir, HostRef: hostRef, Log: h.log,
 		ListenAddr: o.listen, Disks: disks, HostMemory: int64(o.hostMemory), Journal: o.journal,
-		QEMU: qemuConfig(o), HooksDir: o.hooksDir})
+		QEMU: qemuConfig(o), HooksDir: o.hooksDir, Networks: h.networks()})
 	if err != nil {
 		return fmt.Errorf("xenops: %w", err)
 	}
@@ -302,6 +308,14 @@ func (h *host) registerModules(o options, hostRef string, first bool) error {
 	}
 	h.serveMetrics(o)
 	return nil
+}
+
+// networks is the network module for the VM lifecycle, or nil.
+func (h *host) networks() xenops.Networks {
+	if h.net == nil {
+		return nil
+	}
+	return h.net
 }
 
 // stopCalls ends long polls (event.from, event.next) and stops xenops'

@@ -39,6 +39,8 @@ type options struct {
 	listenHTTPS string
 	// httpsOnly refuses every request on the plain listeners (--https-only).
 	httpsOnly bool
+	// networkBackend and networkNamespace: the network module (network.go).
+	networkBackend, networkNamespace string
 	// settings are the effective values of every setting, for bug reports.
 	settings map[string]string
 	// certStore is the host's certificates (certs.go), opened by run.
@@ -144,6 +146,8 @@ func rootCmd() *cobra.Command {
 	f.StringVar(&o.redoLog, "redo-log", "", "mirror the database into a redo log at this file or block device (e.g. on shared storage)")
 	f.BoolVar(&o.metricsOpen, "metrics-open", false, "serve GET /metrics to anyone, without a session (for scrapers that cannot log in); default: authenticated like the other handlers")
 	f.StringVar(&o.metricsPlugins, "metrics-plugin-dir", "", "the directory metric plugins write their files to (xcp-rrdd's protocol v2, xapi's /dev/shm/metrics); empty: DATA_DIR/metrics-plugins")
+	f.StringVar(&o.networkBackend, "network-backend", networkNone, "how networks become real on this host: none (the database only: no bridge, PIF, VLAN, bond or tunnel is made) or linux (Linux bridges through netlink; never touches the NIC carrying the host's address, or links it did not make, unless asked)")
+	f.StringVar(&o.networkNamespace, "network-namespace", "", "the network namespace the network module acts in, as a path (/run/netns/NAME); empty: the daemon's own")
 	f.StringVar(&o.debugListen, "debug-listen", "", "serve Go's profiler (net/http/pprof) on this address, e.g. 127.0.0.1:6060; empty: off")
 	// Connection limits (issue 10): see internal/netguard.
 	def := netguard.Defaults()

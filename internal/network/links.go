@@ -99,6 +99,15 @@ type Link struct {
 	Vendor, Device string
 }
 
+// The kernel features an ErrUnsupported error names.
+const (
+	FeatureVLAN   = "802.1Q VLAN support (kernel module 8021q)"
+	FeatureBond   = "bonding support (kernel module bonding)"
+	FeatureVXLAN  = "VXLAN support (kernel module vxlan)"
+	FeatureBridge = "bridge support (kernel module bridge)"
+	FeatureTap    = "TUN/TAP support (kernel module tun, /dev/net/tun)"
+)
+
 // Errors of the Links implementations.
 var (
 	// ErrNotFound: no link of that name.

@@ -24,8 +24,11 @@ import (
 type Recorder struct {
 	mu    sync.Mutex
 	links map[string]*Link
-	addrs map[string][]net.IPNet
-	gw    map[int]struct {
+	// mtuSet holds the bridges whose MTU was set explicitly (not the
+	// kernel's default 1500): the others follow their smallest port.
+	mtuSet map[string]bool
+	addrs  map[string][]net.IPNet
+	gw     map[int]struct {
 		ip  net.IP
 		dev string
 	}
@@ -37,7 +40,7 @@ type Recorder struct {
 // NewRecorder returns a namespace holding the given links (physical NICs,
 // not ours).
 func NewRecorder(links ...Link) *Recorder {
-	r := &Recorder{links: map[string]*Link{}, addrs: map[string][]net.IPNet{}, gw: map[int]struct {
+	r := &Recorder{links: map[string]*Link{}, mtuSet: map[string]bool{}, addrs: map[string][]net.IPNet{}, gw: map[int]struct {
 		ip  net.IP
 		dev string
 	}{}, Unsupported: map[string]bool{}}
@@ -84,7 +87,7 @@ func (r *Recorder) ours(name string) (*Link, error) {
 
 func (r *Recorder) add(l Link) error {
 	if r.Unsupported[l.Kind] {
-		return fmt.Errorf("%w: %s links (kernel module missing)", ErrUnsupported, l.Kind)
+		return fmt.Errorf("%w: %s: %s", ErrUnsupported, l.Name, featureOf[l.Kind])
 	}
 	if old, ok := r.links[l.Name]; ok {
 		if old.Kind != l.Kind || !old.Ours {
@@ -97,6 +100,10 @@ func (r *Recorder) add(l Link) error {
 	r.links[l.Name] = &l
 	return nil
 }
+
+// featureOf names the kernel feature each kind of link needs.
+var featureOf = map[string]string{"vlan": FeatureVLAN, "bond": FeatureBond, "vxlan": FeatureVXLAN,
+	"bridge": FeatureBridge, "tuntap": FeatureTap}
 
 func (r *Recorder) List() ([]Link, error) {
 	r.mu.Lock()
@@ -125,7 +132,35 @@ func (r *Recorder) AddBridge(name string, mtu int) error {
 	if err := r.record("bridge %s mtu %d", name, mtu); err != nil {
 		return err
 	}
-	return r.add(Link{Name: name, Kind: "bridge", MTU: mtu})
+	if err := r.add(Link{Name: name, Kind: "bridge", MTU: mtu}); err != nil {
+		return err
+	}
+	if mtu != 0 && mtu != defaultMTU {
+		r.mtuSet[name] = true
+	}
+	r.followPorts(name)
+	return nil
+}
+
+// defaultMTU is the kernel's MTU of a new link.
+const defaultMTU = 1500
+
+// followPorts gives a bridge whose MTU was never set the smallest MTU of
+// its ports, as the kernel does.
+func (r *Recorder) followPorts(bridge string) {
+	b, ok := r.links[bridge]
+	if !ok || b.Kind != "bridge" || r.mtuSet[bridge] {
+		return
+	}
+	low := 0
+	for _, l := range r.links {
+		if l.Master == bridge && (low == 0 || l.MTU < low) {
+			low = l.MTU
+		}
+	}
+	if low > 0 {
+		b.MTU = low
+	}
 }
 
 func (r *Recorder) AddVLAN(name, parent string, tag, mtu int) error {
@@ -195,7 +230,7 @@ func (r *Recorder) Delete(name string) error {
 		if o.Master == name {
 			o.Master = ""
 		}
-		if o.Parent == name && (o.Kind == "vlan") {
+		if o.Parent == name && (o.Kind == "vlan" || o.Kind == "vxlan") {
 			delete(r.links, o.Name)
 		}
 	}
@@ -228,11 +263,18 @@ func (r *Recorder) SetMaster(dev, master string) error {
 		return err
 	}
 	if master != "" {
-		if _, ok := r.links[master]; !ok {
+		m, ok := r.links[master]
+		if !ok {
 			return fmt.Errorf("%w: %s", ErrNotFound, master)
 		}
+		if !m.Ours {
+			return fmt.Errorf("%w: %s", ErrNotOurs, master)
+		}
 	}
+	old := l.Master
 	l.Master = master
+	r.followPorts(master)
+	r.followPorts(old)
 	return nil
 }
 
@@ -255,7 +297,14 @@ func (r *Recorder) SetDown(name string) error {
 	return r.set("down", name, func(l *Link) { l.Up = false })
 }
 func (r *Recorder) SetMTU(name string, mtu int) error {
-	return r.set(fmt.Sprintf("mtu %d", mtu), name, func(l *Link) { l.MTU = mtu })
+	return r.set(fmt.Sprintf("mtu %d", mtu), name, func(l *Link) {
+		l.MTU = mtu
+		if l.Kind == "bridge" {
+			r.mtuSet[name] = true
+		} else {
+			r.followPorts(l.Master)
+		}
+	})
 }
 func (r *Recorder) SetMAC(name string, mac net.HardwareAddr) error {
 	return r.set("mac "+mac.String(), name, func(l *Link) { l.MAC = mac })
@@ -264,6 +313,9 @@ func (r *Recorder) SetMAC(name string, mac net.HardwareAddr) error {
 func (r *Recorder) Addrs(name string, family int) ([]net.IPNet, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if _, ok := r.links[name]; !ok {
+		return nil, fmt.Errorf("%w: %s", ErrNotFound, name)
+	}
 	var out []net.IPNet
 	for _, a := range r.addrs[name] {
 		if (a.IP.To4() != nil) == (family == 4) {
@@ -312,6 +364,18 @@ func (r *Recorder) SetDefaultGateway(family int, gw net.IP, dev string) error {
 	if gw == nil {
 		delete(r.gw, family)
 		return nil
+	}
+	if _, err := r.ours(dev); err != nil {
+		return err
+	}
+	reachable := false
+	for _, a := range r.addrs[dev] {
+		if a.Contains(gw) {
+			reachable = true
+		}
+	}
+	if !reachable {
+		return fmt.Errorf("network: gateway %v is not on a subnet of %s (network unreachable)", gw, dev)
 	}
 	r.gw[family] = struct {
 		ip  net.IP

@@ -209,7 +209,16 @@ func (m *Manager) vifPlug(c *api.Call, ref string) error {
 		if err != nil {
 			return err
 		}
-		if err := o.run("plug", func(ctx context.Context) error { return m.be.PlugNIC(ctx, o.uuid, nic) }); err != nil {
+		if err := o.run("plug", func(ctx context.Context) error {
+			if err := m.ensureNIC(ctx, &nic); err != nil {
+				return err
+			}
+			if err := m.be.PlugNIC(ctx, o.uuid, nic); err != nil {
+				m.releaseNICs(context.WithoutCancel(ctx), []string{vif.Ref})
+				return err
+			}
+			return nil
+		}); err != nil {
 			return err
 		}
 		_, err = m.db.Update(func(tx *db.Tx) error {
@@ -237,6 +246,7 @@ func (m *Manager) vifUnplug(c *api.Call, ref string) error {
 			return err
 		}
 		_, err := m.db.Update(func(tx *db.Tx) error { return tx.Set(dm.VIF.CurrentlyAttached, vif.Ref, false) })
+		m.releaseNICs(context.WithoutCancel(o.ctx), []string{vif.Ref})
 		return err
 	})
 }

@@ -622,7 +622,14 @@ func (m *Manager) moveNIC(ctx context.Context, vm, vif, net *db.Row) error {
 		if !ok {
 			return xerr.New(xerr.NotImplemented, "the "+m.be.Name()+" backend cannot move a plugged VIF")
 		}
-		return mv.MoveNIC(ctx, vm.UUID(), n.Device, net.String(dm.Network.Bridge))
+		bridge := net.String(dm.Network.Bridge)
+		if m.cfg.Networks != nil {
+			var err error
+			if bridge, err = m.cfg.Networks.MoveVIF(ctx, vif.Ref, net.Ref); err != nil {
+				return err
+			}
+		}
+		return mv.MoveNIC(ctx, vm.UUID(), n.Device, bridge)
 	}
 	return nil
 }

@@ -84,6 +84,7 @@ func (m *Manager) boot(o *opCtx, lo, hi float64, paused bool, restore string) (e
 type bootMade struct {
 	domain   bool           // the backend created the domain
 	attached []backend.Disk // disks attached through storage
+	vifs     []string       // VIFs whose networks were made real
 }
 
 // undo removes what a failed or cancelled start made, whatever the
@@ -98,6 +99,7 @@ func (b *bootMade) undo(m *Manager, o *opCtx) {
 		}
 	}
 	m.detachAll(bg, o.uuid, b.attached)
+	m.releaseNICs(bg, b.vifs)
 }
 
 // buildDomain is the backend's part of a start, one step each: create,
@@ -131,7 +133,13 @@ func (m *Manager) buildDomain(o *opCtx, p *bootPlan, made *bootMade) error {
 		}
 	}
 	for _, n := range p.nics {
-		if err := o.run("attach-nic:"+n.Device, func(ctx context.Context) error { return m.be.AddNIC(ctx, o.uuid, n) }); err != nil {
+		if err := o.run("attach-nic:"+n.Device, func(ctx context.Context) error {
+			if err := m.ensureNIC(ctx, &n); err != nil {
+				return err
+			}
+			made.vifs = append(made.vifs, n.VIF)
+			return m.be.AddNIC(ctx, o.uuid, n)
+		}); err != nil {
 			return err
 		}
 	}
@@ -206,6 +214,11 @@ func (m *Manager) stop(o *opCtx, lo, hi float64, reason string, hard bool) error
 	m.journal(journal.Stop, o.uuid)
 	if ok {
 		m.detachAll(bg, o.uuid, info.Disks)
+		vifs := make([]string, 0, len(info.NICs))
+		for _, n := range info.NICs {
+			vifs = append(vifs, n.VIF)
+		}
+		m.releaseNICs(bg, vifs)
 	}
 	return o.run("hook:"+hookPostDestroy, func(ctx context.Context) error {
 		if err := m.runHooks(ctx, hookPostDestroy, o.uuid, reason); err != nil {

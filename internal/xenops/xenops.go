@@ -63,6 +63,10 @@ type Config struct {
 	// Disks gives VDIs' data to VMs. Default: LocationResolver (a VDI's
 	// location is an image path).
 	Disks DiskResolver
+	// Networks, when set, makes a VIF's network real on this host before
+	// its NIC is attached (the network module: the bridge, and the PIF
+	// that carries it) and lets it go after.
+	Networks Networks
 	// Workers bounds how many operations run at once across VMs
 	// (default 64).
 	Workers int
@@ -593,6 +597,45 @@ func (m *Manager) detachedDevices(tx *db.Tx, row *db.Row) error {
 		}
 	}
 	return nil
+}
+
+// Networks is what the VM lifecycle asks of the network module. Neither
+// call may be made inside a database transaction (both write).
+type Networks interface {
+	// EnsureVIF makes the VIF's network real here and returns its bridge.
+	EnsureVIF(ctx context.Context, vif string) (bridge string, err error)
+	// Release says the VIF no longer needs its network here.
+	Release(ctx context.Context, vif string) error
+	// MoveVIF makes network real for a plugged VIF moving to it and
+	// returns its bridge.
+	MoveVIF(ctx context.Context, vif, network string) (bridge string, err error)
+}
+
+// ensureNIC makes n's network real through Config.Networks and sets its
+// bridge; without Networks it leaves n as the database says.
+func (m *Manager) ensureNIC(ctx context.Context, n *backend.NIC) error {
+	if m.cfg.Networks == nil {
+		return nil
+	}
+	bridge, err := m.cfg.Networks.EnsureVIF(ctx, n.VIF)
+	if err != nil {
+		return err
+	}
+	n.Bridge = bridge
+	return nil
+}
+
+// releaseNICs lets the networks of a VM's NICs go (best effort: the
+// network module's watch removes what no running VM needs anyway).
+func (m *Manager) releaseNICs(ctx context.Context, vifs []string) {
+	if m.cfg.Networks == nil {
+		return
+	}
+	for _, vif := range vifs {
+		if err := m.cfg.Networks.Release(ctx, vif); err != nil {
+			m.log.Warn("releasing a VIF's network", "vif", vif, "err", err)
+		}
+	}
 }
 
 // setLive records a VM with a domain (Running or Paused): where, which

@@ -22,6 +22,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"toolstackd/internal/network/netnstest"
 )
 
 const repo = "../.."
@@ -229,8 +231,10 @@ func serviceCommandLine(t *testing.T) {
 	}
 	defer func() { _ = os.RemoveAll(dir) }()
 	notify := listenNotify(t, filepath.Join(dir, "notify"))
+	// The shipped network backend (linux) acts in a namespace of the
+	// test's own, never on this machine's network.
 	argv := append(execStart(t), "--listen", "127.0.0.1:0", "--debug-listen", "127.0.0.1:0", "--debug-hooks",
-		"--sd-watchdog-db-stall", "2s")
+		"--sd-watchdog-db-stall", "2s", "--network-namespace", netnstest.New(t).Path())
 	cmd := exec.Command(argv[0], argv[1:]...) //nolint:gosec // the installed unit's command line
 	cmd.Env = append(os.Environ(), "NOTIFY_SOCKET="+filepath.Join(dir, "notify"), "WATCHDOG_USEC=1000000",
 		"TOOLSTACKD_ROOT_PASSWORD=packaging-test")

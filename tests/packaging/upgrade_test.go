@@ -21,6 +21,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"toolstackd/internal/api/datamodel"
+	"toolstackd/internal/network/netnstest"
 )
 
 // upgradeBudget bounds TestUpgradeKeepsThePool: both builds, both
@@ -405,6 +406,11 @@ func startService(ctx context.Context, t *testing.T, what string) *service {
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	notify := listenNotify(t, filepath.Join(dir, "notify"))
 	argv := append(execStart(t), "--backend", "simulator", "--listen", "127.0.0.1:0")
+	if strings.HasPrefix(what, "new release") {
+		// A network backend acts in a namespace of the test's own (the
+		// previous release has no such setting, nor a network module).
+		argv = append(argv, "--network-namespace", netnstest.New(t).Path())
+	}
 	s := &service{cmd: exec.Command(argv[0], argv[1:]...), exited: make(chan error, 1)} //nolint:gosec // the installed unit's command line
 	s.cmd.Env = append(os.Environ(), "NOTIFY_SOCKET="+filepath.Join(dir, "notify"))
 	stderr, err := s.cmd.StderrPipe()

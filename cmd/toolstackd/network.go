@@ -1,0 +1,59 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"toolstackd/internal/network"
+	"toolstackd/internal/network/netlinkx"
+)
+
+// Network backends (--network-backend).
+const (
+	// networkNone keeps networks in the database only: no bridge is made
+	// (make run, tests, hosts where toolstackd must not touch networking).
+	networkNone = "none"
+	// networkLinux makes them real with Linux bridges through netlink
+	// (the installed service).
+	networkLinux = "linux"
+)
+
+// openNetwork brings up the network module (internal/network) when the
+// backend is linux: bridges, PIFs, VLANs, bonds and tunnels in the
+// namespace --network-namespace names (the daemon's own by default),
+// reapplied from the database now and kept in step with it. With
+// backend none it does nothing and the network messages are not served.
+func (h *host) openNetwork(o options, hostRef string) error {
+	switch o.networkBackend {
+	case networkNone:
+		return nil
+	case networkLinux:
+	default:
+		return fmt.Errorf("--network-backend %q: none or linux", o.networkBackend)
+	}
+	links, err := netlinkx.Open(o.networkNamespace)
+	if err != nil {
+		return fmt.Errorf("network: %w", err)
+	}
+	h.closers = append(h.closers, links.Close)
+	log := h.log.With("component", "network")
+	m, err := network.Register(network.Config{Links: links, Server: h.srv, HostRef: hostRef, Log: log})
+	if err != nil {
+		return err
+	}
+	h.net = m
+	ctx, cancel := context.WithCancel(context.Background())
+	// At start-up what the database says is made again; a failure is
+	// logged, not fatal (the API must come up to fix it).
+	if err := m.Apply(ctx); err != nil {
+		log.Warn("reapplying the host's networking", "err", err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		m.Watch(ctx, 2*time.Second)
+	}()
+	h.closers = append(h.closers, func() error { cancel(); <-done; return nil })
+	return nil
+}
