@@ -49,6 +49,10 @@ type Links interface {
 	// Adopt marks an existing link as managed by the module (a NIC the
 	// operator plugged as a PIF), so that the changes below accept it.
 	Adopt(name string) error
+	// Disown undoes Adopt: the link is no longer the module's (a change
+	// that adopted a NIC and then failed gives it back as it was). It
+	// does nothing to a link that is not marked.
+	Disown(name string) error
 
 	// SetMaster enslaves dev to master (a bridge or a bond); "" frees it.
 	SetMaster(dev, master string) error

@@ -356,7 +356,7 @@ func (r *reconciler) own(name string) (Link, error) {
 		return l, xerr.New(xerr.PIFConfigurationError, name, "no network device "+name+" on this host")
 	}
 	if !l.Ours {
-		if err := r.do(nil, "adopting "+name, func() error { return r.l.Adopt(name) }); err != nil {
+		if err := r.do(func() error { return r.l.Disown(name) }, "adopting "+name, func() error { return r.l.Adopt(name) }); err != nil {
 			return l, err
 		}
 		l.Ours = true

@@ -252,6 +252,20 @@ func (r *Recorder) Adopt(name string) error {
 	return nil
 }
 
+func (r *Recorder) Disown(name string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.record("disown %s", name); err != nil {
+		return err
+	}
+	l, ok := r.links[name]
+	if !ok {
+		return fmt.Errorf("%w: %s", ErrNotFound, name)
+	}
+	l.Ours = false
+	return nil
+}
+
 func (r *Recorder) SetMaster(dev, master string) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()

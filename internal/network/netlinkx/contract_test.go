@@ -269,6 +269,17 @@ var contract = []contractCase{
 		}
 		wantErr(t, "Adopt(nosuch)", e.l.Adopt("nosuch"), network.ErrNotFound)
 	}},
+	{name: "Disown gives an adopted NIC back", run: func(t *testing.T, e *env) {
+		ok(t, "Adopt", e.l.Adopt("nic0"))
+		ok(t, "Disown", e.l.Disown("nic0"))
+		ok(t, "Disown again", e.l.Disown("nic0"))
+		n := get(t, e.l, "nic0")
+		if n.Ours || !n.Physical {
+			t.Fatalf("disowned nic0 = %+v", n)
+		}
+		wantErr(t, "SetUp after Disown", e.l.SetUp("nic0"), network.ErrNotOurs)
+		wantErr(t, "Disown(nosuch)", e.l.Disown("nosuch"), network.ErrNotFound)
+	}},
 	{name: "links not ours are refused", run: func(t *testing.T, e *env) {
 		ok(t, "AddBridge", e.l.AddBridge("br0", 1500))
 		wantErr(t, "SetUp", e.l.SetUp("nic0"), network.ErrNotOurs)

@@ -595,6 +595,26 @@ func (n *NS) Adopt(name string) error {
 	return n.translate(n.h.LinkSetAlias(l, alias), "adopt", name)
 }
 
+// Disown takes the mark of ours off a link, keeping the NIC mark of a
+// veth standing in for a NIC.
+func (n *NS) Disown(name string) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	l, err := n.lookup(name)
+	if err != nil {
+		return err
+	}
+	ours, nic := aliasWords(l.Attrs().Alias)
+	if !ours {
+		return nil
+	}
+	alias := ""
+	if nic {
+		alias = AliasNIC
+	}
+	return n.translate(n.h.LinkSetAlias(l, alias), "disown", name)
+}
+
 // SetMaster enslaves dev to master, or frees it when master is "". Both
 // must be ours: someone else's bridge or bond is not touched either.
 func (n *NS) SetMaster(dev, master string) error {
