@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"toolstackd/internal/network"
+	"toolstackd/internal/network/locking"
 	"toolstackd/internal/network/netlinkx"
 )
 
@@ -38,7 +39,16 @@ func (h *host) openNetwork(o options, hostRef string) error {
 	}
 	h.closers = append(h.closers, links.Close)
 	log := h.log.With("component", "network")
-	m, err := network.Register(network.Config{Links: links, Server: h.srv, HostRef: hostRef, Log: log})
+	cfg := network.Config{Links: links, Server: h.srv, HostRef: hostRef, Log: log}
+	// VIF locking with nf_tables; without it, VIFs that must be locked or
+	// disabled are refused (never left open).
+	if locker, err := locking.Open(o.networkNamespace); err != nil {
+		log.Warn("VIF locking is not available: locked and disabled VIFs will be refused", "err", err)
+	} else {
+		cfg.Locker = locker
+		h.closers = append(h.closers, locker.Close)
+	}
+	m, err := network.Register(cfg)
 	if err != nil {
 		return err
 	}

@@ -31,6 +31,9 @@ type Config struct {
 	// mode. toolstackd ships none: when nil, PIF.reconfigure_ip to DHCP
 	// is refused with PIF_CONFIGURATION_ERROR saying so.
 	DHCP func(ctx context.Context, dev string) error
+	// Locker, when set, enforces VIF locking on taps (lock.go); without
+	// it a VIF that must be locked or disabled is refused.
+	Locker Locker
 }
 
 // Manager makes this host's share of the pool's networks real and keeps
@@ -44,6 +47,10 @@ type Manager struct {
 
 	mu    sync.Mutex // one change at a time
 	extra map[string]map[string]bool
+
+	// locked are the VIFs whose taps have locking rules (lock.go).
+	lockMu sync.Mutex
+	locked map[string]lockedVIF
 }
 
 // New makes a Manager without registering its messages (Register does
@@ -55,7 +62,8 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	return &Manager{cfg: cfg, db: cfg.Server.DB, log: cfg.Log, extra: map[string]map[string]bool{}}, nil
+	return &Manager{cfg: cfg, db: cfg.Server.DB, log: cfg.Log, extra: map[string]map[string]bool{},
+		locked: map[string]lockedVIF{}}, nil
 }
 
 func (m *Manager) extras() map[string]bool {
@@ -636,6 +644,7 @@ func (m *Manager) EnsureVIF(ctx context.Context, vifRef string) (string, error) 
 // Release forgets a VIF EnsureVIF was asked for, after its unplug; the
 // network's bridge goes when nothing else here wants it.
 func (m *Manager) Release(ctx context.Context, vifRef string) error {
+	m.unlockVIF(vifRef)
 	m.mu.Lock()
 	for n, why := range m.extra {
 		delete(why, "vif:"+vifRef)
@@ -768,6 +777,7 @@ func (m *Manager) Watch(ctx context.Context, period time.Duration) {
 			continue
 		}
 		gen = g
+		m.relock()
 		p := m.Plan()
 		if last != nil && reflect.DeepEqual(p, last) {
 			continue

@@ -217,6 +217,13 @@ func (m *Manager) vifPlug(c *api.Call, ref string) error {
 				m.releaseNICs(context.WithoutCancel(ctx), []string{vif.Ref})
 				return err
 			}
+			if err := m.lockNIC(ctx, o.uuid, vif.Ref); err != nil {
+				// Not left plugged without its rules.
+				bg := context.WithoutCancel(ctx)
+				_ = m.be.UnplugNIC(bg, o.uuid, nic.Device)
+				m.releaseNICs(bg, []string{vif.Ref})
+				return err
+			}
 			return nil
 		}); err != nil {
 			return err

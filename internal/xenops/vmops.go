@@ -138,7 +138,11 @@ func (m *Manager) buildDomain(o *opCtx, p *bootPlan, made *bootMade) error {
 				return err
 			}
 			made.vifs = append(made.vifs, n.VIF)
-			return m.be.AddNIC(ctx, o.uuid, n)
+			if err := m.be.AddNIC(ctx, o.uuid, n); err != nil {
+				return err
+			}
+			// Before the device model starts: no frame passes unlocked.
+			return m.lockNIC(ctx, o.uuid, n.VIF)
 		}); err != nil {
 			return err
 		}

@@ -609,6 +609,24 @@ type Networks interface {
 	// MoveVIF makes network real for a plugged VIF moving to it and
 	// returns its bridge.
 	MoveVIF(ctx context.Context, vif, network string) (bridge string, err error)
+	// LockVIF applies the VIF's locking rules to the tap the backend put
+	// on the bridge.
+	LockVIF(ctx context.Context, vif, tap string) error
+}
+
+// lockNIC applies the locking rules of the VIF's tap, if the backend
+// made one for it (a NIC on QEMU's user networking has no port to lock).
+func (m *Manager) lockNIC(ctx context.Context, uuid, vif string) error {
+	if m.cfg.Networks == nil {
+		return nil
+	}
+	info, _ := m.be.Info(uuid)
+	for _, n := range info.NICs {
+		if n.VIF == vif && n.Mode == "tap" && n.Tap != "" {
+			return m.cfg.Networks.LockVIF(ctx, vif, n.Tap)
+		}
+	}
+	return nil
 }
 
 // ensureNIC makes n's network real through Config.Networks and sets its

@@ -746,7 +746,7 @@ describe('xen-api HTTP transfers (putResource/getResource)', () => {
       async () => {
         const response = await withTimeout(
           xapi.getResource('/rrd_updates', {
-            query: { cf: 'AVERAGE', host: 'true', interval: 5, json: 'true', start: Math.floor(Date.now() / 1e3) - 600 },
+            query: { cf: 'AVERAGE', host: 'true', interval: 5, json: 'true', start: Math.floor(Date.now() / 1e3) - 300 },
           }),
           30e3,
           'getResource(/rrd_updates)'
