@@ -295,14 +295,21 @@ func EncodeCert(c *x509.Certificate) string {
 
 // FingerprintSHA256 is a certificate's SHA-256 fingerprint as xapi
 // writes it: uppercase hex pairs joined by colons.
-func FingerprintSHA256(c *x509.Certificate) string {
-	sum := sha256.Sum256(c.Raw)
+func FingerprintSHA256(c *x509.Certificate) string { return FingerprintSHA256Of(c.Raw) }
+
+// FingerprintSHA1 is the SHA-1 fingerprint, written the same way.
+func FingerprintSHA1(c *x509.Certificate) string { return FingerprintSHA1Of(c.Raw) }
+
+// FingerprintSHA256Of is the SHA-256 fingerprint of a certificate's DER
+// bytes.
+func FingerprintSHA256Of(der []byte) string {
+	sum := sha256.Sum256(der)
 	return hexPairs(sum[:])
 }
 
-// FingerprintSHA1 is the SHA-1 fingerprint, written the same way.
-func FingerprintSHA1(c *x509.Certificate) string {
-	sum := sha1.Sum(c.Raw) //nolint:gosec // a label, see the import
+// FingerprintSHA1Of is the SHA-1 fingerprint of a certificate's DER bytes.
+func FingerprintSHA1Of(der []byte) string {
+	sum := sha1.Sum(der) //nolint:gosec // a label, see the import
 	return hexPairs(sum[:])
 }
 

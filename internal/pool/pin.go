@@ -2,18 +2,16 @@ package pool
 
 import (
 	"bytes"
-	"crypto/sha1" //nolint:gosec // fingerprint_sha1 is a label xapi shows, never what a peer is checked by
-	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
 	"fmt"
 	"net/http"
-	"strings"
 	"sync"
 
 	dm "toolstackd/internal/api/datamodel"
+	"toolstackd/internal/certs"
 	"toolstackd/internal/db"
 	"toolstackd/internal/xerr"
 )
@@ -51,30 +49,10 @@ var errNotPinned = errors.New("pool: the peer's certificate is not one of the po
 
 // Fingerprint is a certificate's SHA-256 fingerprint (of its DER bytes)
 // as xapi writes it: uppercase hex pairs separated by colons.
-func Fingerprint(der []byte) string {
-	sum := sha256.Sum256(der)
-	return hexPairs(sum[:])
-}
+func Fingerprint(der []byte) string { return certs.FingerprintSHA256Of(der) }
 
 // fingerprintSHA1 is the SHA-1 fingerprint, for Certificate.fingerprint_sha1.
-func fingerprintSHA1(der []byte) string {
-	sum := sha1.Sum(der) //nolint:gosec // a label, see the import
-	return hexPairs(sum[:])
-}
-
-func hexPairs(b []byte) string {
-	const digits = "0123456789ABCDEF"
-	var s strings.Builder
-	s.Grow(3 * len(b))
-	for i, c := range b {
-		if i > 0 {
-			s.WriteByte(':')
-		}
-		s.WriteByte(digits[c>>4])
-		s.WriteByte(digits[c&0xf])
-	}
-	return s.String()
-}
+func fingerprintSHA1(der []byte) string { return certs.FingerprintSHA1Of(der) }
 
 // parseCertPEM reads a joining host's certificate: one PEM CERTIFICATE
 // block and nothing else, at most maxCertPEM bytes. Its errors say what

@@ -559,6 +559,26 @@ func RSS(pid int) int64 {
 	return 0
 }
 
+// CPUTicks is a process's user and system time so far, in clock ticks
+// (100 a second on Linux), from /proc.
+func CPUTicks(pid int) (int64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %q", pid, s)
+	}
+	u, err1 := strconv.ParseInt(f[11], 10, 64)
+	k, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: %q", pid, s)
+	}
+	return u + k, nil
+}
+
 // Client is a client for this daemon with the default timeout.
 func (d *Daemon) Client() *Client { return &Client{URL: d.URL} }
 

@@ -102,16 +102,12 @@ func vmsUUIDPrefix(t *testing.T, d *testdaemon.Daemon, s, vm string) string {
 	return "vm:" + u + ":"
 }
 
-// cpuTicks is a process's user and system time in clock ticks (100 Hz).
+// cpuTicks is testdaemon.CPUTicks, failing the test on an error.
 func cpuTicks(t *testing.T, pid int) int64 {
 	t.Helper()
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	n, err := testdaemon.CPUTicks(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	u, _ := strconv.ParseInt(f[11], 10, 64)
-	k, _ := strconv.ParseInt(f[12], 10, 64)
-	return u + k
+	return n
 }

@@ -473,26 +473,6 @@ func pct(ds []time.Duration, p int) time.Duration {
 // (100 on every Linux architecture this runs on).
 const clockTicks = 100
 
-// cpuTicks is a process's user+system time in clock ticks.
-func cpuTicks(t *testing.T, pid int) int64 {
-	t.Helper()
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	if len(f) < 13 {
-		t.Fatalf("/proc/%d/stat: %q", pid, s)
-	}
-	u, err1 := strconv.ParseInt(f[11], 10, 64)
-	k, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		t.Fatalf("/proc/%d/stat: %q", pid, s)
-	}
-	return u + k
-}
-
 func list(t *testing.T, ctx context.Context, c *pooltest.Client, addr, method string, params ...any) []string {
 	t.Helper()
 	raw, err := c.Call(ctx, addr, method, params...)
@@ -521,4 +501,14 @@ func only(t *testing.T, refs []string) string {
 		t.Fatalf("want one, got %v", refs)
 	}
 	return refs[0]
+}
+
+// cpuTicks is testdaemon.CPUTicks, failing the test on an error.
+func cpuTicks(t *testing.T, pid int) int64 {
+	t.Helper()
+	n, err := testdaemon.CPUTicks(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
