@@ -27,6 +27,9 @@ func Register(cfg Config) (*Manager, error) {
 	api.Register(s, func(c *api.Call, a dm.PIFPlugArgs) (dm.Void, error) { return dm.Void{}, m.plug(c, string(a.Self)) })
 	api.Register(s, func(c *api.Call, a dm.PIFUnplugArgs) (dm.Void, error) { return dm.Void{}, m.unplug(c, string(a.Self)) })
 	api.Register(s, func(c *api.Call, a dm.PIFReconfigureIPArgs) (dm.Void, error) { return dm.Void{}, m.reconfigureIP(c, a) })
+	api.Register(s, func(c *api.Call, a dm.PIFReconfigureIPV6Args) (dm.Void, error) {
+		return dm.Void{}, m.reconfigureIPv6(c, a)
+	})
 	api.Register(s, func(c *api.Call, a dm.PIFSetPrimaryAddressTypeArgs) (dm.Void, error) {
 		return dm.Void{}, m.setPrimaryAddressType(c, a)
 	})

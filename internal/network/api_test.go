@@ -160,6 +160,42 @@ func TestReconfigureIP(t *testing.T) {
 	wantCalls(t, e.rec.Calls(), "addrs xenbr1 4 ")
 }
 
+func TestReconfigureIPv6(t *testing.T) {
+	e := newEnv(t)
+	e.scan()
+	eth1 := e.pifOn("eth1", -1)
+	for _, c := range []struct{ mode, ip, gw, dns, param string }{
+		{"Static", "2001:db8::1", "", "", "IPv6"},
+		{"Static", "10.0.0.1/24", "", "", "IPv6"},
+		{"Static", "2001:db8::1/64", "10.0.0.1", "", "gateway"},
+		{"Static", "2001:db8::1/64", "", "2001:db8::53,8.8.8.8", "DNS"},
+	} {
+		if err := e.fails(xerr.InvalidIPAddressSpecified, "PIF.reconfigure_ipv6", eth1, c.mode, c.ip, c.gw, c.dns); err.Params[0] != c.param {
+			t.Fatalf("%+v: params %v", c, err.Params)
+		}
+	}
+	e.fails(xerr.InvalidValue, "PIF.reconfigure_ipv6", eth1, "Magic", "", "", "")
+	if err := e.fails(xerr.PIFConfigurationError, "PIF.reconfigure_ipv6", eth1, "DHCP", "", "", ""); !strings.Contains(err.Params[1], "DHCPv6") {
+		t.Fatalf("unclear: %v", err)
+	}
+	e.ok("PIF.plug", eth1)
+	e.ok("PIF.reconfigure_ip", eth1, "Static", "10.0.0.1", "255.255.255.0", "", "10.0.0.53")
+	e.rec.Reset()
+	e.ok("PIF.reconfigure_ipv6", eth1, "Static", "2001:db8::1/64", "2001:db8::fffe", "2001:db8::53")
+	wantCalls(t, e.rec.Calls(), "addrs xenbr1 6 2001:db8::1/64")
+	p := e.pif(eth1)
+	if p.IPV6ConfigurationMode != dm.IPV6ConfigurationModeStatic || len(p.IPV6) != 1 || p.IPV6[0] != "2001:db8::1/64" ||
+		p.IPV6Gateway != "2001:db8::fffe" || p.DNS != "10.0.0.53,2001:db8::53" {
+		t.Fatalf("PIF %+v", p)
+	}
+	// Autoconf leaves the addresses to the kernel; None removes them.
+	e.rec.Reset()
+	e.ok("PIF.reconfigure_ipv6", eth1, "Autoconf", "", "", "")
+	wantCalls(t, e.rec.Calls())
+	e.ok("PIF.reconfigure_ipv6", eth1, "None", "", "", "")
+	wantCalls(t, e.rec.Calls(), "addrs xenbr1 6 ")
+}
+
 func TestTunnel(t *testing.T) {
 	e := newEnv(t)
 	e.scan()

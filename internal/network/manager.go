@@ -263,18 +263,24 @@ func (m *Manager) reconcile(_ context.Context, p *Plan, recreate []string, parti
 			return all, first
 		}
 	}
-	carriers := make([]string, 0, len(p.Addrs))
-	for c := range p.Addrs {
-		carriers = append(carriers, c)
-	}
-	slices.Sort(carriers)
-	for _, c := range carriers {
-		if !step(func() error { return r.addrs(c, p.Addrs[c]) }) {
-			return all, first
+	for _, fam := range []struct {
+		n     int
+		addrs map[string][]net.IPNet
+		gw    *Gateway
+	}{{4, p.Addrs, p.Gateway}, {6, p.Addrs6, p.Gateway6}} {
+		carriers := make([]string, 0, len(fam.addrs))
+		for c := range fam.addrs {
+			carriers = append(carriers, c)
 		}
-	}
-	if p.Gateway != nil {
-		step(func() error { return r.gateway(p.Gateway) })
+		slices.Sort(carriers)
+		for _, c := range carriers {
+			if !step(func() error { return r.addrs(c, fam.n, fam.addrs[c]) }) {
+				return all, first
+			}
+		}
+		if fam.gw != nil {
+			step(func() error { return r.gateway(fam.n, fam.gw) })
+		}
 	}
 	return all, first
 }
@@ -602,31 +608,31 @@ func sameAddrs(a, b []net.IPNet) bool {
 	return true
 }
 
-func (r *reconciler) addrs(carrier string, want []net.IPNet) error {
+func (r *reconciler) addrs(carrier string, family int, want []net.IPNet) error {
 	if _, ok := r.links[carrier]; !ok {
 		return nil // its bridge failed; said already
 	}
-	have, err := r.l.Addrs(carrier, 4)
+	have, err := r.l.Addrs(carrier, family)
 	if err != nil {
 		return kernelErr("reading the addresses of "+carrier, err)
 	}
 	if sameAddrs(have, want) {
 		return nil
 	}
-	return r.do(func() error { return r.l.ReplaceAddrs(carrier, 4, have) }, "setting the addresses of "+carrier,
-		func() error { return r.l.ReplaceAddrs(carrier, 4, want) })
+	return r.do(func() error { return r.l.ReplaceAddrs(carrier, family, have) }, "setting the addresses of "+carrier,
+		func() error { return r.l.ReplaceAddrs(carrier, family, want) })
 }
 
-func (r *reconciler) gateway(g *Gateway) error {
-	gw, dev, err := r.l.DefaultGateway(4)
+func (r *reconciler) gateway(family int, g *Gateway) error {
+	gw, dev, err := r.l.DefaultGateway(family)
 	if err != nil {
 		return kernelErr("reading the default route", err)
 	}
 	if gw.Equal(g.IP) && dev == g.Dev {
 		return nil
 	}
-	return r.do(func() error { return r.l.SetDefaultGateway(4, gw, dev) }, "setting the default route",
-		func() error { return r.l.SetDefaultGateway(4, g.IP, g.Dev) })
+	return r.do(func() error { return r.l.SetDefaultGateway(family, gw, dev) }, "setting the default route",
+		func() error { return r.l.SetDefaultGateway(family, g.IP, g.Dev) })
 }
 
 // EnsureVIF makes the bridge of a VIF's network on this host, plugging

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -502,6 +503,77 @@ func (m *Manager) reconfigureIP(c *api.Call, a dm.PIFReconfigureIPArgs) error {
 		return xerr.New(xerr.PIFConfigurationError, ref, "DHCP on "+dev+": "+err.Error())
 	}
 	return nil
+}
+
+// reconfigureIPv6 is PIF.reconfigure_ipv6: None (no global IPv6 address),
+// Static (the one address/prefix given, and the gateway on the
+// management PIF), Autoconf (the kernel's SLAAC: addresses left to it)
+// or DHCP (refused without a DHCP client, as for IPv4).
+func (m *Manager) reconfigureIPv6(c *api.Call, a dm.PIFReconfigureIPV6Args) error {
+	ref := string(a.Self)
+	p, err := m.localPIF(c, ref)
+	if err != nil {
+		return err
+	}
+	if err := assertManaged(ref, &p); err != nil {
+		return err
+	}
+	switch a.Mode {
+	case dm.IPV6ConfigurationModeNone, dm.IPV6ConfigurationModeDHCP, dm.IPV6ConfigurationModeStatic, dm.IPV6ConfigurationModeAutoconf:
+	default:
+		return xerr.New(xerr.InvalidValue, "mode", string(a.Mode))
+	}
+	var addrs []string
+	if a.Mode == dm.IPV6ConfigurationModeStatic {
+		if _, ok := parseIPv6CIDR(a.IPV6); !ok {
+			return xerr.New(xerr.InvalidIPAddressSpecified, "IPv6")
+		}
+		addrs = []string{a.IPV6}
+	}
+	if a.Gateway != "" {
+		if ip := net.ParseIP(a.Gateway); ip == nil || ip.To4() != nil {
+			return xerr.New(xerr.InvalidIPAddressSpecified, "gateway")
+		}
+	}
+	var dns4, dns6 []string
+	for _, d := range strings.Split(p.DNS, ",") {
+		if ip := net.ParseIP(strings.TrimSpace(d)); ip != nil && ip.To4() != nil {
+			dns4 = append(dns4, strings.TrimSpace(d))
+		}
+	}
+	for _, d := range strings.Split(a.DNS, ",") {
+		d = strings.TrimSpace(d)
+		switch ip := net.ParseIP(d); {
+		case d == "":
+		case ip == nil || ip.To4() != nil:
+			return xerr.New(xerr.InvalidIPAddressSpecified, "DNS")
+		default:
+			dns6 = append(dns6, d)
+		}
+	}
+	same := a.Mode == p.IPV6ConfigurationMode && slices.Equal(addrs, p.IPV6) && a.Gateway == p.IPV6Gateway
+	if !same && p.CurrentlyAttached && haEnabled(c.Snapshot()) {
+		return xerr.New(xerr.HAIsEnabled)
+	}
+	if p.Management && a.Mode == dm.IPV6ConfigurationModeNone && p.PrimaryAddressType == dm.PrimaryAddressTypeIPV6 {
+		return xerr.New(xerr.PIFIsManagementInterface, ref)
+	}
+	if a.Mode == dm.IPV6ConfigurationModeDHCP && m.cfg.DHCP == nil {
+		return xerr.New(xerr.PIFConfigurationError, ref,
+			"no DHCPv6 client is available on this host (toolstackd runs none): configure the PIF Static, Autoconf or None")
+	}
+	if addrs == nil {
+		addrs = []string{}
+	}
+	return m.change(c.Ctx, func(tx *db.Tx) error {
+		for f, v := range map[*schema.Field]any{dm.PIF.IPV6ConfigurationMode: string(a.Mode), dm.PIF.IPV6: addrs,
+			dm.PIF.IPV6Gateway: a.Gateway, dm.PIF.DNS: strings.Join(append(dns4, dns6...), ",")} {
+			if err := tx.Set(f, ref, v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 func (m *Manager) setPrimaryAddressType(c *api.Call, a dm.PIFSetPrimaryAddressTypeArgs) error {

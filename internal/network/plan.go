@@ -37,6 +37,11 @@ type Plan struct {
 	// Gateway is the IPv4 default route through the management PIF when
 	// that is Static with a gateway.
 	Gateway *Gateway
+	// Addrs6 and Gateway6 are the same for IPv6 (Static: the PIF's IPv6
+	// addresses; None: none; Autoconf and DHCP: left to the kernel).
+	// Link-local addresses are never touched.
+	Addrs6   map[string][]net.IPNet
+	Gateway6 *Gateway
 	// Errors are PIFs that could not be planned, left out of the rest.
 	Errors []PlanError
 }
@@ -90,7 +95,7 @@ type PlanError struct {
 // being plugged, network.attach). It reads only, and only this host's
 // share: a remote host's PIFs matter only as the far end of a tunnel.
 func Compute(r db.Reader, host string, extra map[string]bool) *Plan {
-	c := &planner{r: r, host: host, p: &Plan{Addrs: map[string][]net.IPNet{}},
+	c := &planner{r: r, host: host, p: &Plan{Addrs: map[string][]net.IPNet{}, Addrs6: map[string][]net.IPNet{}},
 		bonds: map[string]bool{}, vlans: map[string]bool{}, up: map[string]bool{}}
 	c.run(extra)
 	return c.p
@@ -244,6 +249,34 @@ func (c *planner) address(ref string, p *dm.PIFRecord, carrier string) {
 	case dm.IPConfigurationModeNone:
 		c.p.Addrs[carrier] = []net.IPNet{}
 	}
+	switch p.IPV6ConfigurationMode {
+	case dm.IPV6ConfigurationModeStatic:
+		addrs := []net.IPNet{}
+		for _, a := range p.IPV6 {
+			n, ok := parseIPv6CIDR(a)
+			if !ok {
+				c.p.Errors = append(c.p.Errors, PlanError{PIF: ref, Err: xerr.New(xerr.InvalidIPAddressSpecified, "IPv6")})
+				return
+			}
+			addrs = append(addrs, n)
+		}
+		c.p.Addrs6[carrier] = addrs
+		if gw := net.ParseIP(p.IPV6Gateway); p.Management && gw != nil && gw.To4() == nil {
+			c.p.Gateway6 = &Gateway{IP: gw, Dev: carrier}
+		}
+	case dm.IPV6ConfigurationModeNone:
+		c.p.Addrs6[carrier] = []net.IPNet{}
+	}
+}
+
+// parseIPv6CIDR reads "address/prefix" of an IPv6 address, keeping the
+// host's address (not the network's).
+func parseIPv6CIDR(s string) (net.IPNet, bool) {
+	ip, n, err := net.ParseCIDR(s)
+	if err != nil || ip.To4() != nil {
+		return net.IPNet{}, false
+	}
+	return net.IPNet{IP: ip, Mask: n.Mask}, true
 }
 
 // ports are the links a plugged PIF puts in its network's bridge,
