@@ -32,9 +32,9 @@ func (h *host) openRRDD(o options, hostRef string) error {
 		{Name: "plugins", Sampler: rrdd.PluginSampler(o.metricsPlugins, h.log)},
 	}
 	if xm := h.xm; xm != nil {
-		samplers = append(samplers, rrdd.Named{Name: "vms", Sampler: rrdd.VMSampler(func(ctx context.Context) []stats.VM {
+		samplers = append(samplers, rrdd.Named{Name: "vms", Sampler: rrdd.VMSRSampler(func(ctx context.Context) []stats.VM {
 			return xm.Stats(ctx, 2*time.Second)
-		})})
+		}, func(vm, device string) (string, bool) { return srOfDisk(d.Snapshot(), vm, device) })})
 	}
 	cfg := rrdd.Config{
 		Dir:      filepath.Join(o.dataDir, "rrds"),
@@ -95,6 +95,32 @@ func pifFilter(d *db.DB, hostRef string) func(string) bool {
 		}
 		return false
 	}
+}
+
+// srOfDisk is the uuid of the SR holding the VDI of a VM's disk, by the
+// VM's uuid and the VBD's device name.
+func srOfDisk(snap db.Reader, vmUUID, device string) (string, bool) {
+	vm, ok := snap.ByUUID(dm.VM.Class, vmUUID)
+	if !ok {
+		return "", false
+	}
+	vbds, _ := snap.Value(vm, dm.VM.VBDs).([]string)
+	for _, ref := range vbds {
+		vbd, ok := snap.Get(dm.VBD.Class, ref)
+		if !ok || vbd.String(dm.VBD.Device) != device {
+			continue
+		}
+		vdi, ok := snap.Get(dm.VDI.Class, vbd.String(dm.VBD.VDI))
+		if !ok {
+			return "", false
+		}
+		sr, ok := snap.Get(dm.SR.Class, vdi.String(dm.VDI.SR))
+		if !ok {
+			return "", false
+		}
+		return strings.ToLower(sr.UUID()), true
+	}
+	return "", false
 }
 
 // attachedSRs are the SRs with a plugged PBD on this host, with the sizes

@@ -17,6 +17,10 @@
 //   - the running VMs (VMSampler over the VM backends' counters, package
 //     stats): cpu<n>, memory, memory_target, memory_internal_free when
 //     known, vbd_<device>_read/_write/_iops_*/_iowait, vif_<n>_rx/_tx;
+//     and on the host, each SR's traffic from the VM disks on it, as
+//     xapi's iostat plugin names it (read_<sr>, write_<sr>,
+//     io_throughput_*_<sr>, iops_*_<sr>; <sr> the uuid's first 8
+//     characters; VMSRSampler);
 //   - the attached SRs (SRSampler): size, physical_utilisation,
 //     virtual_allocation;
 //   - the plugins (PluginSampler): every file of protocol v2 in a

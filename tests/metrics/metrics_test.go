@@ -127,6 +127,20 @@ func TestMetricsModule(t *testing.T) {
 	hostUUID := e.str(e.call("host.get_uuid", host))
 	vm := e.str(e.call("VM.create", testdaemon.VMRecord("metrics")))
 	vmUUID := e.str(e.call("VM.get_uuid", vm))
+	// A disk on the pool's default SR, whose traffic the host's SR sources
+	// add up.
+	var pools []string
+	if err := json.Unmarshal(e.call("pool.get_all"), &pools); err != nil || len(pools) != 1 {
+		t.Fatalf("pool.get_all: %v %v", pools, err)
+	}
+	sr := e.str(e.call("pool.get_default_SR", pools[0]))
+	srUUID := e.str(e.call("SR.get_uuid", sr))
+	vdi := e.str(e.call("VDI.create", map[string]any{"name_label": "metrics disk", "name_description": "", "SR": sr,
+		"virtual_size": "16777216", "type": "user", "sharable": false, "read_only": false,
+		"other_config": map[string]string{}, "xenstore_data": map[string]string{}, "sm_config": map[string]string{}, "tags": []string{}}))
+	e.call("VBD.create", map[string]any{"VM": vm, "VDI": vdi, "userdevice": "0", "bootable": true,
+		"mode": "RW", "type": "Disk", "unpluggable": true, "empty": false, "other_config": map[string]string{},
+		"qos_algorithm_type": "", "qos_algorithm_params": map[string]string{}})
 	e.call("VM.start", vm, false, false)
 
 	// A plugin writing into the daemon's plugin directory, one host
@@ -153,6 +167,19 @@ func TestMetricsModule(t *testing.T) {
 		ds := e.dataSources("VM.get_data_sources", vm)
 		return ds["cpu0"].Enabled && ds["memory"].Enabled
 	})
+	// The simulator's disk moves a few MB/s: the VBD's and the SR's
+	// sources show it.
+	srRead := "read_" + srUUID[:8]
+	e.waitFor("the SR's read rate on the host", 30*time.Second, func() bool {
+		raw, err := d.Client().Call("host.query_data_source", e.s, host, srRead)
+		var v float64
+		return err == nil && json.Unmarshal(raw, &v) == nil && v > 0
+	})
+	for _, n := range []string{"io_throughput_read_" + srUUID[:8], "iops_total_" + srUUID[:8]} {
+		if !e.dataSources("host.get_data_sources", host)[n].Enabled {
+			t.Errorf("host data source %s not recorded", n)
+		}
+	}
 	hostDS := e.dataSources("host.get_data_sources", host)
 	for _, n := range []string{"cpu0", "cpu_avg", "memory_total_kib", "memory_free_kib", "loadavg", "pif_aggr_rx"} {
 		if !hostDS[n].Enabled {
