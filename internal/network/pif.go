@@ -411,6 +411,24 @@ func (m *Manager) forget(c *api.Call, ref string) error {
 	})
 }
 
+// dnsByFamily splits a comma-separated list of DNS servers into IPv4
+// and IPv6 addresses; bad says an entry is not an address.
+func dnsByFamily(list string) (v4, v6 []string, bad bool) {
+	for _, d := range strings.Split(list, ",") {
+		d = strings.TrimSpace(d)
+		switch ip := net.ParseIP(d); {
+		case d == "":
+		case ip == nil:
+			bad = true
+		case ip.To4() != nil:
+			v4 = append(v4, d)
+		default:
+			v6 = append(v6, d)
+		}
+	}
+	return v4, v6, bad
+}
+
 // validIPv4 is xapi's test of an address parameter.
 func validIPv4(s string) bool {
 	ip := net.ParseIP(s)
@@ -458,22 +476,13 @@ func (m *Manager) reconfigureIP(c *api.Call, a dm.PIFReconfigureIPArgs) error {
 			return xerr.New(xerr.InvalidIPAddressSpecified, f[0])
 		}
 	}
-	var dns4, dns6 []string
-	for _, d := range strings.Split(a.DNS, ",") {
-		d = strings.TrimSpace(d)
-		switch ip := net.ParseIP(d); {
-		case d == "":
-		case ip == nil:
-			return xerr.New(xerr.InvalidIPAddressSpecified, "DNS")
-		case ip.To4() != nil:
-			dns4 = append(dns4, d)
-		}
+	// The PIF's DNS keeps its IPv6 servers; IPv6 ones given here are
+	// reconfigure_ipv6's.
+	dns4, _, bad := dnsByFamily(a.DNS)
+	if bad {
+		return xerr.New(xerr.InvalidIPAddressSpecified, "DNS")
 	}
-	for _, d := range strings.Split(p.DNS, ",") {
-		if ip := net.ParseIP(strings.TrimSpace(d)); ip != nil && ip.To4() == nil {
-			dns6 = append(dns6, strings.TrimSpace(d))
-		}
-	}
+	_, dns6, _ := dnsByFamily(p.DNS)
 	if p.Management && a.Mode == dm.IPConfigurationModeNone && p.PrimaryAddressType != dm.PrimaryAddressTypeIPV6 {
 		return xerr.New(xerr.PIFIsManagementInterface, ref)
 	}
@@ -535,22 +544,12 @@ func (m *Manager) reconfigureIPv6(c *api.Call, a dm.PIFReconfigureIPV6Args) erro
 			return xerr.New(xerr.InvalidIPAddressSpecified, "gateway")
 		}
 	}
-	var dns4, dns6 []string
-	for _, d := range strings.Split(p.DNS, ",") {
-		if ip := net.ParseIP(strings.TrimSpace(d)); ip != nil && ip.To4() != nil {
-			dns4 = append(dns4, strings.TrimSpace(d))
-		}
+	// The PIF's DNS keeps its IPv4 servers; only IPv6 ones may be given.
+	given4, dns6, bad := dnsByFamily(a.DNS)
+	if bad || len(given4) > 0 {
+		return xerr.New(xerr.InvalidIPAddressSpecified, "DNS")
 	}
-	for _, d := range strings.Split(a.DNS, ",") {
-		d = strings.TrimSpace(d)
-		switch ip := net.ParseIP(d); {
-		case d == "":
-		case ip == nil || ip.To4() != nil:
-			return xerr.New(xerr.InvalidIPAddressSpecified, "DNS")
-		default:
-			dns6 = append(dns6, d)
-		}
-	}
+	dns4, _, _ := dnsByFamily(p.DNS)
 	same := a.Mode == p.IPV6ConfigurationMode && slices.Equal(addrs, p.IPV6) && a.Gateway == p.IPV6Gateway
 	if !same && p.CurrentlyAttached && haEnabled(c.Snapshot()) {
 		return xerr.New(xerr.HAIsEnabled)

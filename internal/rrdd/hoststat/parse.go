@@ -432,34 +432,36 @@ func parseDiskstats(b []byte, keep diskFilter) ([]stats.Disk, error) {
 				return nil, lineError(n, "%s has %d fields, want 14, 18 or 20", clip(name), 3+i)
 			}
 		}
-		var d stats.Disk
-		var sectors, ms uint64
+		d := stats.Disk{Device: string(name)}
 		var err error
-		if d.ReadOps, err = number(n, "reads completed", c[0], math.MaxUint64); err != nil {
+		// Reads are fields 1, 3 and 4 after the name; writes 5, 7 and 8.
+		if d.ReadOps, d.ReadBytes, d.ReadTime, err = direction(n, [3]string{"reads completed", "sectors read", "time reading"}, c[0], c[2], c[3]); err != nil {
 			return nil, err
 		}
-		if sectors, err = number(n, "sectors read", c[2], maxSectors); err != nil {
+		if d.WriteOps, d.WriteBytes, d.WriteTime, err = direction(n, [3]string{"writes completed", "sectors written", "time writing"}, c[4], c[6], c[7]); err != nil {
 			return nil, err
 		}
-		d.ReadBytes = sectors * sectorSize
-		if ms, err = number(n, "time reading", c[3], maxMillis); err != nil {
-			return nil, err
-		}
-		d.ReadTime = time.Duration(ms) * time.Millisecond
-		if d.WriteOps, err = number(n, "writes completed", c[4], math.MaxUint64); err != nil {
-			return nil, err
-		}
-		if sectors, err = number(n, "sectors written", c[6], maxSectors); err != nil {
-			return nil, err
-		}
-		d.WriteBytes = sectors * sectorSize
-		if ms, err = number(n, "time writing", c[7], maxMillis); err != nil {
-			return nil, err
-		}
-		d.WriteTime = time.Duration(ms) * time.Millisecond
-		d.Device = string(name)
 		disks = append(disks, d)
 	}
 	slices.SortFunc(disks, func(a, b stats.Disk) int { return strings.Compare(a.Device, b.Device) })
 	return disks, nil
+}
+
+// direction reads one direction's counters of a diskstats line: the
+// requests completed, the sectors moved (as bytes) and the milliseconds
+// spent; names are the three fields' names, for errors.
+func direction(n int, names [3]string, ops, sectors, ms []byte) (uint64, uint64, time.Duration, error) {
+	o, err := number(n, names[0], ops, math.MaxUint64)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	sec, err := number(n, names[1], sectors, maxSectors)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	t, err := number(n, names[2], ms, maxMillis)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	return o, sec * sectorSize, time.Duration(t) * time.Millisecond, nil
 }
