@@ -18,9 +18,9 @@ import (
 // locking fields or MAC, or its network's default_locking_mode), as
 // xapi's refresh of filtering rules does.
 //
-// Known gap: after a restart of the daemon the taps of VMs already
-// running are not remembered until they are plugged again; their rules
-// stay in the kernel as they were.
+// After a restart of the daemon, the VM lifecycle hands the taps of the
+// domains it finds running back through LockVIF (xenops' reconcile), so
+// their rules are applied again and followed from then on.
 
 // Locker is what the module asks of the VIF locking rules.
 type Locker interface {

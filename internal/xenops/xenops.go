@@ -871,11 +871,30 @@ func (m *Manager) reconcile() {
 			if err := m.checkState(ctx, row.Ref); err != nil {
 				m.log.Warn("reconciling domain", "vm", uuid, "err", err)
 			}
+			m.relockNICs(ctx, info)
 		}
 	}
 	m.refreshAll()
 	if _, err := m.db.Update(m.noteFreeMemory); err != nil {
 		m.log.Warn("cannot record the host's free memory", "err", err)
+	}
+}
+
+// relockNICs hands the taps of a domain found running at start-up back
+// to the network module, which applies their locking rules again and
+// follows them from now on (a failure is logged: the rules the kernel
+// kept stay in force).
+func (m *Manager) relockNICs(ctx context.Context, info backend.DomainInfo) {
+	if m.cfg.Networks == nil {
+		return
+	}
+	for _, n := range info.NICs {
+		if n.Mode != "tap" || n.Tap == "" || n.VIF == "" {
+			continue
+		}
+		if err := m.cfg.Networks.LockVIF(ctx, n.VIF, n.Tap); err != nil {
+			m.log.Warn("locking rules of a running VIF", "vm", info.UUID, "tap", n.Tap, "err", err)
+		}
 	}
 }
 
