@@ -185,12 +185,8 @@ func (m *Manager) createBond(c *api.Call, a dm.BondCreateArgs) (dm.BondRef, erro
 }
 
 func clearIPTx(tx *db.Tx, ref string) error {
-	for f, v := range map[string]any{"ip_configuration_mode": string(dm.IPConfigurationModeNone), "IP": "", "netmask": "", "gateway": "", "DNS": ""} {
-		if err := tx.Set(dm.PIF.Class.Field(f), ref, v); err != nil {
-			return err
-		}
-	}
-	return nil
+	return setFields(tx, dm.PIF.Class, ref, map[string]any{"ip_configuration_mode": string(dm.IPConfigurationModeNone),
+		"IP": "", "netmask": "", "gateway": "", "DNS": ""})
 }
 
 func mapsEqual(a, b map[string]string) bool {
@@ -270,11 +266,9 @@ func (m *Manager) destroyBond(c *api.Call, bond string) error {
 		primary := string(b.PrimarySlave)
 		if ok {
 			if _, has := tx.Get(dm.PIF.Class, primary); has {
-				for f, v := range map[string]any{"ip_configuration_mode": string(master.IPConfigurationMode), "IP": master.IP,
-					"netmask": master.Netmask, "gateway": master.Gateway, "DNS": master.DNS} {
-					if err := tx.Set(dm.PIF.Class.Field(f), primary, v); err != nil {
-						return err
-					}
+				if err := setFields(tx, dm.PIF.Class, primary, map[string]any{"ip_configuration_mode": string(master.IPConfigurationMode),
+					"IP": master.IP, "netmask": master.Netmask, "gateway": master.Gateway, "DNS": master.DNS}); err != nil {
+					return err
 				}
 				if master.DisallowUnplug {
 					if err := tx.Set(dm.PIF.DisallowUnplug, primary, true); err != nil {

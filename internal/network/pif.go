@@ -314,11 +314,9 @@ func (m *Manager) scan(c *api.Call, host string) error {
 			if mref, ok := known[l.Name]; ok {
 				if _, ok := tx.Get(dm.PIFMetrics.Class, mref); ok {
 					mr := metricsOf(l)
-					for f, v := range map[string]any{"carrier": mr.Carrier, "speed": mr.Speed, "duplex": mr.Duplex,
-						"vendor_id": mr.VendorID, "device_id": mr.DeviceID, "last_updated": mr.LastUpdated} {
-						if err := tx.Set(dm.PIFMetrics.Class.Field(f), mref, v); err != nil {
-							return err
-						}
+					if err := setFields(tx, dm.PIFMetrics.Class, mref, map[string]any{"carrier": mr.Carrier, "speed": mr.Speed,
+						"duplex": mr.Duplex, "vendor_id": mr.VendorID, "device_id": mr.DeviceID, "last_updated": mr.LastUpdated}); err != nil {
+						return err
 					}
 				}
 				continue
@@ -411,6 +409,16 @@ func (m *Manager) forget(c *api.Call, ref string) error {
 	})
 }
 
+// setFields sets several fields, by name, of one row of cls.
+func setFields(tx *db.Tx, cls *schema.Class, ref string, fields map[string]any) error {
+	for name, v := range fields {
+		if err := tx.Set(cls.Field(name), ref, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // dnsByFamily splits a comma-separated list of DNS servers into IPv4
 // and IPv6 addresses; bad says an entry is not an address.
 func dnsByFamily(list string) (v4, v6 []string, bad bool) {
@@ -491,13 +499,8 @@ func (m *Manager) reconfigureIP(c *api.Call, a dm.PIFReconfigureIPArgs) error {
 			"no DHCP client is available on this host (toolstackd runs none): configure the PIF Static, or None")
 	}
 	err = m.change(c.Ctx, func(tx *db.Tx) error {
-		for f, v := range map[string]any{"ip_configuration_mode": string(a.Mode), "IP": a.IP, "netmask": a.Netmask,
-			"gateway": a.Gateway, "DNS": strings.Join(append(dns4, dns6...), ",")} {
-			if err := tx.Set(dm.PIF.Class.Field(f), ref, v); err != nil {
-				return err
-			}
-		}
-		return nil
+		return setFields(tx, dm.PIF.Class, ref, map[string]any{"ip_configuration_mode": string(a.Mode), "IP": a.IP,
+			"netmask": a.Netmask, "gateway": a.Gateway, "DNS": strings.Join(append(dns4, dns6...), ",")})
 	})
 	if err != nil || a.Mode != dm.IPConfigurationModeDHCP || !p.CurrentlyAttached {
 		return err
@@ -565,13 +568,8 @@ func (m *Manager) reconfigureIPv6(c *api.Call, a dm.PIFReconfigureIPV6Args) erro
 		addrs = []string{}
 	}
 	return m.change(c.Ctx, func(tx *db.Tx) error {
-		for f, v := range map[*schema.Field]any{dm.PIF.IPV6ConfigurationMode: string(a.Mode), dm.PIF.IPV6: addrs,
-			dm.PIF.IPV6Gateway: a.Gateway, dm.PIF.DNS: strings.Join(append(dns4, dns6...), ",")} {
-			if err := tx.Set(f, ref, v); err != nil {
-				return err
-			}
-		}
-		return nil
+		return setFields(tx, dm.PIF.Class, ref, map[string]any{"ipv6_configuration_mode": string(a.Mode), "IPv6": addrs,
+			"ipv6_gateway": a.Gateway, "DNS": strings.Join(append(dns4, dns6...), ",")})
 	})
 }
 
