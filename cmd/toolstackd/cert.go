@@ -1,19 +1,11 @@
 package main
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
-	"time"
 
 	"toolstackd/internal/certs"
 )
@@ -49,37 +41,16 @@ func ensureCertificate(dir string) (string, string, error) {
 			return certPath, keyPath, nil
 		}
 	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return "", "", err
-	}
-	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
-	if err != nil {
-		return "", "", err
-	}
 	host, _ := os.Hostname()
-	tmpl := &x509.Certificate{
-		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: host, Organization: []string{"toolstackd"}},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().AddDate(10, 0, 0),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		DNSNames:     []string{host, "localhost"},
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	certPEM, keyPEM, err := certs.SelfSigned(certs.Identity{Name: host, DNS: []string{host, "localhost"},
+		IPs: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}}, 10)
 	if err != nil {
 		return "", "", err
 	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
+	if err := os.WriteFile(keyPath, keyPEM, 0o600); err != nil {
 		return "", "", err
 	}
-	if err := os.WriteFile(keyPath, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
-		return "", "", err
-	}
-	if err := os.WriteFile(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil { //nolint:gosec // a certificate is public; its key is written 0600
+	if err := os.WriteFile(certPath, certPEM, 0o644); err != nil { //nolint:gosec // a certificate is public; its key is written 0600
 		return "", "", err
 	}
 	return certPath, keyPath, nil
