@@ -232,11 +232,19 @@ func (s *Service) noteSampler(name string, err error) {
 // record applies one tick's readings to the RRDs.
 func (s *Service) record(now time.Time, readings []Reading) {
 	byOwner := map[plugin.Owner][]Reading{}
+	// accepted holds each owner's verdict, asked once per tick (an owner
+	// has many readings).
+	accepted := map[plugin.Owner]bool{}
 	for _, r := range readings {
 		o := r.Source.Owner
 		if o.Kind != plugin.Host {
 			o.UUID = strings.ToLower(o.UUID)
-			if validUUID(o.UUID) != nil || (s.cfg.Exists != nil && !s.cfg.Exists(o)) {
+			ok, seen := accepted[o]
+			if !seen {
+				ok = validUUID(o.UUID) == nil && (s.cfg.Exists == nil || s.cfg.Exists(o))
+				accepted[o] = ok
+			}
+			if !ok {
 				s.dropped++
 				continue
 			}
