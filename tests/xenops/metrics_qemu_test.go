@@ -28,13 +28,12 @@ import (
 // sample is in.
 const qmLoadWindow = 15 * time.Second
 
-// qmBusyCPU is the least cpu0 (a fraction of one CPU) some row covering
-// the busy loop must show. Measured under TCG on two cores: the idle
-// guest 0.02 to 0.05; its boot 0.6 to 0.9 on a quiet host; rows of the
-// load 0.65 on a quiet host, 0.45 with other tests keeping 5 to 8
-// threads runnable, and as low as 0.24 at load average 12 (the VCPU
-// thread gets a fraction of a core). Twice the busiest idle row keeps
-// the test meaningful on a CI machine shared with other test packages.
+// qmBusyCPU is how much more cpu0 (a fraction of one CPU) than the idle
+// row some row covering the busy loop must show. Measured under TCG on
+// two cores: the guest just after its boot 0.02 to 0.15; its boot 0.6
+// to 0.9 on a quiet host; rows of the load 0.65 on a quiet host, 0.45
+// with other tests keeping 5 to 8 threads runnable, and as low as 0.24
+// at load average 12 (the VCPU thread gets a fraction of a core).
 const qmBusyCPU = 0.1
 
 // qmXport is /rrd_updates's JSON: numbers are strings, as xapi sends.
@@ -126,7 +125,7 @@ func (e *env) qmGet(path string) (int, []byte) {
 // TestQEMUMetrics starts a VM with an 8 MiB disk on the real daemon with
 // the QEMU backend. Once the guest is up it reads its whole disk past
 // its page cache and then spins for 8 s; /rrd_updates, polled every
-// second, must show within 15 s a row with cpu0 above qmBusyCPU and rows
+// second, must show within 15 s a row with cpu0 qmBusyCPU above the idle row's and rows
 // of vbd_<device>_read adding up to at least half the disk. /vm_rrd
 // serves the VM's RRD with cpu0 and memory.
 func TestQEMUMetrics(t *testing.T) {
@@ -221,9 +220,9 @@ func TestQEMUMetrics(t *testing.T) {
 		}
 	}
 	t.Logf("idle guest: cpu0 %.3f in the row ending %v after GUEST-READY", idleCPU, time.Unix(idleRow, 0).Sub(upAt).Round(time.Second))
-	if idleCPU >= qmBusyCPU {
-		t.Errorf("the idle guest's cpu0 is %.3f, not below the busy bound %v", idleCPU, qmBusyCPU)
-	}
+	// A loaded row must stand above this baseline: a guest that has just
+	// booted under TCG is not quite idle yet (0.02 to 0.15 seen).
+	busy := idleCPU + qmBusyCPU
 
 	// From here on only this goroutine reads the console: it reports the
 	// load's two steps as they end (the echoed command line has "$?"
@@ -268,7 +267,7 @@ func TestQEMUMetrics(t *testing.T) {
 				if ts > from && v > maxCPU {
 					maxCPU = v
 				}
-				if ts > from && v > qmBusyCPU && (cpuRow == 0 || ts < cpuRow) {
+				if ts > from && v > busy && (cpuRow == 0 || ts < cpuRow) {
 					cpuRow = ts
 				}
 			}
@@ -330,10 +329,10 @@ func TestQEMUMetrics(t *testing.T) {
 	t.Logf("rows of the last /rrd_updates (time relative to the load's start), step %d s:\n%s",
 		last.Meta.Step, strings.Join(rows, "\n"))
 	if cpuAt == 0 {
-		t.Errorf("no row within %v of the load has cpu0 above %v (highest %.3f)", qmLoadWindow, qmBusyCPU, maxCPU)
+		t.Errorf("no row within %v of the load has cpu0 above %.3f, the idle row's plus %v (highest %.3f)", qmLoadWindow, busy, qmBusyCPU, maxCPU)
 	} else {
-		t.Logf("cpu0 above %v seen %v after the load began (row ending %+d s), highest %.3f",
-			qmBusyCPU, cpuAt.Round(time.Millisecond), cpuRow-from, maxCPU)
+		t.Logf("cpu0 above %.3f seen %v after the load began (row ending %+d s), highest %.3f",
+			busy, cpuAt.Round(time.Millisecond), cpuRow-from, maxCPU)
 	}
 	switch {
 	case readAt == 0:
