@@ -1,6 +1,8 @@
 package pool
 
 import (
+	"context"
+	"net/http"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -24,9 +26,31 @@ import (
 // down as not live only when its heartbeats are still failing
 // liveGrace after the first failure of the run.
 
+// A new coordinator inherits what the old one wrote: a member recorded as
+// not live whose heartbeats never fail at the new coordinator would stay
+// so for ever, since raft reports only a resumption after failures. So,
+// while this host leads, every liveSweep it asks each member recorded as
+// not live, and not failing here, whether it answers (pingPath, with the
+// pool secret, bounded by pingTimeout); one that does is recorded live.
+
 // liveGrace is how long a member's heartbeats must keep failing before
 // the coordinator records it as not live.
 const liveGrace = time.Second
+
+// liveSweep is how often a coordinator checks members recorded as not
+// live; pingTimeout bounds one check.
+const (
+	liveSweep   = 2 * time.Second
+	pingTimeout = 2 * time.Second
+	pingPath    = "/pool/ping"
+)
+
+// failRun is a run of failed heartbeats to one member: when it began and
+// the timer that ends its grace.
+type failRun struct {
+	since time.Time
+	timer *time.Timer
+}
 
 // watchLiveness follows raft's heartbeat observations until stop closes.
 func (p *Pool) watchLiveness(rf *raft.Raft, stop <-chan struct{}) {
@@ -42,12 +66,12 @@ func (p *Pool) watchLiveness(rf *raft.Raft, stop <-chan struct{}) {
 	defer rf.DeregisterObserver(obs)
 	// failing holds, per member whose heartbeats are failing, when the
 	// run of failures began and the timer that ends its grace.
-	type run struct {
-		since time.Time
-		timer *time.Timer
-	}
-	failing := make(map[string]run)
+	failing := make(map[string]failRun)
 	expired := make(chan string, 64)
+	answered := make(chan string, 64)
+	sweep := time.NewTicker(liveSweep)
+	defer sweep.Stop()
+	sweeping := false
 	defer func() {
 		for _, r := range failing {
 			r.timer.Stop()
@@ -60,7 +84,7 @@ func (p *Pool) watchLiveness(rf *raft.Raft, stop <-chan struct{}) {
 			case raft.FailedHeartbeatObservation:
 				peer := string(d.PeerID)
 				if _, ok := failing[peer]; !ok {
-					failing[peer] = run{since: time.Now(), timer: time.AfterFunc(liveGrace, func() {
+					failing[peer] = failRun{since: time.Now(), timer: time.AfterFunc(liveGrace, func() {
 						select {
 						case expired <- peer:
 						case <-stop:
@@ -75,6 +99,28 @@ func (p *Pool) watchLiveness(rf *raft.Raft, stop <-chan struct{}) {
 				}
 				p.setLive(peer, true)
 			}
+		case <-sweep.C:
+			if sweeping || p.cfg.Repl.Mode() != dbraft.Leader {
+				continue
+			}
+			down := p.recordedDown(rf, failing)
+			if len(down) == 0 {
+				continue
+			}
+			sweeping = true
+			go func() {
+				p.ping(down, answered, stop)
+				select {
+				case answered <- "":
+				case <-stop:
+				}
+			}()
+		case peer := <-answered:
+			if peer == "" {
+				sweeping = false
+			} else if _, ok := failing[peer]; !ok {
+				p.setLive(peer, true)
+			}
 		case peer := <-expired:
 			// A timer stopped too late may still deliver: only a member
 			// whose current run of failures has lasted the grace counts.
@@ -86,6 +132,56 @@ func (p *Pool) watchLiveness(rf *raft.Raft, stop <-chan struct{}) {
 		}
 	}
 }
+
+// recordedDown lists the members (by id, with their raft addresses)
+// that the database records as not live and whose heartbeats are not
+// failing here.
+func (p *Pool) recordedDown(rf *raft.Raft, failing map[string]failRun) map[string]string {
+	f := rf.GetConfiguration()
+	if f.Error() != nil {
+		return nil
+	}
+	snap := p.cfg.Server.DB.Snapshot()
+	down := map[string]string{}
+	for _, s := range f.Configuration().Servers {
+		id := string(s.ID)
+		if _, bad := failing[id]; bad || id == p.cfg.HostUUID {
+			continue
+		}
+		host, ok := snap.ByUUID(dm.Host.Class, id)
+		if !ok {
+			continue
+		}
+		if m, ok := snap.Get(dm.HostMetrics.Class, host.String(dm.Host.Metrics)); ok && m.Get(dm.HostMetrics.Live) == false {
+			down[id] = string(s.Address)
+		}
+	}
+	return down
+}
+
+// ping asks each member in down (id to address) whether it answers, and
+// sends the id of each that does to answered.
+func (p *Pool) ping(down map[string]string, answered chan<- string, stop <-chan struct{}) {
+	for id, addr := range down {
+		ctx, cancel := context.WithTimeout(context.Background(), pingTimeout)
+		resp, err := p.post(ctx, addr, pingPath, "text/plain", nil)
+		if err == nil {
+			_ = resp.Body.Close()
+		}
+		cancel()
+		if err != nil || resp.StatusCode != http.StatusNoContent {
+			continue
+		}
+		select {
+		case answered <- id:
+		case <-stop:
+			return
+		}
+	}
+}
+
+// servePing answers a coordinator's liveness check.
+func servePing(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }
 
 // setLive records, on the coordinator, whether the host with uuid is live.
 func (p *Pool) setLive(uuid string, live bool) {

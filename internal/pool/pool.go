@@ -237,6 +237,7 @@ func (p *Pool) Routes(r *mux.Router) {
 	r.HandleFunc(deltaPath, p.peerOnly(p.serveDelta)).Methods(http.MethodPost)
 	r.HandleFunc(joinPath, p.serveJoin).Methods(http.MethodPost)
 	r.HandleFunc(callPath, p.peerOnly(p.serveCall)).Methods(http.MethodPost)
+	r.HandleFunc(pingPath, p.peerOnly(servePing)).Methods(http.MethodPost)
 	r.HandleFunc(transferPath, p.peerOnly(p.serveTransfer)).Methods(http.MethodPost)
 	r.HandleFunc(sessionPath, p.peerOnly(p.serveSession)).Methods(http.MethodPost)
 	r.HandleFunc(rejoinPath, p.peerOnly(p.serveRejoin)).Methods(http.MethodPost)

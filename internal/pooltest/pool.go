@@ -67,6 +67,7 @@ import (
 	"net"
 	"net/netip"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -387,6 +388,27 @@ func (p *Pool) Join(t testing.TB) {
 // WaitLive waits until the coordinator's host.get_all lists n hosts and
 // host_metrics.live is true for each, or ctx ends.
 func (p *Pool) WaitLive(ctx context.Context, n int) error {
+	return p.waitLiveness(ctx, func(live map[int]bool) error {
+		if up := count(live, true); up != n {
+			return fmt.Errorf("%d of %d hosts live (not live: %v)", up, n, hostsWith(live, false))
+		}
+		return nil
+	})
+}
+
+// WaitNotLive waits until the coordinator records host i as not live.
+func (p *Pool) WaitNotLive(ctx context.Context, i int) error {
+	return p.waitLiveness(ctx, func(live map[int]bool) error {
+		if l, ok := live[i]; !ok || l {
+			return fmt.Errorf("host %d is recorded live", i)
+		}
+		return nil
+	})
+}
+
+// waitLiveness asks the coordinator, every 200 ms until ctx ends, which
+// hosts it records as live (by index), until done accepts the answer.
+func (p *Pool) waitLiveness(ctx context.Context, done func(map[int]bool) error) error {
 	c := NewClient(netip.Addr{})
 	defer c.CloseIdle()
 	c.Timeout = 5 * time.Second
@@ -399,14 +421,13 @@ func (p *Pool) WaitLive(ctx context.Context, n int) error {
 				return fmt.Errorf("pooltest: hosts not live: %w", err)
 			}
 		}
-		live, err := p.liveHosts(ctx, c, p.listen[coor], sess)
-		if err == nil && live == n {
-			return nil
-		}
-		if err != nil {
-			last, coor = err, -1 // find the coordinator again
+		live, err := p.liveness(ctx, c, p.listen[coor], sess)
+		if err == nil {
+			if last = done(live); last == nil {
+				return nil
+			}
 		} else {
-			last = fmt.Errorf("%d of %d hosts live", live, n)
+			last, coor = err, -1 // find the coordinator again
 		}
 		select {
 		case <-ctx.Done():
@@ -416,29 +437,60 @@ func (p *Pool) WaitLive(ctx context.Context, n int) error {
 	}
 }
 
-// liveHosts counts the hosts the coordinator says are live.
-func (p *Pool) liveHosts(ctx context.Context, c *Client, addr, s string) (int, error) {
+// count is how many entries of m are v.
+func count(m map[int]bool, v bool) int {
+	n := 0
+	for _, x := range m {
+		if x == v {
+			n++
+		}
+	}
+	return n
+}
+
+// hostsWith lists, in order, the indexes whose entry in m is v.
+func hostsWith(m map[int]bool, v bool) []int {
+	var out []int
+	for i, x := range m {
+		if x == v {
+			out = append(out, i)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// liveness reads, from the coordinator at addr, whether it records each
+// host as live, by the host's index (-1-k for the k-th host with an
+// address of no host here).
+func (p *Pool) liveness(ctx context.Context, c *Client, addr, s string) (map[int]bool, error) {
 	raw, err := c.Call(ctx, addr, "host.get_all", s)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	var hosts []string
 	if err := json.Unmarshal(raw, &hosts); err != nil {
-		return 0, fmt.Errorf("host.get_all: %.200s", raw)
+		return nil, fmt.Errorf("host.get_all: %.200s", raw)
 	}
-	live := 0
-	for _, h := range hosts {
+	live := map[int]bool{}
+	for k, h := range hosts {
 		m, err := c.CallString(ctx, addr, "host.get_metrics", s, h)
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
 		raw, err := c.Call(ctx, addr, "host_metrics.get_live", s, m)
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
-		if string(raw) == "true" {
-			live++
+		a, err := c.CallString(ctx, addr, "host.get_address", s, h)
+		if err != nil {
+			return nil, err
 		}
+		i := p.IndexOf(a)
+		if i < 0 {
+			i = -1 - k
+		}
+		live[i] = string(raw) == "true"
 	}
 	return live, nil
 }
