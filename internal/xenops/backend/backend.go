@@ -211,6 +211,10 @@ type Spec struct {
 	// model runs, when nothing is to happen in between (VM.start without
 	// start_paused); Unpause then only confirms it.
 	AutoStart bool
+	// Incoming makes the domain wait, once its device model runs, for
+	// its memory and device state from another host (Migrator's
+	// ReceiveLive) instead of booting.
+	Incoming bool `json:",omitempty"`
 }
 
 // Disk is a block device as the backend attaches it.

@@ -1,0 +1,53 @@
+package backend
+
+import (
+	"context"
+	"io"
+	"time"
+)
+
+// Migrator is the optional interface of a backend that moves a running
+// domain to another host's backend while the guest runs (live
+// migration). The two halves meet over a byte stream the caller carries
+// between the hosts (the intra-pool connection); neither half opens a
+// network port.
+//
+// On the destination the caller builds the domain as for a start, with
+// Spec.Incoming set (Create, Build, AddDisk, AddNIC, StartDeviceModel),
+// then calls ReceiveLive with the stream. On the source it calls
+// SendLive with the other end. When both have returned nil the domain
+// runs on neither host: the destination's is paused with the guest's
+// state (Unpause starts it), the source's is stopped for good (Destroy
+// removes it).
+type Migrator interface {
+	// SendLive streams the domain's memory and device state into to while
+	// the guest keeps running, until the remaining dirty memory fits in
+	// the downtime limit; the guest is then stopped and the rest sent.
+	// It returns once everything is written. On an error, or when ctx
+	// ends, the migration is cancelled and the guest runs here as before
+	// (a paused one stays paused). progress gets the share of memory sent
+	// (0 to 1) now and then; it may be nil.
+	SendLive(ctx context.Context, uuid string, to io.Writer, o MigrateOptions, progress func(float64)) error
+
+	// ReceiveLive loads the state SendLive streams from from into the
+	// domain uuid, made with Spec.Incoming, and returns when the domain
+	// holds it, paused. An error (a broken or truncated stream, ctx
+	// ending) leaves the domain unusable: the caller destroys it.
+	ReceiveLive(ctx context.Context, uuid string, from io.Reader) error
+}
+
+// MigrateOptions tune a live migration. Zero values mean the defaults.
+type MigrateOptions struct {
+	// Downtime is the longest the guest may be stopped at the end
+	// (default DefaultDowntime).
+	Downtime time.Duration
+	// Bandwidth caps the stream in bytes per second (default: none that
+	// matters, 8 GiB/s).
+	Bandwidth int64
+	// NoAutoConverge turns off the throttling of a guest whose memory is
+	// dirtied faster than it can be sent.
+	NoAutoConverge bool
+}
+
+// DefaultDowntime is MigrateOptions.Downtime's default.
+const DefaultDowntime = 300 * time.Millisecond
