@@ -213,9 +213,10 @@ func Start(t testing.TB, o Options) *Pool {
 // use it to skip, rather than fail, on a daemon without pool support.
 func DaemonHasFlag(t testing.TB, flag string) bool {
 	t.Helper()
+	bin := testdaemon.Build(t) // may take minutes on a loaded machine: not under the timeout
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, testdaemon.Build(t), "--help").CombinedOutput() //nolint:gosec // the test's own daemon
+	out, err := exec.CommandContext(ctx, bin, "--help").CombinedOutput() //nolint:gosec // the test's own daemon
 	if err != nil {
 		t.Fatalf("toolstackd --help: %v\n%s", err, out)
 	}
