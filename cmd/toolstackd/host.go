@@ -122,7 +122,7 @@ func (h *host) openPool(o options) error {
 		return err
 	}
 	cfg := pool.Config{DataDir: o.dataDir, Advertise: o.advertiseAddr(), Port: o.port(), LocalIP: o.localIP(),
-		TLS: tlsCfg, HostUUID: row.UUID(), Server: h.srv, Repl: h.repl, Log: h.log, Eject: o.onEject}
+		TLS: tlsCfg, HostUUID: row.UUID(), Server: h.srv, Repl: h.repl, Log: h.log, Eject: o.onEject, Dial: o.poolDial()}
 	if tlsCfg != nil && o.certStore != nil {
 		cfg.OwnCert = o.certStore.PoolCertificate
 	}
@@ -134,6 +134,7 @@ func (h *host) openPool(o options) error {
 	h.closers = append(h.closers, p.Close)
 	p.Routes(h.router)
 	p.Register(h.srv)
+	h.wireMigration(p)
 	return nil
 }
 
@@ -145,7 +146,7 @@ func (h *host) openDatabase(o options, cfg *api.Config) (first bool, err error) 
 	// The replicator sits between the database and its file: it passes
 	// batches straight through until the host is in a pool.
 	h.repl = dbraft.New(dbraft.Options{Model: dm.Model, Log: log,
-		Forward:   func(ctx context.Context, entry []byte) error { return h.pool.SendDelta(ctx, entry) },
+		Forward:   func(ctx context.Context, entry []byte) (uint64, error) { return h.pool.SendDelta(ctx, entry) },
 		OnLeader:  func() { h.pool.OnLeader() },
 		OnDeposed: func() { h.srv.Deposed() },
 	})
@@ -287,7 +288,7 @@ func (h *host) registerModules(o options, hostRef string, first bool) error {
 	disks := &storageDisks{s: stor}
 	h.xm, err = xenops.Register(h.srv, h.router, xenops.Config{Backend: o.backend, DataDir: o.dataDir, HostRef: hostRef, Log: h.log,
 		ListenAddr: o.listen, Disks: disks, HostMemory: int64(o.hostMemory), Journal: o.journal,
-		QEMU: qemuConfig(o), HooksDir: o.hooksDir, Networks: h.networks()})
+		QEMU: h.withTaps(o, qemuConfig(o)), HooksDir: o.hooksDir, Networks: h.networks()})
 	if err != nil {
 		return fmt.Errorf("xenops: %w", err)
 	}

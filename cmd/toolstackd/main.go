@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -27,6 +28,7 @@ import (
 	"toolstackd/internal/api"
 	"toolstackd/internal/certs"
 	"toolstackd/internal/netguard"
+	"toolstackd/internal/pool"
 	"toolstackd/internal/storage"
 	"toolstackd/internal/version"
 )
@@ -41,6 +43,8 @@ type options struct {
 	httpsOnly bool
 	// networkBackend and networkNamespace: the network module (network.go).
 	networkBackend, networkNamespace string
+	// ovsDB, ovsDatapath and ovnNB: the openvswitch backend (network_ovs.go).
+	ovsDB, ovsDatapath, ovnNB string
 	// settings are the effective values of every setting, for bug reports.
 	settings map[string]string
 	// certStore is the host's certificates (certs.go), opened by run.
@@ -73,6 +77,9 @@ type options struct {
 	// onEject, set by run, starts the host afresh as a pool of its own
 	// (pool.eject), with root's password hash kept.
 	onEject func(rootHash string)
+	// mgmt, set by run, moves the API's listeners with the management
+	// interface (mgmt.go).
+	mgmt *management
 }
 
 func main() {
@@ -146,8 +153,11 @@ func rootCmd() *cobra.Command {
 	f.StringVar(&o.redoLog, "redo-log", "", "mirror the database into a redo log at this file or block device (e.g. on shared storage)")
 	f.BoolVar(&o.metricsOpen, "metrics-open", false, "serve GET /metrics to anyone, without a session (for scrapers that cannot log in); default: authenticated like the other handlers")
 	f.StringVar(&o.metricsPlugins, "metrics-plugin-dir", "", "the directory metric plugins write their files to (xcp-rrdd's protocol v2, xapi's /dev/shm/metrics); empty: DATA_DIR/metrics-plugins")
-	f.StringVar(&o.networkBackend, "network-backend", networkNone, "how networks become real on this host: none (the database only: no bridge, PIF, VLAN, bond or tunnel is made) or linux (Linux bridges through netlink; never touches the NIC carrying the host's address, or links it did not make, unless asked)")
+	f.StringVar(&o.networkBackend, "network-backend", networkNone, "how networks become real on this host: none (the database only: no bridge, PIF, VLAN, bond or tunnel is made), linux (Linux bridges through netlink; never touches the NIC carrying the host's address, or links it did not make, unless asked) or openvswitch (Open vSwitch bridges through OVSDB, see --ovs-db and --ovn-nb)")
 	f.StringVar(&o.networkNamespace, "network-namespace", "", "the network namespace the network module acts in, as a path (/run/netns/NAME); empty: the daemon's own")
+	f.StringVar(&o.ovsDB, "ovs-db", "unix:/run/openvswitch/db.sock", "with --network-backend openvswitch: the Open vSwitch database, unix:PATH or tcp:HOST:PORT")
+	f.StringVar(&o.ovsDatapath, "ovs-datapath", "auto", "with --network-backend openvswitch: the datapath type of new bridges, system (kernel module), netdev (userspace) or auto (system when the openvswitch kernel module is loaded, else netdev)")
+	f.StringVar(&o.ovnNB, "ovn-nb", "", "with --network-backend openvswitch: OVN mode, a logical switch port per plugged VIF in this northbound database (unix:PATH or tcp:HOST:PORT); empty: no OVN")
 	f.StringVar(&o.debugListen, "debug-listen", "", "serve Go's profiler (net/http/pprof) on this address, e.g. 127.0.0.1:6060; empty: off")
 	// Connection limits (issue 10): see internal/netguard.
 	def := netguard.Defaults()
@@ -209,6 +219,7 @@ func run(ctx context.Context, o options) error {
 		default: // one at a time
 		}
 	}
+	o.mgmt = &management{o: o, log: log}
 	h, err := openHost(o, log)
 	if err != nil {
 		return err
@@ -224,6 +235,8 @@ func run(ctx context.Context, o options) error {
 		_ = h.close() // the listen error is the one to report
 		return err
 	}
+	o.mgmt.attach(ls, func() *pool.Pool { return cur.Load().pool })
+	o.mgmt.resume(h)
 	// systemd (Type=notify) hears that the daemon is ready once the API
 	// answers a call, not merely once the sockets are open.
 	if err := ls.answering(ctx, 30*time.Second); err != nil {
@@ -332,6 +345,12 @@ type listeners struct {
 	probe net.Addr
 	// localFromSystemd: the local socket is systemd's, which keeps it.
 	localFromSystemd bool
+	// mu guards servers and api: the management interface adds and
+	// retires listeners while the daemon runs (mgmt.go).
+	mu sync.Mutex
+	// api are the API's TCP listeners, which move with the management
+	// interface.
+	api []*apiListener
 }
 
 // serve runs an HTTP server for h on l, through the connection guard;
@@ -340,7 +359,9 @@ func (ls *listeners) serve(l net.Listener, h http.Handler, tlsCfg ...*tls.Config
 	hs := ls.guard.Server(h)
 	hs.ErrorLog = slog.NewLogLogger(ls.log.Handler(), slog.LevelDebug)
 	l = ls.guard.Listener(l, l.Addr().Network() == "unix")
+	ls.mu.Lock()
 	ls.servers = append(ls.servers, hs)
+	ls.mu.Unlock()
 	ls.wg.Add(1)
 	go func() {
 		defer ls.wg.Done()
@@ -361,7 +382,10 @@ func (ls *listeners) serve(l net.Listener, h http.Handler, tlsCfg ...*tls.Config
 func (ls *listeners) shutdown(grace time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
-	for _, hs := range ls.servers {
+	ls.mu.Lock()
+	servers := slices.Clone(ls.servers)
+	ls.mu.Unlock()
+	for _, hs := range servers {
 		_ = hs.Shutdown(ctx) // past the deadline, the process exits anyway
 	}
 	ls.wg.Wait()
@@ -390,7 +414,7 @@ func listen(o options, guard *netguard.Guard, router http.Handler, current func(
 				local = l
 				continue
 			}
-			ls.serve(l, plainHandler(o, router))
+			ls.serveAPI(l, plainHandler(o, router), nil)
 			apiSockets++
 			log.Info("serving on socket from systemd", "addr", l.Addr())
 		}
@@ -400,7 +424,7 @@ func listen(o options, guard *netguard.Guard, router http.Handler, current func(
 		if err != nil {
 			return nil, err
 		}
-		ls.serve(l, plainHandler(o, router))
+		ls.serveAPI(l, plainHandler(o, router), nil)
 		log.Info("serving XenAPI", "url", "http://"+l.Addr().String())
 	}
 	if o.listenHTTPS != "" {
@@ -408,7 +432,7 @@ func listen(o options, guard *netguard.Guard, router http.Handler, current func(
 		if err != nil {
 			return nil, err
 		}
-		ls.serve(l, router, o.certStore.ServerTLS()) // certificates swapped in place (certs.go)
+		ls.serveAPI(l, router, o.certStore.ServerTLS()) // certificates swapped in place (certs.go)
 		log.Info("serving XenAPI", "url", "https://"+l.Addr().String())
 	}
 	if local != nil {

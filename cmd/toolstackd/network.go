@@ -29,9 +29,9 @@ func (h *host) openNetwork(o options, hostRef string) error {
 	switch o.networkBackend {
 	case networkNone:
 		return nil
-	case networkLinux:
+	case networkLinux, networkOVS:
 	default:
-		return fmt.Errorf("--network-backend %q: none or linux", o.networkBackend)
+		return fmt.Errorf("--network-backend %q: none, linux or openvswitch", o.networkBackend)
 	}
 	links, err := netlinkx.Open(o.networkNamespace)
 	if err != nil {
@@ -40,6 +40,12 @@ func (h *host) openNetwork(o options, hostRef string) error {
 	h.closers = append(h.closers, links.Close)
 	log := h.log.With("component", "network")
 	cfg := network.Config{Links: links, Server: h.srv, HostRef: hostRef, Log: log}
+	if o.networkBackend == networkOVS {
+		// Bridges and VIF ports in Open vSwitch (network_ovs.go).
+		if err := h.openOVS(o, links, &cfg); err != nil {
+			return err
+		}
+	}
 	// VIF locking with nf_tables; without it, VIFs that must be locked or
 	// disabled are refused (never left open).
 	if locker, err := locking.Open(o.networkNamespace); err != nil {
@@ -53,6 +59,9 @@ func (h *host) openNetwork(o options, hostRef string) error {
 		return err
 	}
 	h.net = m
+	if o.mgmt != nil {
+		network.RegisterManagement(m, o.mgmt)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	// At start-up what the database says is made again; a failure is
 	// logged, not fatal (the API must come up to fix it).

@@ -59,6 +59,14 @@ func forwardedIdentity(ctx context.Context) (Identity, bool) {
 	return id, ok
 }
 
+// Forwarded reports whether the call was forwarded here by the
+// coordinator, which runs the caller's task (if any): the call's context
+// ends when the coordinator stops waiting for it (the task cancelled).
+func (c *Call) Forwarded() bool {
+	_, ok := forwardedIdentity(c.Ctx)
+	return ok
+}
+
 // ownHost reports whether a message is about what each host keeps for
 // itself: sessions and their tasks (in memory, never replicated), which
 // its calls always find here.

@@ -89,6 +89,7 @@ func (s *Server) buildTable() {
 	s.addVMCommands()
 	s.addStorageCommands()
 	s.addHostCommands()
+	s.addEvacuationCommands()
 	s.addXVACommands()
 	s.addDataSourceCommands()
 	s.addSysStatusCommands()

@@ -30,10 +30,14 @@ func (s *Service) guards(srv *api.Server) {
 	srv.AddGuard("VM.set_memory", s.guardVM("self", "", "value"))
 	srv.AddGuard("VM.set_memory_limits", s.guardVM("self", "", "static_max"))
 	srv.AddGuard("VM.set_memory_static_range", s.guardVM("self", "", "max"))
-	srv.AddGuard("host.disable", func(c *api.Call) error {
-		host, _ := arg(c, "host").(string)
-		return s.guard(c, planner.Change{DisableHosts: []string{host}})
-	})
+	// host.evacuate leaves the host without VMs, as disabling it does
+	// (xapi's assert_host_disable_preserves_ha_plan).
+	for _, m := range []string{"host.disable", "host.evacuate"} {
+		srv.AddGuard(m, func(c *api.Call) error {
+			host, _ := arg(c, "host").(string)
+			return s.guard(c, planner.Change{DisableHosts: []string{host}})
+		})
+	}
 }
 
 // arg is a call's argument by parameter name (nil if absent).

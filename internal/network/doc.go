@@ -78,6 +78,29 @@
 // PIF_TUNNEL_STILL_EXISTS) where xapi would move them onto the bond.
 // Bond.set_mode and set_property make the kernel's bond again.
 //
+// # VIFs
+//
+// The QEMU backend gets each VIF's tap from the module (taps.go):
+// PlugTap makes it with the network's MTU on the bridge EnsureVIF made,
+// sets it up and applies the VIF's locking rules (lock.go) and rate
+// limit (qos.go: "ratelimit" with kbps in KiB/s limits what the guest
+// sends, as netback does on Xen) before QEMU opens it; UnplugTap takes
+// it away with its rules and limit. Both follow the database while the
+// VIF runs (Watch).
+//
+// # The management interface
+//
+// RegisterManagement serves host.management_reconfigure (on the PIF's
+// host), pool.management_reconfigure (on the coordinator, members
+// first), host.management_disable and host.local_management_reconfigure
+// with xapi's checks and errors (management.go): the module plugs the
+// new management PIF and reads its address, the daemon (the Management
+// interface) serves the API there and makes it the host's intra-pool
+// address, and only then do PIF.management and host.address change and
+// the old listener close. A former management PIF whose NIC toolstackd
+// never adopted is marked AdoptedKey "false": its NIC stays as the
+// distribution set it up until it is plugged.
+//
 // # Changes and failures
 //
 // Apply reconciles: what is missing is made, MTUs, masters, addresses

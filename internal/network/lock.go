@@ -28,32 +28,54 @@ type Locker interface {
 	Remove(port string) error
 }
 
-// lockedVIF is a VIF whose tap has rules.
+// lockedVIF is a VIF whose tap has rules, and its rate limit (qos.go)
+// with what was wrong with its qos fields when last read.
 type lockedVIF struct {
-	tap   string
-	rules locking.Rules
+	tap     string
+	rules   locking.Rules
+	rate    Rate
+	qosNote string
 }
 
 // LockVIF applies the VIF's locking rules to its tap (every mode,
 // unlocked included: that clears what an earlier tap of the same name
 // left). Without a Locker it does nothing, and a VIF that must be
 // locked or disabled is refused rather than left open.
-func (m *Manager) LockVIF(_ context.Context, vifRef, tap string) error {
-	rules, err := locking.RulesFor(m.db.Snapshot(), vifRef, tap)
+//
+// It also applies the VIF's rate limit (qos.go). A VIF whose tap has
+// these very rules and limit already (the tap's plug applied them, and
+// the VM lifecycle asks again) is left as it is.
+func (m *Manager) LockVIF(ctx context.Context, vifRef, tap string) error {
+	// A switch taking VIFs as ports learns which tap carries this one
+	// (vifport.go).
+	if err := m.tapVIFPort(ctx, vifRef, tap); err != nil {
+		return err
+	}
+	snap := m.db.Snapshot()
+	rules, err := locking.RulesFor(snap, vifRef, tap)
 	if err != nil {
 		return err
 	}
-	if m.cfg.Locker == nil {
-		if rules.Mode == locking.ModeUnlocked {
-			return nil
-		}
-		return errNoLocker(vifRef, rules.Mode)
+	rate, note := vifRate(snap, vifRef)
+	m.lockMu.Lock()
+	old, had := m.locked[vifRef]
+	m.lockMu.Unlock()
+	if had && old.tap == tap && old.rate == rate && reflect.DeepEqual(old.rules, rules) {
+		return nil
 	}
-	if err := m.cfg.Locker.Apply(rules); err != nil {
+	if !had || old.tap != tap {
+		old = lockedVIF{}
+	}
+	if m.cfg.Locker == nil {
+		if rules.Mode != locking.ModeUnlocked {
+			return errNoLocker(vifRef, rules.Mode)
+		}
+	} else if err := m.cfg.Locker.Apply(rules); err != nil {
 		return err
 	}
+	rate = m.setRate(vifRef, tap, old.rate, rate, note, old.qosNote)
 	m.lockMu.Lock()
-	m.locked[vifRef] = lockedVIF{tap: tap, rules: rules}
+	m.locked[vifRef] = lockedVIF{tap: tap, rules: rules, rate: rate, qosNote: note}
 	m.lockMu.Unlock()
 	return nil
 }
@@ -70,7 +92,13 @@ func (m *Manager) unlockVIF(vifRef string) {
 	l, ok := m.locked[vifRef]
 	delete(m.locked, vifRef)
 	m.lockMu.Unlock()
-	if !ok || m.cfg.Locker == nil {
+	if !ok {
+		return
+	}
+	if l.rate != (Rate{}) {
+		m.setRate(vifRef, l.tap, l.rate, Rate{}, "", "")
+	}
+	if m.cfg.Locker == nil {
 		return
 	}
 	if err := m.cfg.Locker.Remove(l.tap); err != nil {
@@ -78,12 +106,9 @@ func (m *Manager) unlockVIF(vifRef string) {
 	}
 }
 
-// relock applies again the rules of locked VIFs whose rules the database
-// now says differently.
+// relock applies again the rules and rate limits of locked VIFs whose
+// rules or limits the database now says differently.
 func (m *Manager) relock() {
-	if m.cfg.Locker == nil {
-		return
-	}
 	snap := m.db.Snapshot()
 	m.lockMu.Lock()
 	defer m.lockMu.Unlock()
@@ -92,13 +117,19 @@ func (m *Manager) relock() {
 		if err != nil {
 			continue // the VIF is gone: its unplug removes the rules
 		}
-		if reflect.DeepEqual(rules, l.rules) {
+		if rate, note := vifRate(snap, vif); rate != l.rate || note != l.qosNote {
+			l.rate = m.setRate(vif, l.tap, l.rate, rate, note, l.qosNote)
+			l.qosNote = note
+			m.locked[vif] = l
+		}
+		if m.cfg.Locker == nil || reflect.DeepEqual(rules, l.rules) {
 			continue
 		}
 		if err := m.cfg.Locker.Apply(rules); err != nil {
 			m.log.Warn("network: applying a VIF's new locking rules", "vif", vif, "err", err)
 			continue
 		}
-		m.locked[vif] = lockedVIF{tap: l.tap, rules: rules}
+		l.rules = rules
+		m.locked[vif] = l
 	}
 }

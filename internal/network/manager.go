@@ -34,6 +34,9 @@ type Config struct {
 	// Locker, when set, enforces VIF locking on taps (lock.go); without
 	// it a VIF that must be locked or disabled is refused.
 	Locker Locker
+	// VIFPorts, when set, takes each VIF EnsureVIF serves as a port of
+	// its own (the Open vSwitch backend, vifport.go).
+	VIFPorts VIFPorts
 }
 
 // Manager makes this host's share of the pool's networks real and keeps
@@ -51,6 +54,8 @@ type Manager struct {
 	// locked are the VIFs whose taps have locking rules (lock.go).
 	lockMu sync.Mutex
 	locked map[string]lockedVIF
+	// ports are the VIFs Config.VIFPorts has ports for (vifport.go).
+	ports map[string]pluggedVIF
 }
 
 // New makes a Manager without registering its messages (Register does
@@ -644,13 +649,22 @@ func (m *Manager) EnsureVIF(ctx context.Context, vifRef string) (string, error) 
 	if !ok {
 		return "", xerr.New(xerr.HandleInvalid, "VIF", vifRef)
 	}
-	return m.attach(ctx, row.String(dm.VIF.Network), "vif:"+vifRef)
+	bridge, err := m.attach(ctx, row.String(dm.VIF.Network), "vif:"+vifRef)
+	if err != nil {
+		return "", err
+	}
+	if err := m.plugVIFPort(ctx, vifRef, row.String(dm.VIF.Network), bridge); err != nil {
+		_ = m.Release(ctx, vifRef)
+		return "", err
+	}
+	return bridge, nil
 }
 
 // Release forgets a VIF EnsureVIF was asked for, after its unplug; the
 // network's bridge goes when nothing else here wants it.
 func (m *Manager) Release(ctx context.Context, vifRef string) error {
 	m.unlockVIF(vifRef)
+	perr := m.unplugVIFPort(ctx, vifRef)
 	m.mu.Lock()
 	for n, why := range m.extra {
 		delete(why, "vif:"+vifRef)
@@ -660,6 +674,9 @@ func (m *Manager) Release(ctx context.Context, vifRef string) error {
 	}
 	err := m.applyLocked(ctx)
 	m.mu.Unlock()
+	if err == nil {
+		err = perr
+	}
 	return err
 }
 
@@ -677,6 +694,9 @@ func (m *Manager) MoveVIF(ctx context.Context, vifRef, network string) (string, 
 	m.mu.Unlock()
 	bridge, err := m.attach(ctx, network, "vif:"+vifRef)
 	if err != nil {
+		return "", err
+	}
+	if err := m.plugVIFPort(ctx, vifRef, network, bridge); err != nil {
 		return "", err
 	}
 	m.mu.Lock()
@@ -784,6 +804,7 @@ func (m *Manager) Watch(ctx context.Context, period time.Duration) {
 		}
 		gen = g
 		m.relock()
+		m.replugVIFPorts(ctx)
 		p := m.Plan()
 		if last != nil && reflect.DeepEqual(p, last) {
 			continue

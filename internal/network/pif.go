@@ -92,7 +92,7 @@ func plugTx(tx *db.Tx, ref string) error {
 	if !ok {
 		return xerr.New(xerr.HandleInvalid, "PIF", ref)
 	}
-	if p.Management && p.OtherConfig[AdoptedKey] != "true" {
+	if (p.Management || p.OtherConfig[AdoptedKey] == "false") && p.OtherConfig[AdoptedKey] != "true" {
 		if err := setMapKey(tx, dm.PIF.OtherConfig, ref, AdoptedKey, "true"); err != nil {
 			return err
 		}

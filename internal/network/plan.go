@@ -124,9 +124,16 @@ func pifRecord(r db.Reader, ref string) (dm.PIFRecord, bool) {
 
 // adopted reports whether a PIF may be bridged: every PIF but a
 // management PIF the operator has not plugged since toolstackd started
-// managing the host.
+// managing the host, and such a PIF after management moved away from it
+// (AdoptedKey "false", see management.go) until it is plugged.
 func adopted(p *dm.PIFRecord) bool {
-	return !p.Management || p.OtherConfig[AdoptedKey] == "true"
+	switch p.OtherConfig[AdoptedKey] {
+	case "true":
+		return true
+	case "false":
+		return false
+	}
+	return !p.Management
 }
 
 func mtuOf(r db.Reader, network string) int {

@@ -49,7 +49,7 @@ func (p *Pool) eject(c *api.Call, a dm.PoolEjectArgs) (dm.Void, error) {
 	}
 	ctx, cancel := context.WithTimeout(c.Ctx, 60*time.Second)
 	defer cancel()
-	if err := p.notifyXen(ctx, leader, leavePath, member{UUID: p.cfg.HostUUID, Address: p.cfg.Advertise}); err != nil {
+	if err := p.notifyXen(ctx, leader, leavePath, member{UUID: p.cfg.HostUUID, Address: p.Advertised()}); err != nil {
 		return dm.Void{}, err
 	}
 	p.log.Info("ejected from the pool; starting afresh as a pool of its own")

@@ -55,7 +55,7 @@ func (p *Pool) emergencyTransitionToMaster(c *api.Call, _ dm.PoolEmergencyTransi
 	if err != nil {
 		return dm.Void{}, err
 	}
-	self := []raft.Server{{Suffrage: raft.Voter, ID: raft.ServerID(p.cfg.HostUUID), Address: raft.ServerAddress(p.cfg.Advertise)}}
+	self := []raft.Server{{Suffrage: raft.Voter, ID: raft.ServerID(p.cfg.HostUUID), Address: raft.ServerAddress(p.Advertised())}}
 	err = p.cfg.Repl.Recover(p.startOptions(trans, false), self)
 	_ = trans.Close()
 	if err != nil {
@@ -93,7 +93,7 @@ func (p *Pool) recoverSlaves(c *api.Call, _ dm.PoolRecoverSlavesArgs) ([]dm.Host
 		}
 		addr := net.JoinHostPort(h.String(dm.Host.Address), p.cfg.Port)
 		ctx, cancel := context.WithTimeout(c.Ctx, 30*time.Second)
-		err := p.notify(ctx, addr, rejoinPath, member{UUID: p.cfg.HostUUID, Address: p.cfg.Advertise})
+		err := p.notify(ctx, addr, rejoinPath, member{UUID: p.cfg.HostUUID, Address: p.Advertised()})
 		cancel()
 		if err == nil {
 			err = p.readd(member{UUID: h.UUID(), Address: addr})
@@ -117,7 +117,7 @@ func (p *Pool) emergencyResetMaster(c *api.Call, a dm.PoolEmergencyResetMasterAr
 	}
 	ctx, cancel := context.WithTimeout(c.Ctx, 60*time.Second)
 	defer cancel()
-	return dm.Void{}, p.notifyXen(ctx, master, readdPath, member{UUID: p.cfg.HostUUID, Address: p.cfg.Advertise})
+	return dm.Void{}, p.notifyXen(ctx, master, readdPath, member{UUID: p.cfg.HostUUID, Address: p.Advertised()})
 }
 
 // stopRaft stops raft, and what watches it, to start it again another

@@ -81,7 +81,7 @@ func (p *Pool) onBehalf(req *http.Request, id api.Identity) error {
 		return err
 	}
 	req.Header.Set(headerIdentity, string(who))
-	req.Header.Set(headerIndex, strconv.FormatUint(p.cfg.Repl.AppliedIndex(), 10))
+	req.Header.Set(headerIndex, strconv.FormatUint(p.cfg.Repl.SeenIndex(), 10))
 	return nil
 }
 

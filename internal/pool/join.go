@@ -69,7 +69,7 @@ func (p *Pool) join(c *api.Call, a dm.PoolJoinArgs) (dm.Void, error) {
 	if err != nil {
 		return dm.Void{}, err
 	}
-	req := joinRequest{UUID: p.cfg.HostUUID, Address: p.cfg.Advertise,
+	req := joinRequest{UUID: p.cfg.HostUUID, Address: p.Advertised(),
 		Rows: replica.EncodeRows(ownRows(snap, p.cfg.Server.Cfg.HostRef))}
 	if own := p.ownCert(); own != nil {
 		req.Cert = certPEM(own)

@@ -55,6 +55,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -83,6 +84,11 @@ type Config struct {
 	// LocalIP, when set, is the address outgoing pool connections leave
 	// from (hosts sharing a machine on 127.0.0.N).
 	LocalIP net.IP
+	// Dial, when set, makes every outgoing intra-pool TCP connection
+	// (raft's included) instead of a dialer bound to LocalIP: the daemon's
+	// reaches a peer's management address in the network namespace its
+	// PIFs live in (see Readdress).
+	Dial func(ctx context.Context, network, address string) (net.Conn, error)
 	// TLS, when set, makes intra-pool connections speak TLS, each peer
 	// checked by its pinned certificate (see pin.go); its first
 	// certificate is this host's own, the one its HTTPS listener serves.
@@ -110,6 +116,9 @@ type Pool struct {
 	log     *slog.Logger
 	secrets *secret.Store
 	lcfg    raftnet.Config
+	// advertise is the address other hosts reach this one at now
+	// (Config.Advertise until Readdress changes it).
+	advertise atomic.Pointer[string]
 	// layer is raft's stream layer of the raft now running (raft closes
 	// its transport, and so the layer, when it shuts down; each start
 	// makes a new one).
@@ -123,6 +132,8 @@ type Pool struct {
 
 	stopWatch chan struct{} // closed to stop watching raft (under joinMu or at Close)
 	watching  sync.WaitGroup
+
+	mig migrationState // live migrations arriving (migrate.go)
 }
 
 // Open sets up the pool layer; a host that was in a pool when it stopped
@@ -132,6 +143,7 @@ func Open(cfg Config) (*Pool, error) {
 		cfg.Log = slog.Default()
 	}
 	p := &Pool{cfg: cfg, log: cfg.Log}
+	p.advertise.Store(&cfg.Advertise)
 	var err error
 	if p.secrets, err = secret.Open(cfg.DataDir); err != nil {
 		return nil, err
@@ -146,6 +158,11 @@ func Open(cfg Config) (*Pool, error) {
 		p.lcfg.LocalAddr = &net.TCPAddr{IP: cfg.LocalIP}
 		dialer.LocalAddr = p.lcfg.LocalAddr
 	}
+	dial := dialer.DialContext
+	if cfg.Dial != nil {
+		dial = cfg.Dial
+		p.lcfg.DialTCP = func(ctx context.Context, addr string) (net.Conn, error) { return cfg.Dial(ctx, "tcp", addr) }
+	}
 	if _, err := raftnet.NewStreamLayer(p.lcfg); err != nil {
 		return nil, err // the configuration is checked once, at start
 	}
@@ -154,7 +171,7 @@ func Open(cfg Config) (*Pool, error) {
 	// small message has seconds).
 	p.client = &http.Client{
 		Transport: &http.Transport{
-			DialContext: dialer.DialContext, TLSClientConfig: clientTLS, TLSHandshakeTimeout: 10 * time.Second,
+			DialContext: dial, TLSClientConfig: clientTLS, TLSHandshakeTimeout: 10 * time.Second,
 			MaxIdleConnsPerHost: 8, IdleConnTimeout: 90 * time.Second,
 			// Disk transfers pass through here: big buffers, fewer calls.
 			ReadBufferSize: 256 << 10, WriteBufferSize: 256 << 10,
@@ -244,6 +261,8 @@ func (p *Pool) Routes(r *mux.Router) {
 	r.HandleFunc(readdPath, p.peerOnly(p.serveReadd)).Methods(http.MethodPost)
 	r.HandleFunc(secretPath, p.peerOnly(p.serveSecret)).Methods(http.MethodPost)
 	r.HandleFunc(leavePath, p.peerOnly(p.serveLeave)).Methods(http.MethodPost)
+	r.HandleFunc(migratePath, p.peerOnly(p.serveMigration)).Methods(http.MethodPost)
+	r.HandleFunc(addressPath, p.peerOnly(p.serveAddress)).Methods(http.MethodPost)
 }
 
 // Register installs the pool calls this layer serves.
@@ -290,26 +309,27 @@ func (p *Pool) Close() error {
 
 // SendDelta sends a member's own database change to the coordinator
 // (dbraft's Forward).
-func (p *Pool) SendDelta(ctx context.Context, entry []byte) error {
+func (p *Pool) SendDelta(ctx context.Context, entry []byte) (uint64, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	leader, err := p.cfg.Repl.WaitLeader(ctx)
 	if err != nil {
-		return fmt.Errorf("%w: %w", dbraft.ErrNotLeader, err)
+		return 0, fmt.Errorf("%w: %w", dbraft.ErrNotLeader, err)
 	}
 	resp, err := p.post(ctx, leader, deltaPath, "application/octet-stream", entry)
 	if err != nil {
-		return fmt.Errorf("%w: the coordinator %s: %w", dbraft.ErrNotLeader, leader, err)
+		return 0, fmt.Errorf("%w: the coordinator %s: %w", dbraft.ErrNotLeader, leader, err)
 	}
 	defer func() { _ = resp.Body.Close() }()
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 	switch resp.StatusCode {
 	case http.StatusOK:
-		return nil
+		index, _ := strconv.ParseUint(resp.Header.Get(headerIndex), 10, 64) // 0 from an older coordinator
+		return index, nil
 	case http.StatusConflict:
-		return fmt.Errorf("%w: %s", dbraft.ErrNotLeader, msg)
+		return 0, fmt.Errorf("%w: %s", dbraft.ErrNotLeader, msg)
 	}
-	return fmt.Errorf("pool: the coordinator %s refused a change: %s: %s", leader, resp.Status, msg)
+	return 0, fmt.Errorf("pool: the coordinator %s refused a change: %s: %s", leader, resp.Status, msg)
 }
 
 // post sends an intra-pool request, with the pool secret.
@@ -358,8 +378,9 @@ func (p *Pool) serveDelta(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusRequestEntityTooLarge)
 		return
 	}
-	switch err := p.cfg.Repl.ApplyRemote(r.Context(), body); {
+	switch index, err := p.cfg.Repl.ApplyRemote(r.Context(), body); {
 	case err == nil:
+		w.Header().Set(headerIndex, strconv.FormatUint(index, 10))
 		w.WriteHeader(http.StatusOK)
 	case errors.Is(err, dbraft.ErrNotLeader):
 		http.Error(w, err.Error(), http.StatusConflict)

@@ -49,7 +49,7 @@ func VBDDatapath(vmUUID, vdiUUID string) string { return "vbd/" + vmUUID + "/" +
 // internalDP reports datapaths the storage layer itself opens for
 // transfers: a VDI they hold read-write cannot be snapshotted.
 func internalDP(dp string) bool {
-	return strings.HasPrefix(dp, "import/") || strings.HasPrefix(dp, "copy/")
+	return strings.HasPrefix(dp, "import/") || strings.HasPrefix(dp, "copy/") || strings.HasPrefix(dp, "mirror/")
 }
 
 // Attach attaches vdiRef for datapath dp, read-only or read-write.
@@ -420,7 +420,7 @@ func (s *Service) restoreDatapaths(ctx context.Context) {
 			continue
 		}
 		for dp, v := range st.DPs {
-			if strings.HasPrefix(dp, "import/") || strings.HasPrefix(dp, "export/") || strings.HasPrefix(dp, "copy/") {
+			if strings.HasPrefix(dp, "import/") || strings.HasPrefix(dp, "export/") || strings.HasPrefix(dp, "copy/") || strings.HasPrefix(dp, "mirror/") {
 				continue // transfers die with the daemon
 			}
 			if _, err := s.apply(ctx, dp, vdiRef, OpAttach(v.Mode)); err != nil {

@@ -22,6 +22,7 @@
 //	automaton.go, datapath.go                 VDI attach states and datapaths
 //	device.go, qemunbd.go, qemuimg.go         attached VDIs opened for a transfer
 //	http.go, transfer.go                      /import_raw_vdi, /export_raw_vdi and copying
+//	export.go                                 a VDI as a mirror target, and the source's relay
 package storage
 
 import (

@@ -28,6 +28,10 @@ type Client struct {
 	Timeout time.Duration
 	// NoKeepAlive makes every call on a new connection, closed after it.
 	NoKeepAlive bool
+	// Transport, when set, carries the calls (a dialer that connects from
+	// another network namespace, or to a Unix socket); it wins over
+	// NoKeepAlive.
+	Transport http.RoundTripper
 }
 
 // Error is a XenAPI failure: the daemon answered the call with an error
@@ -57,6 +61,9 @@ func (c *Client) http() *http.Client {
 	hc := &http.Client{Timeout: timeout}
 	if c.NoKeepAlive {
 		hc.Transport = noKeepAlive
+	}
+	if c.Transport != nil {
+		hc.Transport = c.Transport
 	}
 	return hc
 }

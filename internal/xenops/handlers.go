@@ -86,6 +86,8 @@ func (m *Manager) registerHandlers() {
 		return dm.Void{}, m.vifUnplug(c, string(a.Self))
 	})
 	m.registerMessages14()
+	m.registerEvacuation()
+	m.registerMigrate()
 }
 
 // powerOp binds the handler of an operation whose only argument is the

@@ -107,7 +107,9 @@ func (b *bootMade) undo(m *Manager, o *opCtx) {
 // device model. made records what exists, for undo.
 func (m *Manager) buildDomain(o *opCtx, p *bootPlan, made *bootMade) error {
 	if err := o.run("create", func(ctx context.Context) error {
-		m.journal(journal.Start, o.uuid)
+		if !p.spec.Incoming { // an incoming guest starts when its move commits
+			m.journal(journal.Start, o.uuid)
+		}
 		_, e := m.be.Create(ctx, p.spec)
 		made.domain = e == nil
 		return e
@@ -678,6 +680,19 @@ func (m *Manager) checkState(ctx context.Context, ref string) error {
 		m.log.Warn("removing a domain of a VM this host may not run", "vm", uuid, "power", power, "resident_on", row.String(dm.VM.ResidentOn))
 		m.cleanupDomain(ctx, info)
 		return nil
+	}
+	if info.Migrated && here && !m.busy(ref) && info.State == backend.DomainPaused && power == psRunning {
+		// Its state went to another host, but the move was never
+		// recorded (this daemon stopped before the commit): nobody else
+		// may run it now, so it runs here again (migrate.go).
+		m.log.Warn("resuming a guest whose migration never committed", "vm", uuid)
+		if err := m.be.Unpause(ctx, uuid); err != nil {
+			return err
+		}
+		m.journal(journal.Start, uuid)
+		if info, ok = m.be.Info(uuid); !ok {
+			return nil
+		}
 	}
 	switch info.State {
 	case backend.DomainGone:

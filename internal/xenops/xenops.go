@@ -1,8 +1,9 @@
 // Package xenops runs VMs: the XenAPI VM lifecycle (start, shutdown,
 // reboot, pause, suspend, resume, snapshot, clone, ...) and device
-// hotplug, in-process, on a backend that is either QEMU/KVM (one
-// qemu-system-x86_64 process per running VM, driven over QMP) or a
-// simulator.
+// hotplug, and live migration between the hosts of a pool
+// (VM.pool_migrate, see migrate.go), in-process, on a backend that is
+// either QEMU/KVM (one qemu-system-x86_64 process per running VM, driven
+// over QMP) or a simulator.
 //
 // Each XenAPI operation is marked in the VM's current_operations under
 // xapi's locking rules, queued on the VM's own queue (operations on one VM
@@ -126,6 +127,7 @@ type Manager struct {
 	changed  map[string]chan struct{}         // VM uuid -> closed on change
 	restarts map[string][]time.Time           // VM ref -> recent automatic restarts
 	reserved atomic.Int64                     // memory promised to starts in progress
+	mig      migrateState                     // live migration's wiring (migrate.go)
 }
 
 type runningOp struct {

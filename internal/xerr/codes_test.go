@@ -85,6 +85,10 @@ var xapiRaises = map[string][]int{
 	SessionAuthenticationFailed: {2},
 	// xapi_vm_lifecycle.ml's operation check raises [vm; operation].
 	VMIsTemplate: {2},
+	// xapi_host.ml's evacuation plan names the VM that has no host or no
+	// room ([vm]).
+	NoHostsAvailable:        {1},
+	HostNotEnoughFreeMemory: {1},
 }
 
 // goFile is one parsed non-test, non-generated source file.

@@ -77,6 +77,7 @@ func TestHAOvercommitRefusals(t *testing.T) {
 
 	// Taking a host out of the plan.
 	refused("disabling host 0", "host.disable", hosts[0])
+	refused("evacuating host 0", "host.evacuate", hosts[0], "OpaqueRef:NULL", 0)
 	var enabled bool
 	if err := json.Unmarshal(r.call("host.get_enabled", hosts[0]), &enabled); err != nil || !enabled {
 		t.Fatalf("a refused host.disable left host 0 enabled=%v (%v)", enabled, err)

@@ -30,7 +30,7 @@ mkdir -p /proc /sys /dev /etc/acpi/PWRF /tmp /var/log /var/run
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
-for m in virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci virtio_blk button evdev; do
+for m in virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci virtio_blk failover net_failover virtio_net button evdev; do
   insmod /lib/modules/$m.ko 2>/dev/null
 done
 printf '#!/bin/sh\npoweroff -f\n' > /etc/acpi/PWRF/00000080
@@ -45,6 +45,7 @@ var guestModules = []string{
 	"drivers/virtio/virtio_ring.ko", "drivers/virtio/virtio.ko", "drivers/virtio/virtio_pci_legacy_dev.ko",
 	"drivers/virtio/virtio_pci_modern_dev.ko", "drivers/virtio/virtio_pci.ko", "drivers/block/virtio_blk.ko",
 	"drivers/acpi/button.ko", "drivers/input/evdev.ko",
+	"net/core/failover.ko", "drivers/net/net_failover.ko", "drivers/net/virtio_net.ko", // NICs (netperf_test.go)
 }
 
 type guest struct {

@@ -84,13 +84,13 @@ func (p *pool) close(n *node) {
 }
 
 // forward is every member's Forward: to whichever node leads now.
-func (p *pool) forward(ctx context.Context, entry []byte) error {
+func (p *pool) forward(ctx context.Context, entry []byte) (uint64, error) {
 	for _, n := range p.live() {
 		if n.r.Mode() == Leader {
 			return n.r.ApplyRemote(ctx, entry)
 		}
 	}
-	return ErrNotLeader
+	return 0, ErrNotLeader
 }
 
 func (p *pool) live() []*node {
@@ -333,6 +333,17 @@ func TestReplicatesLeaderAndMemberWrites(t *testing.T) {
 	}
 	if _, ok := members[0].d.Snapshot().Get(dm.VM.Class, ref); !ok {
 		t.Fatal("a member does not see its own acknowledged write")
+	}
+	// Another host that waits for the writer's SeenIndex sees it too
+	// (forwarded calls and migrations carry that index), at once, with
+	// no retry.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := members[1].r.WaitApplied(ctx, members[0].r.SeenIndex()); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := members[1].d.Snapshot().Get(dm.VM.Class, ref); !ok {
+		t.Fatal("a host that waited for the writer's SeenIndex does not see its write")
 	}
 }
 

@@ -273,29 +273,43 @@ func (r *Replicator) Stop() error {
 
 // ApplyRemote applies a member's delta (replica.EncodeDelta) on the
 // coordinator and returns once it is durable, that is committed by raft.
-func (r *Replicator) ApplyRemote(ctx context.Context, entry []byte) error {
+func (r *Replicator) ApplyRemote(ctx context.Context, entry []byte) (uint64, error) {
 	if r.Mode() != Leader {
-		return ErrNotLeader
+		return 0, ErrNotLeader
 	}
 	rows, err := replica.Decode(r.opts.Model, entry)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if err := ctx.Err(); err != nil {
-		return err
+		return 0, err
 	}
-	_, err = r.d.Update(func(tx *db.Tx) error { return replica.ApplyTx(tx, rows) })
-	return err
+	if _, err = r.d.Update(func(tx *db.Tx) error { return replica.ApplyTx(tx, rows) }); err != nil {
+		return 0, err
+	}
+	// The leader's own write is applied when its writer returns: the
+	// applied index now covers it.
+	return r.AppliedIndex(), nil
 }
 
 // LeaderAddr is the address of the pool's coordinator as raft knows it
-// ("" when there is none, or raft is not running).
+// ("" when there is none, or raft is not running): its address in raft's
+// configuration, which follows a coordinator that moved its management
+// address (the address in its messages is the one its raft started
+// with), else the one its messages carry.
 func (r *Replicator) LeaderAddr() string {
 	rf := r.raft.Load()
 	if rf == nil {
 		return ""
 	}
-	addr, _ := rf.LeaderWithID()
+	addr, id := rf.LeaderWithID()
+	if id != "" {
+		for _, s := range rf.GetConfiguration().Configuration().Servers {
+			if s.ID == id {
+				return string(s.Address)
+			}
+		}
+	}
 	return string(addr)
 }
 

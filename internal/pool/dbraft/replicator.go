@@ -108,9 +108,10 @@ type Options struct {
 	Log   *slog.Logger
 	// Forward sends a member's delta (replica.EncodeDelta) to the
 	// coordinator, which applies it (Replicator.ApplyRemote); it returns
-	// once the coordinator has it durably. Without it a member refuses
-	// its own persistent writes with ErrNotLeader.
-	Forward func(ctx context.Context, entry []byte) error
+	// once the coordinator has it durably, with the raft index that
+	// covers it there (0 when unknown). Without it a member refuses its
+	// own persistent writes with ErrNotLeader.
+	Forward func(ctx context.Context, entry []byte) (uint64, error)
 	// OnLeader, if set, runs (in a goroutine of its own) each time this
 	// host becomes the leader and can take writes.
 	OnLeader func()
@@ -159,6 +160,10 @@ type Replicator struct {
 	appliedIndex uint64
 	appliedGen   uint64
 	appliedCh    chan struct{} // closed and replaced when appliedIndex grows
+	// ackedIndex is the raft index at which the coordinator committed
+	// the newest of this member's own deltas (under mu): the member's
+	// database shows the change at once, but its log brings it later.
+	ackedIndex uint64
 
 	raft      atomic.Pointer[raft.Raft]
 	raftStore *raftstore.Store
@@ -273,7 +278,12 @@ func (r *Replicator) forward() {
 		r.fwdMu.Lock()
 		r.fwdCancel = cancel
 		r.fwdMu.Unlock()
-		err := r.opts.Forward(ctx, d.entry)
+		index, err := r.opts.Forward(ctx, d.entry)
+		if err == nil {
+			r.mu.Lock()
+			r.ackedIndex = max(r.ackedIndex, index)
+			r.mu.Unlock()
+		}
 		r.fwdMu.Lock()
 		aborted := r.fwdCancel == nil
 		r.fwdCancel = nil
@@ -302,6 +312,18 @@ func (r *Replicator) AppliedIndex() uint64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.appliedIndex
+}
+
+// SeenIndex is the raft index a peer must have applied to see everything
+// this host's database shows: its applied index, or, on a member whose
+// own writes the coordinator has committed but whose log has not yet
+// brought back, the index that covers them. A request to another host
+// that depends on this host's writes carries it (the receiver waits for
+// it with WaitApplied).
+func (r *Replicator) SeenIndex() uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return max(r.appliedIndex, r.ackedIndex)
 }
 
 // WaitApplied waits until this host's database holds raft index i (a

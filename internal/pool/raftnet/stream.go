@@ -77,6 +77,11 @@ type Config struct {
 	// LocalAddr, when set, is the local address Dial binds to; hosts
 	// sharing a machine on 127.0.0.N dial from their own N.
 	LocalAddr *net.TCPAddr
+	// DialTCP, when set, makes Dial's TCP connections instead of a
+	// net.Dialer (and LocalAddr is then its business): the daemon's, which
+	// reaches a peer's management address in the network namespace the
+	// host's PIFs live in.
+	DialTCP func(ctx context.Context, address string) (net.Conn, error)
 	// QueueSize bounds the upgraded connections waiting for Accept
 	// (default DefaultQueueSize); beyond it peers get 503.
 	QueueSize int
@@ -318,11 +323,16 @@ func (l *StreamLayer) DialContext(ctx context.Context, address string) (net.Conn
 	if err != nil {
 		return nil, fmt.Errorf("raftnet: dial %q: %w", address, err)
 	}
-	d := net.Dialer{}
-	if l.cfg.LocalAddr != nil {
-		d.LocalAddr = l.cfg.LocalAddr
+	var raw net.Conn
+	if l.cfg.DialTCP != nil {
+		raw, err = l.cfg.DialTCP(ctx, address)
+	} else {
+		d := net.Dialer{}
+		if l.cfg.LocalAddr != nil {
+			d.LocalAddr = l.cfg.LocalAddr
+		}
+		raw, err = d.DialContext(ctx, "tcp", address)
 	}
-	raw, err := d.DialContext(ctx, "tcp", address)
 	if err != nil {
 		return nil, err
 	}

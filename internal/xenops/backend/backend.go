@@ -182,6 +182,11 @@ type DomainInfo struct {
 	Disks     []Disk
 	NICs      []NIC
 	Reason    string // for Crashed: what happened
+	// Migrated says the guest's state has been sent to another host
+	// (Migrator.SendLive completed, possibly before a daemon restart):
+	// the domain is paused and must not run here again unless the
+	// destination is known never to have run it.
+	Migrated bool `json:",omitempty"`
 }
 
 // Spec is everything needed to build a domain, taken from the VM's

@@ -19,6 +19,24 @@ import (
 // runs on neither host: the destination's is paused with the guest's
 // state (Unpause starts it), the source's is stopped for good (Destroy
 // removes it).
+//
+// The stream is framed (migstream.go): ReceiveLive reads exactly up to
+// the sender's end frame, never past it, so the carrier can go on with
+// other traffic; a truncated, foreign or hostile stream is an error
+// wrapping ErrMigrateStream, and a sender that gave up says so
+// (*MigrateAborted). A call that fails or whose ctx ends unblocks its
+// copy of the carrier with a deadline in the past (InterruptIO) when
+// the carrier has SetDeadline, SetReadDeadline or SetWriteDeadline;
+// give it one, or break the carrier on failure, as a copy blocked on a
+// carrier without deadlines ends only with the carrier.
+//
+// Recovery: until the destination's domain has run, a source whose
+// SendLive returned nil can still take the guest back: Unpause resumes
+// it there. The source's DomainInfo.Migrated says its state has been
+// sent (also after a daemon restart, for the manager to decide); a
+// backend restarted with a domain whose ReceiveLive never completed
+// destroys it. MarkComplete an incoming domain only once ReceiveLive has
+// returned nil.
 type Migrator interface {
 	// SendLive streams the domain's memory and device state into to while
 	// the guest keeps running, until the remaining dirty memory fits in

@@ -52,6 +52,10 @@ type Config struct {
 	// a host by killing its process group (internal/ha/watchdog) need
 	// the host's VMs to go with it, as a real reset takes them.
 	ProcessGroup int
+	// Taps makes NICs' taps (qemu_net.go): the network module when the
+	// daemon runs one; nil makes them through netlink in the daemon's
+	// own namespace, on bridges that exist there.
+	Taps Taps
 }
 
 // QEMU runs one qemu-system-x86_64 process per domain and drives it over
@@ -73,6 +77,9 @@ type QEMU struct {
 	// auto is what Accel "auto" resolved to at start-up, autoReason why
 	// (see detectAccel).
 	auto, autoReason string
+
+	// hostTaps makes taps when Config.Taps is nil (qemu_net.go).
+	hostTaps *hostTaps
 }
 
 // qemuJournal is what is kept on disk about a domain.
@@ -94,6 +101,11 @@ type qemuJournal struct {
 	StartTime  time.Time
 	HotCPUs    []backend.CPUDevice
 	Argv       []string
+	// Migration is where an outgoing live migration stands (migrate.go):
+	// "" none, migOutgoing under way, migSent sent. An incoming one is
+	// Spec.Incoming, cleared once the state has arrived.
+	Migration  string `json:",omitempty"`
+	MigRunning bool   `json:",omitempty"` // the guest ran when the outgoing migration began
 }
 
 type qemuDomain struct {
@@ -109,6 +121,7 @@ type qemuDomain struct {
 	exited   chan struct{}
 	exitOnce sync.Once
 	waiters  []*eventWaiter
+	migStats *MigrationStats // the last outgoing migration's (migrate.go)
 }
 
 type eventWaiter struct {
@@ -120,6 +133,7 @@ var (
 	_ backend.Backend         = (*QEMU)(nil)
 	_ backend.Accelerated     = (*QEMU)(nil)
 	_ backend.LiveSnapshotter = (*QEMU)(nil)
+	_ backend.Migrator        = (*QEMU)(nil)
 )
 
 // New makes the backend and re-attaches to the domains journalled in
@@ -153,7 +167,7 @@ func New(cfg Config, log *slog.Logger) (*QEMU, error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, err
 	}
-	q := &QEMU{cfg: cfg, log: log, doms: map[string]*qemuDomain{}, nextDomid: 1, stop: make(chan struct{})}
+	q := &QEMU{cfg: cfg, log: log, doms: map[string]*qemuDomain{}, nextDomid: 1, stop: make(chan struct{}), hostTaps: &hostTaps{}}
 	q.detectAccel()
 	ents, err := os.ReadDir(cfg.StateDir)
 	if err != nil {
@@ -184,6 +198,7 @@ func New(cfg Config, log *slog.Logger) (*QEMU, error) {
 		}
 		q.reattach(d)
 	}
+	q.settleMigrations()
 	q.wg.Add(1)
 	go q.watch()
 	return q, nil
@@ -252,6 +267,7 @@ func (q *QEMU) Close() {
 	}
 	close(q.stop)
 	q.wg.Wait()
+	defer q.hostTaps.close()
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for _, d := range q.doms {
@@ -468,6 +484,9 @@ func (q *QEMU) Build(ctx context.Context, uuid string) error {
 			return xerr.New(xerr.BootloaderFailed, s.VMRef, err.Error())
 		}
 	}
+	if s.Incoming && s.RestoreFrom != "" {
+		return fmt.Errorf("qemu: VM %s cannot both resume from an image and receive a migration", uuid)
+	}
 	if s.RestoreFrom != "" {
 		if _, err := os.Stat(s.RestoreFrom); err != nil {
 			return xerr.New(xerr.SuspendImageNotAccessible, s.RestoreFrom)
@@ -503,7 +522,7 @@ func (q *QEMU) AddNIC(ctx context.Context, uuid string, n backend.NIC) error {
 	if err != nil {
 		return err
 	}
-	return q.setupNIC(d, &n)
+	return q.setupNIC(ctx, d, &n)
 }
 
 // StartDeviceModel implements Backend.
@@ -580,8 +599,11 @@ func (q *QEMU) StartDeviceModel(ctx context.Context, uuid string) error {
 	}
 	d.mu.Lock()
 	d.state = backend.DomainPaused
-	if j.Spec.AutoStart {
+	if j.Spec.AutoStart && !j.Spec.Incoming {
 		d.state = backend.DomainRunning
+	}
+	if j.Spec.Incoming {
+		d.state = backend.DomainBuilding // "inmigrate" until ReceiveLive
 	}
 	d.j.StartTime = time.Now().UTC()
 	d.mu.Unlock()
@@ -826,7 +848,10 @@ func (q *QEMU) Unpause(ctx context.Context, uuid string) error {
 			return nil // started by itself (Spec.AutoStart)
 		}
 	}
-	return q.setRunState(ctx, uuid, "cont", backend.DomainRunning)
+	if err := q.setRunState(ctx, uuid, "cont", backend.DomainRunning); err != nil {
+		return err
+	}
+	return q.forgetSent(uuid)
 }
 
 // setRunState pauses or resumes the guest with the QMP command cmd ("stop"
@@ -1027,7 +1052,7 @@ func (q *QEMU) Destroy(ctx context.Context, uuid string) error {
 	}
 	for _, n := range j.NICs {
 		if n.Tap != "" {
-			if err := deleteTap(n.Tap); err != nil {
+			if err := q.deleteTap(n.VIF, n.Tap); err != nil {
 				q.log.Warn("qemu: removing tap", "tap", n.Tap, "err", err)
 			}
 		}
@@ -1243,7 +1268,7 @@ func (q *QEMU) PlugNIC(ctx context.Context, uuid string, n backend.NIC) error {
 	if err != nil {
 		return err
 	}
-	if err := q.setupNIC(d, &n); err != nil {
+	if err := q.setupNIC(ctx, d, &n); err != nil {
 		return err
 	}
 	nd := netdevArg(n)
@@ -1293,17 +1318,17 @@ func (q *QEMU) UnplugNIC(ctx context.Context, uuid, device string) error {
 
 func (q *QEMU) forgetNIC(d *qemuDomain, device string) {
 	d.mu.Lock()
-	var tap string
+	var tap, vif string
 	for i := range d.j.NICs {
 		if d.j.NICs[i].Device == device {
-			tap = d.j.NICs[i].Tap
+			tap, vif = d.j.NICs[i].Tap, d.j.NICs[i].VIF
 			d.j.NICs = append(d.j.NICs[:i:i], d.j.NICs[i+1:]...)
 			break
 		}
 	}
 	d.mu.Unlock()
 	if tap != "" {
-		if err := deleteTap(tap); err != nil {
+		if err := q.deleteTap(vif, tap); err != nil {
 			q.log.Warn("qemu: removing tap", "tap", tap, "err", err)
 		}
 	}
@@ -1397,7 +1422,7 @@ func (q *QEMU) info(d *qemuDomain) backend.DomainInfo {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	i := backend.DomainInfo{UUID: d.j.UUID, Domid: d.j.Domid, State: d.state, Complete: d.j.Complete, StartTime: d.j.StartTime,
-		VCPUs: d.vcpus, Memory: d.memory, Reason: d.reason,
+		VCPUs: d.vcpus, Memory: d.memory, Reason: d.reason, Migrated: d.j.Migration == migSent,
 		Disks: append([]backend.Disk(nil), d.j.Disks...), NICs: append([]backend.NIC(nil), d.j.NICs...)}
 	select {
 	case <-d.exited:

@@ -156,10 +156,14 @@ func (q *QEMU) qemuArgv(j *qemuJournal) ([]string, error) {
 		return nil, err
 	}
 	a = append(a, devs...)
-	if !s.AutoStart {
+	if !s.AutoStart || s.Incoming {
 		a = append(a, "-S") // created paused: Unpause starts it
 	}
-	if s.RestoreFrom != "" {
+	switch {
+	case s.Incoming:
+		// Waits for migrate-incoming (ReceiveLive, migrate.go).
+		a = append(a, "-incoming", "defer")
+	case s.RestoreFrom != "":
 		a = append(a, "-incoming", "fd:3")
 	}
 	return a, nil

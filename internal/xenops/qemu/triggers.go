@@ -3,8 +3,6 @@ package qemu
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
 
 	"toolstackd/internal/xerr"
 )
@@ -85,13 +83,10 @@ func (q *QEMU) MoveNIC(ctx context.Context, uuid, device, bridge string) error {
 		if !tapNamePattern.MatchString(nic.Tap) {
 			return fmt.Errorf("qemu: not a tap of ours: %q", nic.Tap)
 		}
-		if !bridgeExists(bridge) {
+		if !validBridgeName(bridge) || !q.taps().HasBridge(bridge) {
 			return xerr.New(xerr.OperationNotAllowed, "bridge "+bridge+" does not exist on this host")
 		}
-		if _, err := exec.LookPath("ip"); err != nil || os.Geteuid() != 0 {
-			return xerr.New(xerr.OperationNotAllowed, "moving a tap needs iproute2 and root")
-		}
-		if err := runIP("link", "set", "dev", nic.Tap, "master", bridge); err != nil {
+		if err := q.taps().MoveTap(ctx, nic.Tap, bridge); err != nil {
 			return err
 		}
 	}

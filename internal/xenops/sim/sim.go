@@ -46,7 +46,8 @@ type Simulator struct {
 	fail      map[string]error
 	notifier  backend.Notifier
 	delays    map[string]time.Duration
-	signals   signalLog // what each domain was sent (signals.go)
+	signals   signalLog                // what each domain was sent (signals.go)
+	mirrors   map[mirrorKey]*simMirror // disk mirrors (mirror.go)
 }
 
 type simDomain struct {
@@ -79,6 +80,11 @@ func New(cfg Config) (*Simulator, error) {
 			}
 			var d simDomain
 			if json.Unmarshal(b, &d) != nil || d.Info.UUID == "" || d.Info.UUID+".json" != e.Name() || safepath.Name(d.Info.UUID) != nil {
+				continue
+			}
+			if d.Spec.Incoming {
+				// An incoming migration that never completed (migrate.go).
+				_ = os.Remove(filepath.Join(cfg.StateDir, e.Name()))
 				continue
 			}
 			s.doms[d.Info.UUID] = &d
@@ -279,6 +285,9 @@ func setRunState(to backend.DomainState) func(d *simDomain) error {
 			return err
 		}
 		d.Info.State = to
+		if to == backend.DomainRunning {
+			d.Info.Migrated = false // running here again (migrate.go)
+		}
 		return nil
 	}
 }
