@@ -67,20 +67,8 @@ func (p *Pool) ConnectHTTP(ctx context.Context, hostRef string, req *http.Reques
 	if err != nil {
 		return nil, nil, unreachable(err)
 	}
-	// The host's answer must come within the timeout; the tunnel then has
-	// no deadline of this side's making.
-	stop := context.AfterFunc(dctx, func() { _ = conn.SetDeadline(time.Now()) })
-	br := bufio.NewReader(conn)
-	err = req.Write(conn)
-	var resp *http.Response
-	if err == nil {
-		resp, err = http.ReadResponse(br, req)
-	}
-	if !stop() || err != nil {
-		_ = conn.Close()
-		if err == nil {
-			err = dctx.Err()
-		}
+	br, resp, err := exchange(dctx, conn, req)
+	if err != nil {
 		return nil, nil, unreachable(err)
 	}
 	if resp.StatusCode != http.StatusOK {
@@ -217,4 +205,27 @@ func (p *Pool) serveSession(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(id)
+}
+
+// exchange writes req on a fresh connection to a peer and reads its
+// answer, both within ctx; the connection then has no deadline of this
+// side's making, and the reader holds whatever the peer sent after the
+// answer's head (a tunnel's first bytes). On an error the connection is
+// closed.
+func exchange(ctx context.Context, conn net.Conn, req *http.Request) (*bufio.Reader, *http.Response, error) {
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Now()) })
+	br := bufio.NewReader(conn)
+	err := req.Write(conn)
+	var resp *http.Response
+	if err == nil {
+		resp, err = http.ReadResponse(br, req)
+	}
+	if !stop() || err != nil {
+		_ = conn.Close()
+		if err == nil {
+			err = ctx.Err()
+		}
+		return nil, nil, err
+	}
+	return br, resp, nil
 }

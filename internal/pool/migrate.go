@@ -77,10 +77,8 @@ func (p *Pool) DialMigration(ctx context.Context, hostRef string) (net.Conn, err
 	if err != nil {
 		return nil, err
 	}
-	stop := context.AfterFunc(dctx, func() { _ = conn.SetDeadline(time.Now()) })
 	req, err := http.NewRequestWithContext(dctx, http.MethodPost, migratePath, http.NoBody)
 	if err != nil {
-		stop()
 		_ = conn.Close()
 		return nil, err
 	}
@@ -88,17 +86,8 @@ func (p *Pool) DialMigration(ctx context.Context, hostRef string) (net.Conn, err
 	req.Header.Set("Connection", "Upgrade")
 	req.Header.Set("Upgrade", MigrateProtocol)
 	req.Header.Set(headerIndex, strconv.FormatUint(p.cfg.Repl.SeenIndex(), 10))
-	br := bufio.NewReader(conn)
-	err = req.Write(conn)
-	var resp *http.Response
-	if err == nil {
-		resp, err = http.ReadResponse(br, req)
-	}
-	if !stop() || err != nil {
-		_ = conn.Close()
-		if err == nil {
-			err = dctx.Err()
-		}
+	br, resp, err := exchange(dctx, conn, req)
+	if err != nil {
 		return nil, fmt.Errorf("pool: migration stream to %s: %w", addr, err)
 	}
 	if resp.StatusCode != http.StatusSwitchingProtocols || !hasToken(resp.Header, "Upgrade", MigrateProtocol) {

@@ -170,46 +170,7 @@ func evacCannotRun(snap db.Reader, vm, host *db.Row, self string) *xerr.Error {
 			return xerr.New(xerr.HostNotLive)
 		}
 	}
-	for _, sr := range vmSRs(snap, vm) {
-		if !evacSRPlugged(snap, sr, host.Ref) {
-			return xerr.New(xerr.VMRequiresSR, vm.Ref, sr)
-		}
-	}
-	for _, n := range vmNetworks(snap, vm) {
-		if !evacNetworkOn(snap, n, host.Ref) {
-			return xerr.New(xerr.VMRequiresNetwork, vm.Ref, n)
-		}
-	}
-	return nil
-}
-
-// evacSRPlugged reports whether host has a plugged PBD of sr.
-func evacSRPlugged(snap db.Reader, sr, host string) bool {
-	row, ok := snap.Get(dm.SR.Class, sr)
-	if !ok {
-		return false
-	}
-	for _, ref := range strs(snap.Value(row, dm.SR.PBDs)) {
-		if pbd, ok := snap.Get(dm.PBD.Class, ref); ok && pbd.String(dm.PBD.Host) == host && pbd.Get(dm.PBD.CurrentlyAttached) == true {
-			return true
-		}
-	}
-	return false
-}
-
-// evacNetworkOn reports whether host reaches network: it has a PIF on it, or
-// the network has no PIF at all (internal to each host), as placement
-// judges it.
-func evacNetworkOn(snap db.Reader, network, host string) bool {
-	n, ok := snap.Get(dm.Network.Class, network)
-	if !ok {
-		return true
-	}
-	pifs := strs(snap.Value(n, dm.Network.PIFs))
-	if len(pifs) == 0 {
-		return true
-	}
-	return evacHostPIF(snap, pifs, host) != nil
+	return whyNotOn(snap, vm, host.Ref)
 }
 
 // evacHostPIF is the first of pifs on host, or nil.

@@ -299,22 +299,43 @@ func vmNetworks(r db.Reader, vm *db.Row) []string {
 // hostSeesSRs reports whether host has a plugged PBD for every SR.
 func hostSeesSRs(r db.Reader, host string, srs []string) bool {
 	for _, sr := range srs {
-		row, ok := r.Get(dm.SR.Class, sr)
-		if !ok {
-			continue
-		}
-		seen := false
-		for _, p := range strs(r.Value(row, dm.SR.PBDs)) {
-			if pbd, ok := r.Get(dm.PBD.Class, p); ok && pbd.String(dm.PBD.Host) == host && pbd.Get(dm.PBD.CurrentlyAttached) == true {
-				seen = true
-				break
-			}
-		}
-		if !seen {
+		if _, ok := r.Get(dm.SR.Class, sr); ok && !hostSeesSR(r, host, sr) {
 			return false
 		}
 	}
 	return true
+}
+
+// hostSeesSR reports whether host has a plugged PBD of sr.
+func hostSeesSR(r db.Reader, host, sr string) bool {
+	row, ok := r.Get(dm.SR.Class, sr)
+	if !ok {
+		return false
+	}
+	for _, p := range strs(r.Value(row, dm.SR.PBDs)) {
+		if pbd, ok := r.Get(dm.PBD.Class, p); ok && pbd.String(dm.PBD.Host) == host && pbd.Get(dm.PBD.CurrentlyAttached) == true {
+			return true
+		}
+	}
+	return false
+}
+
+// whyNotOn is why vm cannot run on host as far as its devices go (xapi's
+// assert_can_boot_here, memory and liveness aside): each of its SRs
+// plugged there (VM_REQUIRES_SR) and each of its networks reachable from
+// it (VM_REQUIRES_NETWORK). nil when it can.
+func whyNotOn(r db.Reader, vm *db.Row, host string) *xerr.Error {
+	for _, sr := range vmSRs(r, vm) {
+		if !hostSeesSR(r, host, sr) {
+			return xerr.New(xerr.VMRequiresSR, vm.Ref, sr)
+		}
+	}
+	for _, n := range vmNetworks(r, vm) {
+		if !hostOnNetwork(r, host, n) {
+			return xerr.New(xerr.VMRequiresNetwork, vm.Ref, n)
+		}
+	}
+	return nil
 }
 
 // hostOnNetworks reports whether host reaches every network: it has a PIF

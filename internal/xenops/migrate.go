@@ -324,15 +324,8 @@ func (m *Manager) assertCanMigrate(r db.Reader, vm *db.Row, dest string) error {
 	if host.Get(dm.Host.Enabled) != true {
 		return xerr.New(xerr.HostDisabled, dest)
 	}
-	for _, sr := range vmDiskSRs(r, vm) {
-		if !migSRPlugged(r, sr, dest) {
-			return xerr.New(xerr.VMRequiresSR, vm.Ref, sr)
-		}
-	}
-	for _, n := range migNetworks(r, vm) {
-		if !migNetworkOn(r, n, dest) {
-			return xerr.New(xerr.VMRequiresNetwork, vm.Ref, n)
-		}
+	if err := whyNotOn(r, vm, dest); err != nil {
+		return err
 	}
 	need, _ := vm.Get(dm.VM.MemoryStaticMax).(int64)
 	if metrics, ok := r.Get(dm.HostMetrics.Class, host.String(dm.Host.Metrics)); ok {
@@ -342,76 +335,6 @@ func (m *Manager) assertCanMigrate(r db.Reader, vm *db.Row, dest string) error {
 		}
 	}
 	return nil
-}
-
-// vmDiskSRs are the SRs of a VM's non-empty disks.
-func vmDiskSRs(r db.Reader, vm *db.Row) []string {
-	var out []string
-	seen := map[string]bool{}
-	for _, ref := range strs(r.Value(vm, dm.VM.VBDs)) {
-		vbd, ok := r.Get(dm.VBD.Class, ref)
-		if !ok || vbd.Get(dm.VBD.Empty) == true {
-			continue
-		}
-		vdi, ok := r.Get(dm.VDI.Class, vbd.String(dm.VBD.VDI))
-		if !ok {
-			continue
-		}
-		if sr := vdi.String(dm.VDI.SR); !seen[sr] {
-			seen[sr] = true
-			out = append(out, sr)
-		}
-	}
-	return out
-}
-
-// migSRPlugged reports whether host has a plugged PBD of sr.
-func migSRPlugged(r db.Reader, sr, host string) bool {
-	row, ok := r.Get(dm.SR.Class, sr)
-	if !ok {
-		return false
-	}
-	for _, ref := range strs(r.Value(row, dm.SR.PBDs)) {
-		if pbd, ok := r.Get(dm.PBD.Class, ref); ok && pbd.String(dm.PBD.Host) == host && pbd.Get(dm.PBD.CurrentlyAttached) == true {
-			return true
-		}
-	}
-	return false
-}
-
-// migNetworks are the networks of a VM's VIFs.
-func migNetworks(r db.Reader, vm *db.Row) []string {
-	var out []string
-	seen := map[string]bool{}
-	for _, ref := range strs(r.Value(vm, dm.VM.VIFs)) {
-		if vif, ok := r.Get(dm.VIF.Class, ref); ok {
-			if n := vif.String(dm.VIF.Network); !seen[n] {
-				seen[n] = true
-				out = append(out, n)
-			}
-		}
-	}
-	return out
-}
-
-// migNetworkOn reports whether host reaches network n: it has a PIF on it,
-// or the network has no PIF at all (a network inside each host), as
-// placement judges it.
-func migNetworkOn(r db.Reader, n, host string) bool {
-	row, ok := r.Get(dm.Network.Class, n)
-	if !ok {
-		return true
-	}
-	pifs := strs(r.Value(row, dm.Network.PIFs))
-	if len(pifs) == 0 {
-		return true
-	}
-	for _, p := range pifs {
-		if pif, ok := r.Get(dm.PIF.Class, p); ok && pif.String(dm.PIF.Host) == host {
-			return true
-		}
-	}
-	return false
 }
 
 // migrateOptions are the backend's options for a VM.
