@@ -483,12 +483,7 @@ func (q *QEMU) forgetSent(uuid string) error {
 // settleMigrations applies the journal's migration marks after New has
 // re-attached every domain (see the top of this file).
 func (q *QEMU) settleMigrations() {
-	q.mu.Lock()
-	doms := make([]*qemuDomain, 0, len(q.doms))
-	for _, d := range q.doms {
-		doms = append(doms, d)
-	}
-	q.mu.Unlock()
+	doms := q.domains()
 	for _, d := range doms {
 		d.mu.Lock()
 		uuid, incoming, mig, ran, qmp := d.j.UUID, d.j.Spec.Incoming, d.j.Migration, d.j.MigRunning, d.qmp

@@ -292,12 +292,7 @@ func (q *QEMU) watch() {
 			return
 		case <-t.C:
 		}
-		q.mu.Lock()
-		doms := make([]*qemuDomain, 0, len(q.doms))
-		for _, d := range q.doms {
-			doms = append(doms, d)
-		}
-		q.mu.Unlock()
+		doms := q.domains()
 		for _, d := range doms {
 			d.mu.Lock()
 			check := !d.child && d.j.Pid > 0 && d.state != backend.DomainGone
@@ -1443,14 +1438,20 @@ func (q *QEMU) Info(uuid string) (backend.DomainInfo, bool) {
 	return q.info(d), true
 }
 
-// List implements Backend.
-func (q *QEMU) List() []backend.DomainInfo {
+// domains lists the domains the backend has now.
+func (q *QEMU) domains() []*qemuDomain {
 	q.mu.Lock()
+	defer q.mu.Unlock()
 	doms := make([]*qemuDomain, 0, len(q.doms))
 	for _, d := range q.doms {
 		doms = append(doms, d)
 	}
-	q.mu.Unlock()
+	return doms
+}
+
+// List implements Backend.
+func (q *QEMU) List() []backend.DomainInfo {
+	doms := q.domains()
 	out := make([]backend.DomainInfo, 0, len(doms))
 	for _, d := range doms {
 		out = append(out, q.info(d))
