@@ -54,6 +54,15 @@ func (h *host) openNetwork(o options, hostRef string) error {
 		cfg.Locker = locker
 		h.closers = append(h.closers, locker.Close)
 	}
+	// DHCP for PIFs through BusyBox's udhcpc (internal/network/dhcp.go);
+	// without it reconfigure_ip to DHCP is refused, naming what is missing.
+	if u, err := network.FindUdhcpc("/usr/bin/busybox", o.networkNamespace); err != nil {
+		log.Info("PIFs cannot use DHCP", "err", err)
+		cfg.DHCPMissing = err.Error()
+	} else {
+		cfg.DHCPClient = u
+		h.closers = append(h.closers, u.Close)
+	}
 	m, err := network.Register(cfg)
 	if err != nil {
 		return err

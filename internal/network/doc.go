@@ -112,8 +112,11 @@
 // brought back to the database, the database is not changed, and the
 // caller gets the XenAPI error. A kernel without 802.1Q, bonding or
 // VXLAN answers INTERNAL_ERROR naming the operation and the missing
-// feature. Nothing here runs a DHCP client: reconfigure_ip to DHCP is
-// refused with PIF_CONFIGURATION_ERROR unless Config.DHCP is given.
+// feature. DHCP (IPv4) runs BusyBox's udhcpc per plugged DHCP PIF when
+// Config.DHCPClient is given (dhcp.go, dhcpclients.go): the daemon
+// applies each checked lease itself; without a client, reconfigure_ip
+// to DHCP is refused with PIF_CONFIGURATION_ERROR naming what is
+// missing. DHCPv6 is always refused (udhcpc is IPv4 only).
 // Watch re-plans on database changes, so that what other hosts and the
 // VM lifecycle record reaches the kernel.
 package network

@@ -28,9 +28,15 @@ type Config struct {
 	HostRef string
 	Log     *slog.Logger
 	// DHCP, when set, runs a DHCP client on a device for a PIF in DHCP
-	// mode. toolstackd ships none: when nil, PIF.reconfigure_ip to DHCP
+	// mode. When nil (and DHCPClient is nil), PIF.reconfigure_ip to DHCP
 	// is refused with PIF_CONFIGURATION_ERROR saying so.
 	DHCP func(ctx context.Context, dev string) error
+	// DHCPClient, when set, is the DHCP client the module keeps running
+	// for every plugged DHCP PIF and whose leases it applies
+	// (dhcpclients.go); DHCP is then the module's own.
+	DHCPClient DHCPRunner
+	// DHCPMissing says why there is no DHCP client, for the refusal.
+	DHCPMissing string
 	// Locker, when set, enforces VIF locking on taps (lock.go); without
 	// it a VIF that must be locked or disabled is refused.
 	Locker Locker
@@ -56,6 +62,8 @@ type Manager struct {
 	locked map[string]lockedVIF
 	// ports are the VIFs Config.VIFPorts has ports for (vifport.go).
 	ports map[string]pluggedVIF
+	// dhcp are the DHCP clients of this host's PIFs (dhcpclients.go).
+	dhcp *dhcpClients
 }
 
 // New makes a Manager without registering its messages (Register does
@@ -67,8 +75,13 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	return &Manager{cfg: cfg, db: cfg.Server.DB, log: cfg.Log, extra: map[string]map[string]bool{},
-		locked: map[string]lockedVIF{}}, nil
+	m := &Manager{cfg: cfg, db: cfg.Server.DB, log: cfg.Log, extra: map[string]map[string]bool{},
+		locked: map[string]lockedVIF{}}
+	if cfg.DHCPClient != nil {
+		m.dhcp = newDHCPClients(m, cfg.DHCPClient)
+		m.cfg.DHCP = m.startDHCP
+	}
+	return m, nil
 }
 
 func (m *Manager) extras() map[string]bool {
@@ -790,6 +803,7 @@ func (m *Manager) attach(ctx context.Context, network, why string) (string, erro
 func (m *Manager) Watch(ctx context.Context, period time.Duration) {
 	t := time.NewTicker(period)
 	defer t.Stop()
+	defer m.stopDHCP()
 	var gen uint64
 	var last *Plan
 	for {
@@ -805,6 +819,7 @@ func (m *Manager) Watch(ctx context.Context, period time.Duration) {
 		gen = g
 		m.relock()
 		m.replugVIFPorts(ctx)
+		m.syncDHCP()
 		p := m.Plan()
 		if last != nil && reflect.DeepEqual(p, last) {
 			continue

@@ -495,8 +495,12 @@ func (m *Manager) reconfigureIP(c *api.Call, a dm.PIFReconfigureIPArgs) error {
 		return xerr.New(xerr.PIFIsManagementInterface, ref)
 	}
 	if a.Mode == dm.IPConfigurationModeDHCP && m.cfg.DHCP == nil {
+		why := "toolstackd runs none"
+		if m.cfg.DHCPMissing != "" {
+			why = m.cfg.DHCPMissing
+		}
 		return xerr.New(xerr.PIFConfigurationError, ref,
-			"no DHCP client is available on this host (toolstackd runs none): configure the PIF Static, or None")
+			"no DHCP client is available on this host ("+why+"): configure the PIF Static, or None")
 	}
 	err = m.change(c.Ctx, func(tx *db.Tx) error {
 		return setFields(tx, dm.PIF.Class, ref, map[string]any{"ip_configuration_mode": string(a.Mode), "IP": a.IP,
@@ -560,7 +564,7 @@ func (m *Manager) reconfigureIPv6(c *api.Call, a dm.PIFReconfigureIPV6Args) erro
 	if p.Management && a.Mode == dm.IPV6ConfigurationModeNone && p.PrimaryAddressType == dm.PrimaryAddressTypeIPV6 {
 		return xerr.New(xerr.PIFIsManagementInterface, ref)
 	}
-	if a.Mode == dm.IPV6ConfigurationModeDHCP && m.cfg.DHCP == nil {
+	if a.Mode == dm.IPV6ConfigurationModeDHCP && (m.cfg.DHCP == nil || m.dhcp != nil) { // udhcpc is IPv4 only
 		return xerr.New(xerr.PIFConfigurationError, ref,
 			"no DHCPv6 client is available on this host (toolstackd runs none): configure the PIF Static, Autoconf or None")
 	}
