@@ -124,17 +124,7 @@ func TestEvacuationInputFromDatabase(t *testing.T) {
 	d := db.New(dm.Model, db.Options{})
 	ins := func(tx *db.Tx, c *schema.Class, ref string, fields map[string]any) {
 		t.Helper()
-		row := make([]any, len(c.Fields))
-		for name, v := range fields {
-			f := c.Field(name)
-			if f == nil {
-				t.Fatalf("%s has no field %s", c.Name, name)
-			}
-			row[f.Index] = v
-		}
-		if _, err := tx.Insert(c, ref, row); err != nil {
-			t.Fatalf("insert %s: %v", ref, err)
-		}
+		insertFields(t, tx, c, ref, fields)
 	}
 	mustUpdate := func(fn func(tx *db.Tx)) {
 		t.Helper()

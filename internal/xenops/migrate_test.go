@@ -30,17 +30,7 @@ func TestAssertCanMigrate(t *testing.T) {
 	d := db.New(dm.Model, db.Options{})
 	ins := func(tx *db.Tx, c *schema.Class, ref string, fields map[string]any) {
 		t.Helper()
-		row := make([]any, len(c.Fields))
-		for name, v := range fields {
-			f := c.Field(name)
-			if f == nil {
-				t.Fatalf("%s has no field %s", c.Name, name)
-			}
-			row[f.Index] = v
-		}
-		if _, err := tx.Insert(c, ref, row); err != nil {
-			t.Fatalf("insert %s: %v", ref, err)
-		}
+		insertFields(t, tx, c, ref, fields)
 	}
 	update := func(fn func(tx *db.Tx) error) {
 		t.Helper()
@@ -172,5 +162,22 @@ func TestMigrationWire(t *testing.T) {
 	var xe *xerr.Error
 	if err := f.asError(); !errors.As(err, &xe) || xe.Code != xerr.HostNotEnoughFreeMemory || !slices.Equal(xe.Params, []string{"1", "2"}) {
 		t.Errorf("failure across: %v", err)
+	}
+}
+
+// insertFields inserts a row of class c named ref with the fields given
+// by name (the rest zero), failing the test on an unknown field.
+func insertFields(t *testing.T, tx *db.Tx, c *schema.Class, ref string, fields map[string]any) {
+	t.Helper()
+	row := make([]any, len(c.Fields))
+	for name, v := range fields {
+		f := c.Field(name)
+		if f == nil {
+			t.Fatalf("%s has no field %s", c.Name, name)
+		}
+		row[f.Index] = v
+	}
+	if _, err := tx.Insert(c, ref, row); err != nil {
+		t.Fatalf("insert %s: %v", ref, err)
 	}
 }

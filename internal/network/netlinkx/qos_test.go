@@ -5,59 +5,23 @@ import (
 	"errors"
 	"net"
 	"os"
-	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"toolstackd/internal/network"
 	"toolstackd/internal/network/netnstest"
 )
 
-// udpIn makes a UDP socket in the namespace at path, bound to addr: a
-// goroutine locks its thread, enters the namespace for the socket call
-// only and comes back.
+// udpIn makes a UDP socket in the namespace ns, bound to addr.
 func udpIn(t *testing.T, ns *netnstest.Namespace, addr string) *net.UDPConn {
 	t.Helper()
-	type result struct {
-		fd  int
-		err error
-	}
-	c := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			c <- result{-1, err}
-			return
-		}
-		defer func() { _ = orig.Close() }()
-		defer func() {
-			if netns.Set(orig) == nil {
-				runtime.UnlockOSThread()
-			}
-		}()
-		h, err := netns.GetFromPath(ns.Path())
-		if err != nil {
-			c <- result{-1, err}
-			return
-		}
-		defer func() { _ = h.Close() }()
-		if err := netns.Set(h); err != nil {
-			c <- result{-1, err}
-			return
-		}
-		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-		c <- result{fd, err}
-	}()
-	r := <-c
-	if r.err != nil {
-		t.Fatal(r.err)
+	fd, err := ns.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0)
+	if err != nil {
+		t.Fatal(err)
 	}
 	ua, err := net.ResolveUDPAddr("udp4", addr)
 	if err != nil {
@@ -65,12 +29,12 @@ func udpIn(t *testing.T, ns *netnstest.Namespace, addr string) *net.UDPConn {
 	}
 	sa := &unix.SockaddrInet4{Port: ua.Port}
 	copy(sa.Addr[:], ua.IP.To4())
-	_ = unix.SetsockoptInt(r.fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<20)
-	if err := unix.Bind(r.fd, sa); err != nil {
-		_ = unix.Close(r.fd)
+	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<20)
+	if err := unix.Bind(fd, sa); err != nil {
+		_ = unix.Close(fd)
 		t.Fatal(err)
 	}
-	f := os.NewFile(uintptr(r.fd), "udp")
+	f := os.NewFile(uintptr(fd), "udp")
 	pc, err := net.FilePacketConn(f)
 	_ = f.Close()
 	if err != nil {

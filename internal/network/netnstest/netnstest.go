@@ -226,6 +226,12 @@ func echo(id, seq uint16) []byte {
 	return b
 }
 
+// Socket makes a socket (unix.Socket's arguments; close-on-exec is
+// added) in the namespace, for a test that needs one there.
+func (ns *Namespace) Socket(domain, typ, proto int) (int, error) {
+	return socketIn(ns.Path(), domain, typ, proto)
+}
+
 // socketIn makes a socket in the network namespace at path: a new
 // goroutine locks its thread, enters the namespace, makes the socket and
 // puts the thread back in its own namespace before unlocking it.
