@@ -11,17 +11,15 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/vishvananda/netns"
-
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/network"
+	"toolstackd/internal/network/nsrun"
 	"toolstackd/internal/pool"
 	"toolstackd/internal/xerr"
 )
@@ -320,7 +318,7 @@ func (mg *management) CutOff() bool {
 // namespace when one is set.
 func (mg *management) listenOn(addr string) (net.Listener, error) {
 	var l net.Listener
-	err := inNamespace(mg.o.networkNamespace, func() (err error) {
+	err := nsrun.Run(mg.o.networkNamespace, func() (err error) {
 		l, err = net.Listen("tcp", addr)
 		return err
 	})
@@ -349,49 +347,10 @@ func (o options) poolDial() func(ctx context.Context, network, addr string) (net
 			return d.DialContext(ctx, network, addr)
 		}
 		var c net.Conn
-		err = inNamespace(ns, func() (err error) {
+		err = nsrun.Run(ns, func() (err error) {
 			c, err = d.DialContext(ctx, network, addr)
 			return err
 		})
 		return c, err
 	}
-}
-
-// inNamespace runs f on a thread in the network namespace at path (the
-// daemon's own when path is ""): a socket f makes stays there. The thread
-// goes back to its namespace after; if it cannot, it stays locked and the
-// runtime ends it with its goroutine.
-func inNamespace(path string, f func() error) error {
-	if path == "" {
-		return f()
-	}
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- err
-			return
-		}
-		defer func() { _ = orig.Close() }()
-		target, err := netns.GetFromPath(path)
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("network namespace %s: %w", path, err)
-			return
-		}
-		defer func() { _ = target.Close() }()
-		if err := netns.Set(target); err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("entering network namespace %s: %w", path, err)
-			return
-		}
-		err = f()
-		if netns.Set(orig) == nil {
-			runtime.UnlockOSThread()
-		}
-		errc <- err
-	}()
-	return <-errc
 }

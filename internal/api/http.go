@@ -87,6 +87,21 @@ func readLimited(w http.ResponseWriter, r *http.Request, limit int64, tooLarge, 
 	return body, true
 }
 
+// WriteDownloadHeader starts the answer to a file download that task
+// taskRef follows, as xapi's download handlers answer: 200, contentType,
+// the body as an attachment named filename (a plain name: no quote, no
+// path) and the task in Task-Id. Other headers (Content-Length) must be
+// set before. It reports whether the body is to follow: false for a HEAD
+// request, whose answer is then complete.
+func WriteDownloadHeader(w http.ResponseWriter, r *http.Request, contentType, filename, taskRef string) bool {
+	h := w.Header()
+	h.Set("Content-Type", contentType)
+	h.Set("Content-Disposition", `attachment; filename="`+filename+`"`)
+	h.Set("Task-Id", taskRef)
+	w.WriteHeader(http.StatusOK)
+	return r.Method != http.MethodHead
+}
+
 // setType sets Content-Type exactly as given: Xen Orchestra's client
 // rejects a charset parameter.
 func setType(w http.ResponseWriter, ct string) {

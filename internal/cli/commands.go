@@ -94,15 +94,9 @@ func (s *Server) addCommands() {
 		})
 	vmOp("vm-snapshot", "Snapshots the selected VM and prints the snapshot's uuid.", selectOpts{},
 		func(c *Ctx, vm *db.Row) error {
-			ignore := []string{}
-			if list, ok := c.param("ignore-vdi-uuids"); ok && list != "" {
-				for _, u := range strings.Split(list, ",") {
-					ref, err := c.objectRef(dm.VDI.Class, strings.TrimSpace(u))
-					if err != nil {
-						return err
-					}
-					ignore = append(ignore, ref)
-				}
+			ignore, err := c.objectRefs(dm.VDI.Class, "ignore-vdi-uuids")
+			if err != nil {
+				return err
 			}
 			ref, err := c.call("VM.snapshot", vm.Ref, c.require("new-name-label"), ignore)
 			if err != nil {
@@ -290,6 +284,23 @@ func c1(method string, cls *schema.Class) func(*Ctx) error {
 			return err
 		}
 		_, err = c.call(method, ref)
+		return err
+	}
+}
+
+// c2 is c1 for a method that also takes a second object: the one the
+// parameter param names by uuid, of class other.
+func c2(method string, cls *schema.Class, param string, other *schema.Class) func(*Ctx) error {
+	return func(c *Ctx) error {
+		ref, err := c.objectRef(cls, c.require("uuid"))
+		if err != nil {
+			return err
+		}
+		ref2, err := c.objectRef(other, c.require(param))
+		if err != nil {
+			return err
+		}
+		_, err = c.call(method, ref, ref2)
 		return err
 	}
 }

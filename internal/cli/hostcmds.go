@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"sort"
@@ -141,17 +142,11 @@ func (s *Server) addHostCommands() {
 		})
 	s.register("pool-ha-enable", "Turns HA on for the pool (heartbeat-sr-uuids: the SRs for its heartbeat; ha-config:<key>=<value>).",
 		func(c *Ctx) error {
-			srs := []string{}
-			if list := c.paramOr("heartbeat-sr-uuids", ""); list != "" {
-				for _, u := range strings.Split(list, ",") {
-					ref, err := c.objectRef(dm.SR.Class, strings.TrimSpace(u))
-					if err != nil {
-						return err
-					}
-					srs = append(srs, ref)
-				}
+			srs, err := c.objectRefs(dm.SR.Class, "heartbeat-sr-uuids")
+			if err != nil {
+				return err
 			}
-			_, err := c.call("pool.enable_ha", srs, c.mapParams("ha-config"))
+			_, err = c.call("pool.enable_ha", srs, c.mapParams("ha-config"))
 			return err
 		})
 	s.register("pool-ha-disable", "Turns HA off for the pool.", call0("pool.disable_ha"))
@@ -370,15 +365,9 @@ func (s *Server) addObjectCommands() {
 			"name_description": c.paramOr("name-description", "")})
 	})
 	s.register("observer-create", "Creates a tracing observer and prints its uuid.", func(c *Ctx) error {
-		hosts := []string{}
-		if list := c.paramOr("host-uuids", ""); list != "" {
-			for _, u := range strings.Split(list, ",") {
-				ref, err := c.objectRef(dm.Host.Class, strings.TrimSpace(u))
-				if err != nil {
-					return err
-				}
-				hosts = append(hosts, ref)
-			}
+		hosts, err := c.objectRefs(dm.Host.Class, "host-uuids")
+		if err != nil {
+			return err
 		}
 		enabled, err := c.boolParam("enabled")
 		if err != nil {
@@ -432,15 +421,9 @@ func (s *Server) addObjectCommands() {
 			}
 			rates[i] = v
 		}
-		var callers []string
-		if list := c.paramOr("caller-uuids", ""); list != "" {
-			for _, u := range strings.Split(list, ",") {
-				ref, err := c.objectRef(dm.Caller.Class, strings.TrimSpace(u))
-				if err != nil {
-					return err
-				}
-				callers = append(callers, ref)
-			}
+		callers, err := c.objectRefs(dm.Caller.Class, "caller-uuids")
+		if err != nil {
+			return err
 		}
 		ref, err := c.call("Rate_limit.create", map[string]any{"name_label": c.paramOr("name-label", ""),
 			"name_description": c.paramOr("name-description", ""), "burst_size": rates[0], "fill_rate": rates[1]})
@@ -506,10 +489,7 @@ func (c *Ctx) thePool() (*db.Row, error) {
 // that order), or all of them sorted, less those hidden.
 func mapRecord(m map[string]string, keys, hide []string) []field {
 	if keys == nil {
-		for k := range m {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
+		keys = slices.Sorted(maps.Keys(m))
 	}
 	var out []field
 	for _, k := range keys {
@@ -547,12 +527,7 @@ func (s *Server) failoverPlan(c *Ctx) error {
 	snap = s.api.DB.Snapshot()
 	plan, _ := v.(map[string]map[string]string)
 	rec := []field{{"VM", "Destination Host or Error"}}
-	refs := make([]string, 0, len(plan))
-	for ref := range plan {
-		refs = append(refs, ref)
-	}
-	sort.Strings(refs)
-	for _, ref := range refs {
+	for _, ref := range slices.Sorted(maps.Keys(plan)) {
 		res := plan[ref]
 		name := ref
 		if r, ok := snap.Get(dm.VM.Class, ref); ok {

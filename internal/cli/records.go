@@ -345,28 +345,8 @@ func (fm formatter) entries(t *schema.Type, v any) []param {
 		kt, vt = t.Key, t.Elem
 	}
 	var out []param
-	add := func(k string, val any) { out = append(out, param{fm.scalar(kt, k), fm.scalar(vt, val)}) }
-	switch x := v.(type) {
-	case map[string]string:
-		for k, e := range x {
-			add(k, e)
-		}
-	case map[string]int64:
-		for k, e := range x {
-			add(k, e)
-		}
-	case map[string]float64:
-		for k, e := range x {
-			add(k, e)
-		}
-	case map[string][]string:
-		for k, e := range x {
-			add(k, e)
-		}
-	case map[string]any:
-		for k, e := range x {
-			add(k, e)
-		}
+	for k, e := range schema.MapEntries(v) {
+		out = append(out, param{fm.scalar(kt, k), fm.scalar(vt, e)})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].k < out[j].k })
 	return out
@@ -501,6 +481,25 @@ func (c *Ctx) objectRef(cls *schema.Class, s string) (string, error) {
 		return "", xerr.New(xerr.UUIDInvalid, cls.Name, s)
 	}
 	return c.refOf(cls, s)
+}
+
+// objectRefs reads parameter k, a comma-separated list of the uuids of
+// objects of class cls, as their refs. Absent or empty, it names no
+// object: an empty list, not nil, as the calls take a set.
+func (c *Ctx) objectRefs(cls *schema.Class, k string) ([]string, error) {
+	refs := []string{}
+	list := c.paramOr(k, "")
+	if list == "" {
+		return refs, nil
+	}
+	for _, u := range strings.Split(list, ",") {
+		ref, err := c.objectRef(cls, strings.TrimSpace(u))
+		if err != nil {
+			return nil, err
+		}
+		refs = append(refs, ref)
+	}
+	return refs, nil
 }
 
 // refOf turns what a user typed for an object (its uuid, or a ref) into

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
 
@@ -194,7 +195,7 @@ func (s *Server) addVMCommands() {
 		switch {
 		case len(bios) == 0:
 			c.out.msg("The BIOS strings of this VM have not yet been set.")
-		case isGenericBIOS(bios):
+		case maps.Equal(bios, genericBIOS):
 			c.out.msg("This VM is BIOS-generic.")
 		default:
 			c.out.msg("This VM is BIOS-customized.")
@@ -235,18 +236,6 @@ var genericBIOS = map[string]string{
 	"system-version": "", "system-serial-number": "", "baseboard-manufacturer": "", "baseboard-product-name": "",
 	"baseboard-version": "", "baseboard-serial-number": "", "baseboard-asset-tag": "", "baseboard-location-in-chassis": "",
 	"enclosure-asset-tag": "", "hp-rombios": "", "oem-1": "Xen", "oem-2": "MS_VM_CERT/SHA1/bdbeb6e0a816d43fa6d3fe8aaef04c2bad9d3e3d",
-}
-
-func isGenericBIOS(b map[string]string) bool {
-	if len(b) != len(genericBIOS) {
-		return false
-	}
-	for k, v := range genericBIOS {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }
 
 // forcedOnly wraps a command that refuses to run without --force.

@@ -42,6 +42,21 @@ type member struct {
 	Address string `json:"address"`
 }
 
+// readMember reads a member message naming a host of the pool, or
+// answers 400 (not the JSON expected) or 404 (no such host) and returns
+// false.
+func (p *Pool) readMember(w http.ResponseWriter, r *http.Request) (member, bool) {
+	var m member
+	if !readJSON(w, r, &m) {
+		return m, false
+	}
+	if _, ok := p.cfg.Server.DB.Snapshot().ByUUID(dm.Host.Class, m.UUID); !ok {
+		http.Error(w, "no such host in the pool", http.StatusNotFound)
+		return m, false
+	}
+	return m, true
+}
+
 func (p *Pool) emergencyTransitionToMaster(c *api.Call, _ dm.PoolEmergencyTransitionToMasterArgs) (dm.Void, error) {
 	p.joinMu.Lock()
 	defer p.joinMu.Unlock()
@@ -165,12 +180,8 @@ func (p *Pool) serveRejoin(w http.ResponseWriter, _ *http.Request) {
 
 // serveReadd: a member that started again asks to be added back.
 func (p *Pool) serveReadd(w http.ResponseWriter, r *http.Request) {
-	var m member
-	if !readJSON(w, r, &m) {
-		return
-	}
-	if _, ok := p.cfg.Server.DB.Snapshot().ByUUID(dm.Host.Class, m.UUID); !ok {
-		http.Error(w, "no such host in the pool", http.StatusNotFound)
+	m, ok := p.readMember(w, r)
+	if !ok {
 		return
 	}
 	if _, _, err := net.SplitHostPort(m.Address); err != nil {

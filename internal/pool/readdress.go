@@ -10,7 +10,6 @@ import (
 
 	"github.com/hashicorp/raft"
 
-	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/pool/dbraft"
 	"toolstackd/internal/xerr"
 )
@@ -128,12 +127,8 @@ func (p *Pool) setRaftAddress(m member) error {
 
 // serveAddress: a member moved its management address.
 func (p *Pool) serveAddress(w http.ResponseWriter, r *http.Request) {
-	var m member
-	if !readJSON(w, r, &m) {
-		return
-	}
-	if _, ok := p.cfg.Server.DB.Snapshot().ByUUID(dm.Host.Class, m.UUID); !ok {
-		http.Error(w, "no such host in the pool", http.StatusNotFound)
+	m, ok := p.readMember(w, r)
+	if !ok {
 		return
 	}
 	if err := checkAddress(m.Address); err != nil {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 )
 
@@ -21,30 +22,32 @@ const (
 	Derive
 )
 
+// dsTypeNames are the rrdtool spellings of the data source types.
+var dsTypeNames = [...]string{Gauge: "GAUGE", Absolute: "ABSOLUTE", Derive: "DERIVE"}
+
 // String gives the rrdtool spelling: GAUGE, ABSOLUTE or DERIVE.
-func (t DSType) String() string {
-	switch t {
-	case Gauge:
-		return "GAUGE"
-	case Absolute:
-		return "ABSOLUTE"
-	case Derive:
-		return "DERIVE"
-	}
-	return fmt.Sprintf("DSType(%d)", uint8(t))
-}
+func (t DSType) String() string { return enumName(dsTypeNames[:], t, "DSType") }
 
 // ParseDSType reads the rrdtool spelling of a data source type (exact case).
 func ParseDSType(s string) (DSType, error) {
-	switch s {
-	case "GAUGE":
-		return Gauge, nil
-	case "ABSOLUTE":
-		return Absolute, nil
-	case "DERIVE":
-		return Derive, nil
+	if t, ok := parseEnum[DSType](dsTypeNames[:], s); ok {
+		return t, nil
 	}
 	return 0, fmt.Errorf("rrd: unknown data source type %q", s)
+}
+
+// enumName is the name names gives v, or typ(v) when it gives none.
+func enumName[T ~uint8](names []string, v T, typ string) string {
+	if int(v) < len(names) {
+		return names[v]
+	}
+	return fmt.Sprintf("%s(%d)", typ, uint8(v))
+}
+
+// parseEnum is the value names gives the name s (exactly), if any.
+func parseEnum[T ~uint8](names []string, s string) (T, bool) {
+	i := slices.Index(names, s)
+	return T(i), i >= 0
 }
 
 // CF is a consolidation function: how the primary data points of one row of
@@ -65,35 +68,23 @@ const (
 	AnyCF CF = 255
 )
 
-// String gives the rrdtool spelling: AVERAGE, MIN, MAX or LAST.
+// cfNames are the rrdtool spellings of the consolidation functions.
+var cfNames = [...]string{Average: "AVERAGE", Min: "MIN", Max: "MAX", Last: "LAST"}
+
+// String gives the rrdtool spelling: AVERAGE, MIN, MAX or LAST (and ANY
+// for AnyCF).
 func (c CF) String() string {
-	switch c {
-	case Average:
-		return "AVERAGE"
-	case Min:
-		return "MIN"
-	case Max:
-		return "MAX"
-	case Last:
-		return "LAST"
-	case AnyCF:
+	if c == AnyCF {
 		return "ANY"
 	}
-	return fmt.Sprintf("CF(%d)", uint8(c))
+	return enumName(cfNames[:], c, "CF")
 }
 
 // ParseCF reads the rrdtool spelling of a consolidation function. Like
 // xapi's it is case-sensitive: "average" is an error.
 func ParseCF(s string) (CF, error) {
-	switch s {
-	case "AVERAGE":
-		return Average, nil
-	case "MIN":
-		return Min, nil
-	case "MAX":
-		return Max, nil
-	case "LAST":
-		return Last, nil
+	if c, ok := parseEnum[CF](cfNames[:], s); ok {
+		return c, nil
 	}
 	return 0, fmt.Errorf("rrd: unknown consolidation function %q", s)
 }

@@ -522,3 +522,31 @@ func TestHostLayoutConsolidates(t *testing.T) {
 		t.Errorf("step %d rows %d legend %v first %d", x.Step, len(x.Rows), x.Legend, x.Rows[0].T)
 	}
 }
+
+// The rrdtool spellings read back as what wrote them, in exact case only.
+func TestNamesRoundTrip(t *testing.T) {
+	for _, ty := range []DSType{Gauge, Absolute, Derive} {
+		if got, err := ParseDSType(ty.String()); err != nil || got != ty {
+			t.Errorf("ParseDSType(%q) = %v, %v", ty.String(), got, err)
+		}
+	}
+	for _, cf := range []CF{Average, Min, Max, Last} {
+		if got, err := ParseCF(cf.String()); err != nil || got != cf {
+			t.Errorf("ParseCF(%q) = %v, %v", cf.String(), got, err)
+		}
+	}
+	if s := AnyCF.String(); s != "ANY" {
+		t.Errorf("AnyCF is %q", s)
+	}
+	if s, s2 := CF(7).String(), DSType(3).String(); s != "CF(7)" || s2 != "DSType(3)" {
+		t.Errorf("out of range: %q, %q", s, s2)
+	}
+	for _, s := range []string{"", "ANY", "average", "Gauge", "COUNTER"} {
+		if _, err := ParseCF(s); err == nil {
+			t.Errorf("ParseCF(%q) accepted", s)
+		}
+		if _, err := ParseDSType(s); err == nil {
+			t.Errorf("ParseDSType(%q) accepted", s)
+		}
+	}
+}

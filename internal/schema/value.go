@@ -2,6 +2,7 @@ package schema
 
 import (
 	"fmt"
+	"iter"
 	"math"
 	"slices"
 	"strconv"
@@ -629,6 +630,33 @@ func collectAs[T any](elem *Type, elems []string, parse func(*Type, string) (any
 		out = append(out, x)
 	}
 	return out, nil
+}
+
+// MapEntries yields the entries of a map value in any canonical form, in
+// no particular order; any other value yields none.
+func MapEntries(m any) iter.Seq2[string, any] {
+	return func(yield func(string, any) bool) {
+		switch x := m.(type) {
+		case map[string]string:
+			yieldEntries(x, yield)
+		case map[string]int64:
+			yieldEntries(x, yield)
+		case map[string]float64:
+			yieldEntries(x, yield)
+		case map[string][]string:
+			yieldEntries(x, yield)
+		case map[string]any:
+			yieldEntries(x, yield)
+		}
+	}
+}
+
+func yieldEntries[V any](m map[string]V, yield func(string, any) bool) {
+	for k, v := range m {
+		if !yield(k, v) {
+			return
+		}
+	}
 }
 
 // MapPut returns m with k set to v, for any canonical map form; a nil map

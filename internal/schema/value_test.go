@@ -2,6 +2,7 @@ package schema
 
 import (
 	"math"
+	"reflect"
 	"testing"
 	"time"
 )
@@ -141,4 +142,40 @@ func FuzzParseDB(f *testing.F) {
 			}
 		}
 	})
+}
+
+// MapEntries walks every canonical map form, and nothing else.
+func TestMapEntries(t *testing.T) {
+	for _, c := range []struct {
+		m    any
+		want map[string]any
+	}{
+		{map[string]string{"a": "x", "b": "y"}, map[string]any{"a": "x", "b": "y"}},
+		{map[string]int64{"a": 1, "b": 2}, map[string]any{"a": int64(1), "b": int64(2)}},
+		{map[string]float64{"a": 0.5}, map[string]any{"a": 0.5}},
+		{map[string][]string{"a": {"x"}, "b": nil}, map[string]any{"a": []string{"x"}, "b": []string(nil)}},
+		{map[string]any{"a": "x", "b": int64(2)}, map[string]any{"a": "x", "b": int64(2)}},
+		{map[string]string(nil), map[string]any{}},
+	} {
+		got := map[string]any{}
+		for k, v := range MapEntries(c.m) {
+			got[k] = v
+		}
+		if !reflect.DeepEqual(got, c.want) {
+			t.Errorf("%T: %v, want %v", c.m, got, c.want)
+		}
+	}
+	n := 0
+	for range MapEntries(map[string]string{"a": "x", "b": "y"}) {
+		n++
+		break // stopping early must not panic
+	}
+	if n != 1 {
+		t.Fatalf("%d entries before break", n)
+	}
+	for _, v := range []any{nil, "map", []string{"a"}, map[string]bool{"a": true}} {
+		for k := range MapEntries(v) {
+			t.Errorf("%T yielded %q", v, k)
+		}
+	}
 }

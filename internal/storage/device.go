@@ -55,6 +55,18 @@ func (d *device) extents() []Extent {
 	return []Extent{{Offset: 0, Length: d.size}}
 }
 
+// dataExtents are the extents of the device that hold data, in order, and
+// the number of bytes they hold.
+func (d *device) dataExtents() (data []Extent, size int64) {
+	for _, e := range d.extents() {
+		if !e.Zero {
+			data = append(data, e)
+			size += e.Length
+		}
+	}
+	return data, size
+}
+
 // openDevice opens an attached datapath for reading or for writing.
 func openDevice(ctx context.Context, dp Datapath, write bool, run string) (*device, error) {
 	switch dp.Kind {

@@ -746,12 +746,7 @@ func compareDevices(ctx context.Context, a, base *device) ([]Extent, error) {
 		out = append(out, Extent{Offset: off, Length: n, Zero: zero})
 	}
 	// Only where either side has data can they differ.
-	var ranges []Extent
-	for _, e := range a.extents() {
-		if !e.Zero {
-			ranges = append(ranges, e)
-		}
-	}
+	ranges, _ := a.dataExtents()
 	for _, e := range base.extents() {
 		if !e.Zero && e.Offset < a.size {
 			ranges = append(ranges, Extent{Offset: e.Offset, Length: min(e.Length, a.size-e.Offset)})

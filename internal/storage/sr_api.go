@@ -646,13 +646,22 @@ func (s *Service) handlePBDCreate(c *api.Call) (any, error) {
 	return ref, err
 }
 
-func (s *Service) handlePBDPlug(c *api.Call, a dm.PBDPlugArgs) (dm.Void, error) {
-	pbd, err := c.Lookup(dm.PBD.Class, string(a.Self))
+// markPBDOp reads the PBD a PBD.plug or PBD.unplug names and marks op in
+// its SR's current_operations for the call; done takes the mark off.
+func (s *Service) markPBDOp(c *api.Call, ref dm.PBDRef, op string) (pbd *db.Row, done func(), err error) {
+	pbd, err = c.Lookup(dm.PBD.Class, string(ref))
 	if err != nil {
-		return dm.Void{}, err
+		return nil, nil, err
 	}
-	srRef := pbd.String(dm.PBD.SR)
-	done, err := s.mark(c.Ctx, opKey(c), marked{dm.SR.Class, srRef, "plug"})
+	done, err = s.mark(c.Ctx, opKey(c), marked{dm.SR.Class, pbd.String(dm.PBD.SR), op})
+	if err != nil {
+		return nil, nil, err
+	}
+	return pbd, done, nil
+}
+
+func (s *Service) handlePBDPlug(c *api.Call, a dm.PBDPlugArgs) (dm.Void, error) {
+	pbd, done, err := s.markPBDOp(c, a.Self, "plug")
 	if err != nil {
 		return dm.Void{}, err
 	}
@@ -713,16 +722,12 @@ func (s *Service) setPlugged(pbdRef string, on bool) error {
 }
 
 func (s *Service) handlePBDUnplug(c *api.Call, a dm.PBDUnplugArgs) (dm.Void, error) {
-	pbd, err := c.Lookup(dm.PBD.Class, string(a.Self))
-	if err != nil {
-		return dm.Void{}, err
-	}
-	srRef := pbd.String(dm.PBD.SR)
-	done, err := s.mark(c.Ctx, opKey(c), marked{dm.SR.Class, srRef, "unplug"})
+	pbd, done, err := s.markPBDOp(c, a.Self, "unplug")
 	if err != nil {
 		return dm.Void{}, err
 	}
 	defer done()
+	srRef := pbd.String(dm.PBD.SR)
 	if !boolField(pbd, dm.PBD.CurrentlyAttached) {
 		return dm.Void{}, nil
 	}

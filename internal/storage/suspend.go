@@ -321,14 +321,10 @@ func (s *Service) LoadSuspendImage(ctx context.Context, vmRef, vdiRef, path stri
 		return refuse("cannot attach", "err", err)
 	}
 	defer done()
-	var ranges []Extent
-	var data, end int64
-	for _, e := range dev.extents() {
-		if !e.Zero {
-			ranges = append(ranges, e)
-			data += e.Length
-			end = e.Offset + e.Length
-		}
+	ranges, data := dev.dataExtents()
+	var end int64
+	if n := len(ranges); n > 0 {
+		end = ranges[n-1].Offset + ranges[n-1].Length
 	}
 	if data > limit {
 		return refuse("more data than the VM's memory makes", "bytes", data, "limit", limit)

@@ -508,12 +508,7 @@ func (s *Service) handleVDICopy(c *api.Call, a dm.VDICopyArgs) (dm.VDIRef, error
 		return "", err
 	}
 	defer sdone()
-	var need int64
-	for _, e := range sdev.extents() {
-		if !e.Zero {
-			need += e.Length
-		}
-	}
+	_, need := sdev.dataExtents()
 	// The disk reserve (see spaceGuard): the amount is known up front.
 	if l, ok := dstB.sr.(localDirer); ok {
 		if err := s.guardFor(l.localDir()).check(need); err != nil {
@@ -595,14 +590,8 @@ func copyAppend(ctx context.Context, src *device, path string, progress func(don
 	if err != nil {
 		return err
 	}
-	var ranges []Extent
-	var total, done int64
-	for _, e := range src.extents() {
-		if !e.Zero {
-			ranges = append(ranges, e)
-			total += e.Length
-		}
-	}
+	ranges, total := src.dataExtents()
+	var done int64
 	err = readOrdered(ctx, src.r, ranges, func(off int64, b []byte) error {
 		done += int64(len(b))
 		progress(done, total)

@@ -96,12 +96,7 @@ func (s *Service) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		api.WriteHTTPError(w, err)
 		return
 	}
-	h := w.Header()
-	h.Set("Content-Type", ContentType(format))
-	h.Set("Content-Disposition", `attachment; filename="`+s.downloadName(format)+`"`)
-	h.Set("Task-Id", task.Ref)
-	w.WriteHeader(http.StatusOK)
-	if r.Method == http.MethodHead {
+	if !api.WriteDownloadHeader(w, r, ContentType(format), s.downloadName(format), task.Ref) {
 		task.Finish(schema.Void, nil, nil)
 		return
 	}

@@ -98,37 +98,15 @@ func neutral(t *schema.Type, v any, ids map[string]string) any {
 		return out
 	case schema.KMap:
 		out := map[string]any{}
-		put := func(k string, x any) {
+		for k, x := range schema.MapEntries(v) {
 			if t.Elem.Kind == schema.KRef {
 				if id, ok := ids[x.(string)]; ok {
 					out[k] = id
 				}
-				return
+				continue
 			}
 			if n := neutral(t.Elem, x, ids); n != nil {
 				out[k] = n
-			}
-		}
-		switch m := v.(type) {
-		case map[string]string:
-			for k, x := range m {
-				put(k, x)
-			}
-		case map[string]int64:
-			for k, x := range m {
-				put(k, x)
-			}
-		case map[string]float64:
-			for k, x := range m {
-				put(k, x)
-			}
-		case map[string][]string:
-			for k, x := range m {
-				put(k, x)
-			}
-		case map[string]any:
-			for k, x := range m {
-				put(k, x)
 			}
 		}
 		return out

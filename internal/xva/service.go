@@ -305,12 +305,7 @@ func (s *Service) serveExport(w http.ResponseWriter, r *http.Request) {
 		api.WriteHTTPError(w, err)
 		return
 	}
-	h := w.Header()
-	h.Set("Content-Type", "application/octet-stream")
-	h.Set("Content-Disposition", `attachment; filename="export.xva"`)
-	h.Set("Task-Id", task.Ref)
-	w.WriteHeader(http.StatusOK)
-	if r.Method == http.MethodHead {
+	if !api.WriteDownloadHeader(w, r, "application/octet-stream", "export.xva", task.Ref) {
 		task.Finish(schema.Void, nil, nil)
 		return
 	}
@@ -420,13 +415,8 @@ func (s *Service) serveExportMetadata(w http.ResponseWriter, r *http.Request) {
 		api.WriteHTTPError(w, err)
 		return
 	}
-	h := w.Header()
-	h.Set("Content-Type", "application/octet-stream")
-	h.Set("Content-Length", strconv.Itoa(buf.Len()))
-	h.Set("Content-Disposition", `attachment; filename="export.xva"`)
-	h.Set("Task-Id", task.Ref)
-	w.WriteHeader(http.StatusOK)
-	if r.Method != http.MethodHead {
+	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
+	if api.WriteDownloadHeader(w, r, "application/octet-stream", "export.xva", task.Ref) {
 		_, err = io.WriteString(w, buf.String())
 	}
 	task.Finish(schema.Void, nil, err)

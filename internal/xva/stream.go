@@ -17,6 +17,7 @@ import (
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
 
+	"toolstackd/internal/ioerr"
 	"toolstackd/internal/storage/imageformat"
 	"toolstackd/internal/xerr"
 )
@@ -102,7 +103,7 @@ type Reader struct {
 // NewReader detects the compression of r, reads ova.xml and returns the
 // reader positioned at the first disk.
 func NewReader(r io.Reader) (*Reader, error) {
-	in := &sourceReader{r: r}
+	in := &ioerr.Reader{R: r}
 	br := bufio.NewReaderSize(in, 64<<10)
 	magic, _ := br.Peek(4) // short: not compressed, and the tar reader says what is wrong
 	x := &Reader{closer: func() {}}
@@ -152,32 +153,18 @@ func NewReader(r io.Reader) (*Reader, error) {
 	return x, nil
 }
 
-// sourceReader remembers how reading the archive's source last failed.
-type sourceReader struct {
-	r   io.Reader
-	err error
-}
-
-func (s *sourceReader) Read(p []byte) (int, error) {
-	n, err := s.r.Read(p)
-	if err != nil && err != io.EOF {
-		s.err = err
-	}
-	return n, err
-}
-
 // decompReader tells a corrupt compressed stream (IMPORT_ERROR) from a
 // source that failed or ended early.
 type decompReader struct {
 	r    io.Reader
-	src  *sourceReader
+	src  *ioerr.Reader // how the archive's source last failed
 	what string
 }
 
 func (d *decompReader) Read(p []byte) (int, error) {
 	n, err := d.r.Read(p)
 	switch {
-	case err == nil, err == io.EOF, d.src.err != nil, errors.Is(err, io.ErrUnexpectedEOF):
+	case err == nil, err == io.EOF, d.src.Err != nil, errors.Is(err, io.ErrUnexpectedEOF):
 		return n, err
 	}
 	return n, errInvalid("%s: %v", d.what, err)

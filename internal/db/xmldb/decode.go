@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"toolstackd/internal/ioerr"
 	"toolstackd/internal/schema"
 )
 
@@ -21,7 +22,7 @@ func Decode(r io.Reader, m *schema.Model) (*Dump, error) {
 	if m == nil {
 		return nil, errors.New("xmldb: Decode needs a model")
 	}
-	src := &ioErrReader{r: r}
+	src := &ioerr.Reader{R: r}
 	d := &decoder{
 		x:     xml.NewDecoder(bufio.NewReaderSize(src, 32<<10)),
 		src:   src,
@@ -35,20 +36,6 @@ func Decode(r io.Reader, m *schema.Model) (*Dump, error) {
 		return nil, err
 	}
 	return d.dump, nil
-}
-
-// ioErrReader remembers a read error, to tell it from a syntax error.
-type ioErrReader struct {
-	r   io.Reader
-	err error
-}
-
-func (r *ioErrReader) Read(p []byte) (int, error) {
-	n, err := r.r.Read(p)
-	if err != nil && err != io.EOF {
-		r.err = err
-	}
-	return n, err
 }
 
 // Where the decoder is in the document.
@@ -66,7 +53,7 @@ const (
 
 type decoder struct {
 	x    *xml.Decoder
-	src  *ioErrReader
+	src  *ioerr.Reader // tells a failed read from a syntax error
 	m    *schema.Model
 	dump *Dump
 
@@ -135,7 +122,7 @@ func (d *decoder) tokenError(err error) error {
 		}
 		return d.fail(ErrTruncated, d.tname, "", "", "", nil)
 	}
-	if d.src.err != nil && errors.Is(err, d.src.err) {
+	if d.src.Err != nil && errors.Is(err, d.src.Err) {
 		return fmt.Errorf("xmldb: reading: %w", err)
 	}
 	var se *xml.SyntaxError

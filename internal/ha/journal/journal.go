@@ -14,7 +14,9 @@ package journal
 import (
 	"bufio"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -140,12 +142,7 @@ func Check(events []Event) []Overlap {
 		byVM[in.VM] = append(byVM[in.VM], in)
 	}
 	var out []Overlap
-	vms := make([]string, 0, len(byVM))
-	for vm := range byVM {
-		vms = append(vms, vm)
-	}
-	sort.Strings(vms)
-	for _, vm := range vms {
+	for _, vm := range slices.Sorted(maps.Keys(byVM)) {
 		ins := byVM[vm]
 		for i := range ins {
 			for j := i + 1; j < len(ins); j++ {

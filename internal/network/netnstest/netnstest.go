@@ -25,13 +25,13 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"toolstackd/internal/network/nsrun"
 )
 
 // Prefix begins the name of every namespace New makes.
@@ -236,43 +236,13 @@ func (ns *Namespace) Socket(domain, typ, proto int) (int, error) {
 // goroutine locks its thread, enters the namespace, makes the socket and
 // puts the thread back in its own namespace before unlocking it.
 func socketIn(path string, domain, typ, proto int) (int, error) {
-	type result struct {
-		fd  int
-		err error
+	fd := -1
+	err := nsrun.Run(path, func() (err error) {
+		fd, err = unix.Socket(domain, typ|unix.SOCK_CLOEXEC, proto)
+		return err
+	})
+	if err != nil {
+		return -1, fmt.Errorf("netnstest: socket in %s: %w", path, err)
 	}
-	c := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			c <- result{-1, err}
-			return
-		}
-		defer func() { _ = orig.Close() }()
-		// Back to the thread's own namespace; if that fails the thread
-		// stays locked and the runtime ends it with the goroutine.
-		defer func() {
-			if netns.Set(orig) == nil {
-				runtime.UnlockOSThread()
-			}
-		}()
-		h, err := netns.GetFromPath(path)
-		if err != nil {
-			c <- result{-1, err}
-			return
-		}
-		defer func() { _ = h.Close() }()
-		if err := netns.Set(h); err != nil {
-			c <- result{-1, err}
-			return
-		}
-		fd, err := unix.Socket(domain, typ|unix.SOCK_CLOEXEC, proto)
-		c <- result{fd, err}
-	}()
-	r := <-c
-	if r.err != nil {
-		return -1, fmt.Errorf("netnstest: socket in %s: %w", path, r.err)
-	}
-	return r.fd, nil
+	return fd, nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"iter"
 	"math"
 	"slices"
 	"strconv"
@@ -48,24 +49,23 @@ const (
 // errFormat is wrapped by every error about a file's contents.
 var errFormat = errors.New("malformed")
 
-// lines walks b line by line, counting them from 1.
-type lines struct {
-	b []byte
-	n int
-}
-
-// next returns the next line, without its newline, and its number.
-func (l *lines) next() (line []byte, n int, ok bool) {
-	if len(l.b) == 0 {
-		return nil, 0, false
+// eachLine yields b's lines, without their newlines, and their numbers
+// from 1.
+func eachLine(b []byte) iter.Seq2[int, []byte] {
+	return func(yield func(int, []byte) bool) {
+		rest := b
+		for n := 1; len(rest) > 0; n++ {
+			line := rest
+			if i := bytes.IndexByte(rest, '\n'); i >= 0 {
+				line, rest = rest[:i], rest[i+1:]
+			} else {
+				rest = nil
+			}
+			if !yield(n, line) {
+				return
+			}
+		}
 	}
-	l.n++
-	if i := bytes.IndexByte(l.b, '\n'); i >= 0 {
-		line, l.b = l.b[:i], l.b[i+1:]
-	} else {
-		line, l.b = l.b, nil
-	}
-	return line, l.n, true
 }
 
 func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\r' }
@@ -152,13 +152,8 @@ var statColumns = [...]string{"user", "nice", "system", "idle", "iowait", "irq",
 // kernel lists online CPUs in increasing order; a line out of that order
 // (or a repeated one) is an error, as is a file with no per-CPU line.
 func parseStat(b []byte) (busy, total []time.Duration, err error) {
-	l := lines{b: b}
 	last := -1
-	for {
-		line, n, ok := l.next()
-		if !ok {
-			break
-		}
+	for n, line := range eachLine(b) {
 		name, rest := field(line)
 		// "cpu" alone is the aggregate; "intr", "ctxt" and the others
 		// do not start with "cpu".
@@ -245,12 +240,7 @@ func memKey(key []byte) int {
 func parseMeminfo(b []byte) (total, free int64, err error) {
 	var v [memFields]uint64
 	var have [memFields]bool
-	l := lines{b: b}
-	for {
-		line, n, ok := l.next()
-		if !ok {
-			break
-		}
+	for n, line := range eachLine(b) {
 		if err := checkLen(n, line); err != nil {
 			return 0, 0, err
 		}
@@ -294,8 +284,8 @@ func parseMeminfo(b []byte) (total, free int64, err error) {
 // parseLoadavg reads /proc/loadavg's first field, the one-minute load
 // average, which the kernel prints as digits, a point and two digits.
 func parseLoadavg(b []byte) (float64, error) {
-	line, n, _ := (&lines{b: b}).next()
-	if err := checkLen(n, line); err != nil {
+	line, _, _ := bytes.Cut(b, []byte{'\n'})
+	if err := checkLen(1, line); err != nil {
 		return 0, err
 	}
 	f, _ := field(line)
@@ -395,12 +385,7 @@ func validDiskName(name []byte) bool {
 // name.
 func parseDiskstats(b []byte, keep diskFilter) ([]stats.Disk, error) {
 	var disks []stats.Disk
-	l := lines{b: b}
-	for {
-		line, n, ok := l.next()
-		if !ok {
-			break
-		}
+	for n, line := range eachLine(b) {
 		if err := checkLen(n, line); err != nil {
 			return nil, err
 		}
