@@ -13,6 +13,7 @@ command -v node >/dev/null || need+=(nodejs)
 command -v npm >/dev/null || need+=(npm)
 command -v ansible-playbook >/dev/null || need+=(ansible) # e2e ansible suite: ansible-core with community.general's xenserver_* modules
 dpkg -s openvswitch-switch ovn-central ovn-host >/dev/null 2>&1 || need+=(openvswitch-switch ovn-central ovn-host) # network (issue 17): the openvswitch backend's tests start their own ovsdb-server, ovs-vswitchd (userspace datapath) and OVN databases with ovn-northd; Debian's services are not started here (no systemd in CI)
+dpkg -s isc-dhcp-client dnsmasq-base >/dev/null 2>&1 || need+=(isc-dhcp-client dnsmasq-base) # network (issue 17): DHCPv6 on PIFs runs dhclient -6; tests/network/dhcp6_test.go serves DHCPv4 and DHCPv6 with dnsmasq in a namespace
 command -v lintian >/dev/null || need+=(lintian) # tests/packaging: the Debian package is checked by lintian (about a minute to install)
 if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive

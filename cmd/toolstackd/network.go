@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"time"
 
 	"toolstackd/internal/network"
@@ -46,13 +47,16 @@ func (h *host) openNetwork(o options, hostRef string) error {
 			return err
 		}
 	}
-	// VIF locking with nf_tables; without it, VIFs that must be locked or
-	// disabled are refused (never left open).
-	if locker, err := locking.Open(o.networkNamespace); err != nil {
-		log.Warn("VIF locking is not available: locked and disabled VIFs will be refused", "err", err)
-	} else {
-		cfg.Locker = locker
-		h.closers = append(h.closers, locker.Close)
+	// VIF locking with nf_tables (Open vSwitch locks its own ports);
+	// without it, VIFs that must be locked or disabled are refused (never
+	// left open).
+	if cfg.Locker == nil {
+		if locker, err := locking.Open(o.networkNamespace); err != nil {
+			log.Warn("VIF locking is not available: locked and disabled VIFs will be refused", "err", err)
+		} else {
+			cfg.Locker = locker
+			h.closers = append(h.closers, locker.Close)
+		}
 	}
 	// DHCP for PIFs through BusyBox's udhcpc (internal/network/dhcp.go);
 	// without it reconfigure_ip to DHCP is refused, naming what is missing.
@@ -62,6 +66,17 @@ func (h *host) openNetwork(o options, hostRef string) error {
 	} else {
 		cfg.DHCPClient = u
 		h.closers = append(h.closers, u.Close)
+	}
+	// DHCPv6 through ISC's dhclient -6 (internal/network/dhcp6.go): its
+	// leases in the data directory, its pid files and script in the run
+	// directory; without it reconfigure_ipv6 to DHCP is refused, naming
+	// the package to install.
+	if dc, err := network.FindDhclient(o.networkNamespace, filepath.Join(o.dataDir, "dhcp6"), filepath.Join(o.runDir, "dhcp6")); err != nil {
+		log.Info("PIFs cannot use DHCPv6", "err", err)
+		cfg.DHCP6Missing = err.Error()
+	} else {
+		cfg.DHCP6Client = dc
+		h.closers = append(h.closers, dc.Close)
 	}
 	m, err := network.Register(cfg)
 	if err != nil {

@@ -14,6 +14,24 @@ import (
 // registerNetwork adds the checks xapi makes on networks and VIFs around
 // the plain database create and destroy.
 func (s *Server) registerNetwork() {
+	// The host's management PIF (xapi raises its internal Not_found when
+	// the host has none: management disabled).
+	Register(s, func(c *Call, a dm.HostGetManagementInterfaceArgs) (dm.PIFRef, error) {
+		if _, err := c.Lookup(dm.Host.Class, string(a.Host)); err != nil {
+			return "", err
+		}
+		pif := ""
+		c.Snapshot().Ascend(dm.PIF.Class, func(r *db.Row) bool {
+			if r.String(dm.PIF.Host) == string(a.Host) && r.Get(dm.PIF.Management) == true {
+				pif = r.Ref
+			}
+			return pif == ""
+		})
+		if pif == "" {
+			return "", xerr.New(xerr.InternalError, "Not_found: host "+string(a.Host)+" has no management interface")
+		}
+		return dm.PIFRef(pif), nil
+	})
 	s.Handle("network.create", func(c *Call) (any, error) {
 		rec, _ := c.Args[0].(map[string]any)
 		var server map[string]any

@@ -13,7 +13,8 @@ func itoa(n int) string { return strconv.Itoa(n) }
 // cfg.Server: PIF.scan, introduce, forget, plug, unplug, reconfigure_ip,
 // set_primary_address_type, db_introduce, db_forget, create_VLAN and
 // destroy; VLAN.create and destroy; Bond.create, destroy, set_mode and
-// set_property; tunnel.create and destroy. The forwarding table runs
+// set_property; tunnel.create and destroy; PIF.set_property;
+// pool.create_VLAN and create_VLAN_from_PIF. The forwarding table runs
 // each on the host whose kernel it changes.
 func Register(cfg Config) (*Manager, error) {
 	m, err := New(cfg)
@@ -38,6 +39,9 @@ func Register(cfg Config) (*Manager, error) {
 		return dm.Void{}, dbForget(c, string(a.Self))
 	})
 	api.Register(s, m.createVLANOnDevice)
+	api.Register(s, m.setProperty)
+	api.Register(s, m.poolCreateVLANFromPIF)
+	api.Register(s, m.poolCreateVLAN)
 	api.Register(s, func(c *api.Call, a dm.PIFDestroyArgs) (dm.Void, error) {
 		return dm.Void{}, m.destroyVLANPIF(c, string(a.Self))
 	})

@@ -175,9 +175,20 @@ func TestReconfigureIPv6(t *testing.T) {
 		}
 	}
 	e.fails(xerr.InvalidValue, "PIF.reconfigure_ipv6", eth1, "Magic", "", "", "")
-	if err := e.fails(xerr.PIFConfigurationError, "PIF.reconfigure_ipv6", eth1, "DHCP", "", "", ""); !strings.Contains(err.Params[1], "DHCPv6") {
+	// DHCP is refused only on a host without a DHCPv6 client, naming the
+	// package (dhcp6_test.go runs one).
+	if err := e.fails(xerr.PIFConfigurationError, "PIF.reconfigure_ipv6", eth1, "DHCP", "", "", ""); !strings.Contains(err.Params[1], DHCP6Package) {
 		t.Fatalf("unclear: %v", err)
 	}
+	e.m.dhcp6 = newDHCP6Clients(e.m, &scriptedDHCP6{lease: []string{"BOUND6", "2001:db8::7", "128", "", "", "", "", ""}})
+	t.Cleanup(e.m.stopDHCP6)
+	e.ok("PIF.reconfigure_ipv6", eth1, "DHCP", "", "", "")
+	if p := e.pif(eth1); p.IPV6ConfigurationMode != dm.IPV6ConfigurationModeDHCP || len(p.IPV6) != 0 {
+		t.Fatalf("DHCP on an unplugged PIF: %+v", p)
+	}
+	// What xapi refuses is refused with DHCP too.
+	e.fails(xerr.InvalidIPAddressSpecified, "PIF.reconfigure_ipv6", eth1, "DHCP", "", "10.0.0.1", "")
+	e.fails(xerr.InvalidIPAddressSpecified, "PIF.reconfigure_ipv6", eth1, "DHCP", "", "", "8.8.8.8")
 	e.ok("PIF.plug", eth1)
 	e.ok("PIF.reconfigure_ip", eth1, "Static", "10.0.0.1", "255.255.255.0", "", "10.0.0.53")
 	e.rec.Reset()

@@ -2,6 +2,7 @@ package network
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 
@@ -125,7 +126,7 @@ func (m *Manager) createBond(c *api.Call, a dm.BondCreateArgs) (dm.BondRef, erro
 		if p.PrimaryAddressType != recs[primary].PrimaryAddressType {
 			return "", xerr.New(xerr.PIFIncompatiblePrimaryAddressType, members[i])
 		}
-		if !mapsEqual(p.Properties, recs[0].Properties) {
+		if !maps.Equal(p.Properties, recs[0].Properties) {
 			return "", xerr.New(xerr.IncompatiblePIFProperties)
 		}
 	}
@@ -189,18 +190,8 @@ func clearIPTx(tx *db.Tx, ref string) error {
 		"IP": "", "netmask": "", "gateway": "", "DNS": ""})
 }
 
-func mapsEqual(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
-}
-
+// cloneMap is maps.Clone, but never nil (a record's map field is written
+// as an empty map, not left out).
 func cloneMap(a map[string]string) map[string]string {
 	out := make(map[string]string, len(a))
 	for k, v := range a {

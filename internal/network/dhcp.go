@@ -70,15 +70,18 @@ func unicast4(s string) (net.IP, bool) {
 	return ip, true
 }
 
-func ipList(what, s string) ([]net.IP, error) {
+// ipList reads a space-separated list of at most maxLeaseList
+// addresses of a lease, each accepted by parse (kind names what it wants
+// in the error).
+func ipList(what, s string, parse func(string) (net.IP, bool), kind string) ([]net.IP, error) {
 	var out []net.IP
 	for _, f := range strings.Fields(s) {
 		if len(out) == maxLeaseList {
 			return nil, fmt.Errorf("more than %d %s", maxLeaseList, what)
 		}
-		ip, ok := unicast4(f)
+		ip, ok := parse(f)
 		if !ok {
-			return nil, fmt.Errorf("%s %q is not a unicast IPv4 address", what, trunc(f))
+			return nil, fmt.Errorf("%s %q is not %s", what, trunc(f), kind)
 		}
 		out = append(out, ip)
 	}
@@ -123,10 +126,10 @@ func ParseLease(fields []string) (Lease, error) {
 		return Lease{}, fmt.Errorf("dhcp: address %s is its subnet's network address", l.IP)
 	}
 	var err error
-	if l.Routers, err = ipList("router", fields[3]); err != nil {
+	if l.Routers, err = ipList("router", fields[3], unicast4, "a unicast IPv4 address"); err != nil {
 		return Lease{}, fmt.Errorf("dhcp: %w", err)
 	}
-	if l.DNS, err = ipList("DNS server", fields[4]); err != nil {
+	if l.DNS, err = ipList("DNS server", fields[4], unicast4, "a unicast IPv4 address"); err != nil {
 		return Lease{}, fmt.Errorf("dhcp: %w", err)
 	}
 	if fields[5] != "" {

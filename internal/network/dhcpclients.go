@@ -51,15 +51,36 @@ const (
 )
 
 type dhcpClients struct {
-	m      *Manager
-	run    DHCPRunner
+	m   *Manager
+	run DHCPRunner
+	clientSet[dhcpClient]
+}
+
+// clientSet is what the DHCP and DHCPv6 clients keep alike: the running
+// clients by PIF ref, and the context and wait group that stop them all.
+type clientSet[C any] struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
 	mu     sync.Mutex
 	closed bool
-	by     map[string]*dhcpClient // by PIF ref
+	by     map[string]*C // by PIF ref
+}
+
+func newClientSet[C any]() clientSet[C] {
+	ctx, cancel := context.WithCancel(context.Background())
+	return clientSet[C]{ctx: ctx, cancel: cancel, by: map[string]*C{}}
+}
+
+// stopAll stops every client and takes no more, and waits for them.
+func (s *clientSet[C]) stopAll() {
+	s.mu.Lock()
+	s.closed = true
+	s.by = map[string]*C{}
+	s.mu.Unlock()
+	s.cancel()
+	s.wg.Wait()
 }
 
 type dhcpClient struct {
@@ -72,8 +93,7 @@ type dhcpClient struct {
 }
 
 func newDHCPClients(m *Manager, run DHCPRunner) *dhcpClients {
-	ctx, cancel := context.WithCancel(context.Background())
-	return &dhcpClients{m: m, run: run, ctx: ctx, cancel: cancel, by: map[string]*dhcpClient{}}
+	return &dhcpClients{m: m, run: run, clientSet: newClientSet[dhcpClient]()}
 }
 
 // pifDevice is where a PIF's addresses live: its bridge, or its own
@@ -89,6 +109,14 @@ func pifDevice(r db.Reader, p *dm.PIFRecord) string {
 
 // wantedDHCP is PIF ref -> device of every PIF that must have a client.
 func (m *Manager) wantedDHCP() map[string]string {
+	return m.wantedClients(func(p *dm.PIFRecord) bool { return p.IPConfigurationMode == dm.IPConfigurationModeDHCP })
+}
+
+// wantedClients is PIF ref -> device of every plugged PIF of this host
+// whose configuration wants a client (wants). A NIC not adopted (the
+// management NIC as the distribution configured it) keeps the
+// distribution's clients, if any.
+func (m *Manager) wantedClients(wants func(*dm.PIFRecord) bool) map[string]string {
 	snap := m.db.Snapshot()
 	want := map[string]string{}
 	snap.Ascend(dm.PIF.Class, func(row *db.Row) bool {
@@ -97,9 +125,7 @@ func (m *Manager) wantedDHCP() map[string]string {
 		}
 		var p dm.PIFRecord
 		p.FromRow(snap.Values(row))
-		// A NIC not adopted (the management NIC as the distribution
-		// configured it) keeps the distribution's DHCP client, if any.
-		if p.IPConfigurationMode == dm.IPConfigurationModeDHCP && p.CurrentlyAttached && p.Managed && adopted(&p) {
+		if wants(&p) && p.CurrentlyAttached && p.Managed && adopted(&p) {
 			if dev := pifDevice(snap, &p); dev != "" {
 				want[row.Ref] = dev
 			}
@@ -109,8 +135,10 @@ func (m *Manager) wantedDHCP() map[string]string {
 	return want
 }
 
-// syncDHCP starts and stops clients as the database says.
+// syncDHCP starts and stops clients as the database says (the DHCPv6
+// ones too, syncDHCP6).
 func (m *Manager) syncDHCP() {
+	m.syncDHCP6()
 	d := m.dhcp
 	if d == nil {
 		return
@@ -166,18 +194,12 @@ func (m *Manager) syncDHCP() {
 	}
 }
 
-// stopDHCP stops every client (the daemon stops).
+// stopDHCP stops every client, DHCPv6 ones too (the daemon stops).
 func (m *Manager) stopDHCP() {
-	d := m.dhcp
-	if d == nil {
-		return
+	m.stopDHCP6()
+	if m.dhcp != nil {
+		m.dhcp.stopAll()
 	}
-	d.mu.Lock()
-	d.closed = true
-	d.by = map[string]*dhcpClient{}
-	d.mu.Unlock()
-	d.cancel()
-	d.wg.Wait()
 }
 
 // startDHCP is Config.DHCP when the module has a client: the client for

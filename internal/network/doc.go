@@ -116,7 +116,12 @@
 // Config.DHCPClient is given (dhcp.go, dhcpclients.go): the daemon
 // applies each checked lease itself; without a client, reconfigure_ip
 // to DHCP is refused with PIF_CONFIGURATION_ERROR naming what is
-// missing. DHCPv6 is always refused (udhcpc is IPv4 only).
+// missing. DHCPv6 (reconfigure_ipv6 mode DHCP) runs ISC's dhclient -6
+// per plugged DHCPv6 PIF when Config.DHCP6Client is given (dhcp6.go,
+// dhcp6clients.go), as xapi's networkd does; the daemon checks and
+// applies each lease (PIF.IPv6 "address/prefix") and releases it when
+// the PIF leaves DHCP mode, is unplugged or forgotten; without dhclient
+// the refusal names the package to install (isc-dhcp-client).
 // Watch re-plans on database changes, so that what other hosts and the
 // VM lifecycle record reaches the kernel.
 package network

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"reflect"
 	"slices"
@@ -37,6 +38,12 @@ type Config struct {
 	DHCPClient DHCPRunner
 	// DHCPMissing says why there is no DHCP client, for the refusal.
 	DHCPMissing string
+	// DHCP6Client, when set, is the DHCPv6 client the module keeps
+	// running for every plugged PIF in ipv6_configuration_mode DHCP
+	// (dhcp6clients.go); without it reconfigure_ipv6 to DHCP is refused
+	// with DHCP6Missing's reason.
+	DHCP6Client  DHCP6Runner
+	DHCP6Missing string
 	// Locker, when set, enforces VIF locking on taps (lock.go); without
 	// it a VIF that must be locked or disabled is refused.
 	Locker Locker
@@ -64,6 +71,8 @@ type Manager struct {
 	ports map[string]pluggedVIF
 	// dhcp are the DHCP clients of this host's PIFs (dhcpclients.go).
 	dhcp *dhcpClients
+	// dhcp6 are their DHCPv6 clients (dhcp6clients.go).
+	dhcp6 *dhcp6Clients
 }
 
 // New makes a Manager without registering its messages (Register does
@@ -80,6 +89,9 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.DHCPClient != nil {
 		m.dhcp = newDHCPClients(m, cfg.DHCPClient)
 		m.cfg.DHCP = m.startDHCP
+	}
+	if cfg.DHCP6Client != nil {
+		m.dhcp6 = newDHCP6Clients(m, cfg.DHCP6Client)
 	}
 	return m, nil
 }
@@ -256,42 +268,17 @@ func (m *Manager) reconcile(_ context.Context, p *Plan, recreate []string, parti
 		all = append(all, r.j...)
 		return false
 	}
-	for _, d := range p.Up {
-		if !step(func() error { return r.up(d) }) {
-			return all, first
-		}
-	}
-	for _, b := range p.Bonds {
-		if !step(func() error { return r.bond(b) }) {
-			return all, first
-		}
-	}
-	for _, v := range p.VLANs {
-		if !step(func() error { return r.vlan(v) }) {
-			return all, first
-		}
-	}
-	for _, v := range p.VXLANs {
-		if !step(func() error { return r.vxlan(v) }) {
-			return all, first
-		}
-	}
-	for _, b := range p.Bridges {
-		if !step(func() error { return r.bridge(b) }) {
-			return all, first
-		}
+	// The links, each kind before the kinds made on top of it.
+	if !stepEach(step, p.Up, r.up) || !stepEach(step, p.Bonds, r.bond) || !stepEach(step, p.VLANs, r.vlan) ||
+		!stepEach(step, p.VXLANs, r.vxlan) || !stepEach(step, p.Bridges, r.bridge) {
+		return all, first
 	}
 	for _, fam := range []struct {
 		n     int
 		addrs map[string][]net.IPNet
 		gw    *Gateway
 	}{{4, p.Addrs, p.Gateway}, {6, p.Addrs6, p.Gateway6}} {
-		carriers := make([]string, 0, len(fam.addrs))
-		for c := range fam.addrs {
-			carriers = append(carriers, c)
-		}
-		slices.Sort(carriers)
-		for _, c := range carriers {
+		for _, c := range slices.Sorted(maps.Keys(fam.addrs)) {
 			if !step(func() error { return r.addrs(c, fam.n, fam.addrs[c]) }) {
 				return all, first
 			}
@@ -300,7 +287,23 @@ func (m *Manager) reconcile(_ context.Context, p *Plan, recreate []string, parti
 			step(func() error { return r.gateway(fam.n, fam.gw) })
 		}
 	}
+	for _, d := range slices.Sorted(maps.Keys(p.GRO)) {
+		if !step(func() error { return r.gro(d, p.GRO[d]) }) {
+			return all, first
+		}
+	}
 	return all, first
+}
+
+// stepEach runs do on each item in turn through step (reconcile's), and
+// reports false as soon as step does.
+func stepEach[T any](step func(func() error) bool, items []T, do func(T) error) bool {
+	for _, it := range items {
+		if !step(func() error { return do(it) }) {
+			return false
+		}
+	}
+	return true
 }
 
 // remove deletes the links of ours the plan no longer has and frees

@@ -36,6 +36,34 @@ func assertManaged(ref string, p *dm.PIFRecord) error {
 	return nil
 }
 
+// carrierPIF makes the checks VLAN.create and tunnel.create share, in
+// xapi's order, on the PIF the new link is made on: network is managed,
+// the PIF is on this host, the host has no PIF on network yet, and the PIF
+// is managed.
+func (m *Manager) carrierPIF(c *api.Call, ref, network string) (dm.PIFRecord, error) {
+	if err := assertNetworkManaged(c, network); err != nil {
+		return dm.PIFRecord{}, err
+	}
+	p, err := m.localPIF(c, ref)
+	if err != nil {
+		return p, err
+	}
+	if err := assertNoOtherLocalPIFs(c.Snapshot(), string(p.Host), network); err != nil {
+		return p, err
+	}
+	return p, assertManaged(ref, &p)
+}
+
+// localManagedPIF is localPIF for the handlers that change a PIF the
+// toolstack manages: an unmanaged one is PIF_UNMANAGED.
+func (m *Manager) localManagedPIF(c *api.Call, ref string) (dm.PIFRecord, error) {
+	p, err := m.localPIF(c, ref)
+	if err != nil {
+		return p, err
+	}
+	return p, assertManaged(ref, &p)
+}
+
 // assertNoOtherLocalPIFs: a host has at most one PIF on a network.
 func assertNoOtherLocalPIFs(r db.Reader, host, network string) error {
 	var other string
@@ -116,11 +144,8 @@ func plugTx(tx *db.Tx, ref string) error {
 }
 
 func (m *Manager) plug(c *api.Call, ref string) error {
-	p, err := m.localPIF(c, ref)
+	p, err := m.localManagedPIF(c, ref)
 	if err != nil {
-		return err
-	}
-	if err := assertManaged(ref, &p); err != nil {
 		return err
 	}
 	if !isNull(string(p.BondSlaveOf)) {
@@ -454,11 +479,8 @@ func validMask(s string) bool {
 
 func (m *Manager) reconfigureIP(c *api.Call, a dm.PIFReconfigureIPArgs) error {
 	ref := string(a.Self)
-	p, err := m.localPIF(c, ref)
+	p, err := m.localManagedPIF(c, ref)
 	if err != nil {
-		return err
-	}
-	if err := assertManaged(ref, &p); err != nil {
 		return err
 	}
 	switch a.Mode {
@@ -507,6 +529,7 @@ func (m *Manager) reconfigureIP(c *api.Call, a dm.PIFReconfigureIPArgs) error {
 			"netmask": a.Netmask, "gateway": a.Gateway, "DNS": strings.Join(append(dns4, dns6...), ",")})
 	})
 	if err != nil || a.Mode != dm.IPConfigurationModeDHCP || !p.CurrentlyAttached {
+		m.syncDHCP() // a client leaving DHCP mode stops now: DHCP again soon after must start a new one
 		return err
 	}
 	dev := p.Device
@@ -524,14 +547,12 @@ func (m *Manager) reconfigureIP(c *api.Call, a dm.PIFReconfigureIPArgs) error {
 // reconfigureIPv6 is PIF.reconfigure_ipv6: None (no global IPv6 address),
 // Static (the one address/prefix given, and the gateway on the
 // management PIF), Autoconf (the kernel's SLAAC: addresses left to it)
-// or DHCP (refused without a DHCP client, as for IPv4).
+// or DHCP (dhclient -6, dhcp6.go; refused without it, naming the
+// package to install).
 func (m *Manager) reconfigureIPv6(c *api.Call, a dm.PIFReconfigureIPV6Args) error {
 	ref := string(a.Self)
-	p, err := m.localPIF(c, ref)
+	p, err := m.localManagedPIF(c, ref)
 	if err != nil {
-		return err
-	}
-	if err := assertManaged(ref, &p); err != nil {
 		return err
 	}
 	switch a.Mode {
@@ -564,17 +585,30 @@ func (m *Manager) reconfigureIPv6(c *api.Call, a dm.PIFReconfigureIPV6Args) erro
 	if p.Management && a.Mode == dm.IPV6ConfigurationModeNone && p.PrimaryAddressType == dm.PrimaryAddressTypeIPV6 {
 		return xerr.New(xerr.PIFIsManagementInterface, ref)
 	}
-	if a.Mode == dm.IPV6ConfigurationModeDHCP && (m.cfg.DHCP == nil || m.dhcp != nil) { // udhcpc is IPv4 only
+	if a.Mode == dm.IPV6ConfigurationModeDHCP && m.dhcp6 == nil {
+		why := "toolstackd runs none: dhclient, Debian package " + DHCP6Package
+		if m.cfg.DHCP6Missing != "" {
+			why = m.cfg.DHCP6Missing
+		}
 		return xerr.New(xerr.PIFConfigurationError, ref,
-			"no DHCPv6 client is available on this host (toolstackd runs none): configure the PIF Static, Autoconf or None")
+			"no DHCPv6 client is available on this host ("+why+"): configure the PIF Static, Autoconf or None")
 	}
 	if addrs == nil {
 		addrs = []string{}
 	}
-	return m.change(c.Ctx, func(tx *db.Tx) error {
+	err = m.change(c.Ctx, func(tx *db.Tx) error {
 		return setFields(tx, dm.PIF.Class, ref, map[string]any{"ipv6_configuration_mode": string(a.Mode), "IPv6": addrs,
 			"ipv6_gateway": a.Gateway, "DNS": strings.Join(append(dns4, dns6...), ",")})
 	})
+	if err != nil || a.Mode != dm.IPV6ConfigurationModeDHCP || !p.CurrentlyAttached {
+		m.syncDHCP6() // a client leaving DHCP mode stops now, not at Watch's next look
+		return err
+	}
+	// The client (dhcp6clients.go), and its first lease waited for.
+	if err := m.startDHCP6(c.Ctx, ref); err != nil {
+		return xerr.New(xerr.PIFConfigurationError, ref, "DHCPv6: "+err.Error())
+	}
+	return nil
 }
 
 func (m *Manager) setPrimaryAddressType(c *api.Call, a dm.PIFSetPrimaryAddressTypeArgs) error {

@@ -38,10 +38,14 @@ type Plan struct {
 	// that is Static with a gateway.
 	Gateway *Gateway
 	// Addrs6 and Gateway6 are the same for IPv6 (Static: the PIF's IPv6
-	// addresses; None: none; Autoconf and DHCP: left to the kernel).
-	// Link-local addresses are never touched.
+	// addresses; None: none; Autoconf: left to the kernel; DHCP: left
+	// to the DHCPv6 client, dhcp6clients.go). Link-local addresses are
+	// never touched.
 	Addrs6   map[string][]net.IPNet
 	Gateway6 *Gateway
+	// GRO is the generic receive offload wanted on a device (a plugged
+	// PIF's "gro" property, properties.go).
+	GRO map[string]bool
 	// Errors are PIFs that could not be planned, left out of the rest.
 	Errors []PlanError
 }
@@ -215,6 +219,7 @@ func (c *planner) run(extra map[string]bool) {
 			} else {
 				br.Ports = append(br.Ports, ports...)
 				c.address(ref, &p, br.Name)
+				c.gro(&p)
 			}
 		}
 		slices.Sort(br.Ports)
@@ -320,6 +325,9 @@ func (c *planner) lower(ref string, mtu int) (string, error) {
 		return "", xerr.New(xerr.CannotAddVLANToBondSlave, ref)
 	case t.Physical:
 		c.up[t.Device] = true
+		if adopted(&t) {
+			c.gro(&t)
+		}
 		return t.Device, nil
 	}
 	return "", xerr.New(xerr.PIFIsVLAN, ref)

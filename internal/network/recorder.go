@@ -32,6 +32,7 @@ type Recorder struct {
 		ip  net.IP
 		dev string
 	}
+	groOff      map[string]bool
 	calls       []string
 	Unsupported map[string]bool
 	FailOn      string
@@ -238,31 +239,22 @@ func (r *Recorder) Delete(name string) error {
 	return nil
 }
 
-func (r *Recorder) Adopt(name string) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if err := r.record("adopt %s", name); err != nil {
-		return err
-	}
-	l, ok := r.links[name]
-	if !ok {
-		return fmt.Errorf("%w: %s", ErrNotFound, name)
-	}
-	l.Ours = true
-	return nil
-}
+func (r *Recorder) Adopt(name string) error { return r.setOurs("adopt", name, true) }
 
-func (r *Recorder) Disown(name string) error {
+func (r *Recorder) Disown(name string) error { return r.setOurs("disown", name, false) }
+
+// setOurs records op on a link, then marks it ours or not.
+func (r *Recorder) setOurs(op, name string, ours bool) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if err := r.record("disown %s", name); err != nil {
+	if err := r.record("%s %s", op, name); err != nil {
 		return err
 	}
 	l, ok := r.links[name]
 	if !ok {
 		return fmt.Errorf("%w: %s", ErrNotFound, name)
 	}
-	l.Ours = false
+	l.Ours = ours
 	return nil
 }
 
@@ -399,3 +391,25 @@ func (r *Recorder) SetDefaultGateway(family int, gw net.IP, dev string) error {
 }
 
 var _ Links = (*Recorder)(nil)
+
+// GRO is a link's generic receive offload (on until SetGRO turns it
+// off, as the kernel has it on by default).
+func (r *Recorder) GRO(name string) (bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.links[name]; !ok {
+		return false, fmt.Errorf("%w: %s", ErrNotFound, name)
+	}
+	return !r.groOff[name], nil
+}
+
+// SetGRO records "gro on|off NAME".
+func (r *Recorder) SetGRO(name string, on bool) error {
+	word := map[bool]string{true: "on", false: "off"}
+	return r.set("gro "+word[on], name, func(*Link) {
+		if r.groOff == nil {
+			r.groOff = map[string]bool{}
+		}
+		r.groOff[name] = !on
+	})
+}

@@ -23,20 +23,11 @@ func (m *Manager) createTunnel(c *api.Call, a dm.TunnelCreateArgs) (dm.TunnelRef
 	default:
 		return "", xerr.New(xerr.InvalidValue, "protocol", string(a.Protocol))
 	}
-	if err := assertNetworkManaged(c, network); err != nil {
-		return "", err
-	}
-	t, err := m.localPIF(c, transport)
+	t, err := m.carrierPIF(c, transport, network)
 	if err != nil {
 		return "", err
 	}
 	snap := c.Snapshot()
-	if err := assertNoOtherLocalPIFs(snap, string(t.Host), network); err != nil {
-		return "", err
-	}
-	if err := assertManaged(transport, &t); err != nil {
-		return "", err
-	}
 	switch {
 	case !isNull(string(t.BondSlaveOf)):
 		return "", xerr.New(xerr.CannotAddTunnelToBondSlave, transport)

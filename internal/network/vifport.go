@@ -128,13 +128,18 @@ func (m *Manager) plugVIFPort(ctx context.Context, vifRef, network, bridge strin
 	if err := m.cfg.VIFPorts.PlugVIF(ctx, p); err != nil {
 		return kernelErr("plugging VIF "+p.VIF+" on "+bridge, err)
 	}
+	m.rememberPort(vifRef, network, p)
+	return nil
+}
+
+// rememberPort records the port the switch now has for a VIF on network.
+func (m *Manager) rememberPort(vifRef, network string, p VIFPort) {
 	m.lockMu.Lock()
+	defer m.lockMu.Unlock()
 	if m.ports == nil {
 		m.ports = map[string]pluggedVIF{}
 	}
 	m.ports[vifRef] = pluggedVIF{network: network, port: p}
-	m.lockMu.Unlock()
-	return nil
 }
 
 // unplugVIFPort removes the port of a VIF: the one plugVIFPort made, or
@@ -221,11 +226,6 @@ func (m *Manager) tapVIFPort(ctx context.Context, vifRef, tap string) error {
 	if err := m.cfg.VIFPorts.PlugVIF(ctx, p); err != nil {
 		return kernelErr("plugging VIF "+p.VIF+" on "+bridge+" through tap "+tap, err)
 	}
-	m.lockMu.Lock()
-	if m.ports == nil {
-		m.ports = map[string]pluggedVIF{}
-	}
-	m.ports[vifRef] = pluggedVIF{network: network, port: p}
-	m.lockMu.Unlock()
+	m.rememberPort(vifRef, network, p)
 	return nil
 }

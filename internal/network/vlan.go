@@ -16,20 +16,11 @@ const vlanMAC = "fe:ff:ff:ff:ff:ff"
 // and its untagged PIF made and plugged together with the kernel's
 // "<device>.<tag>" link and the network's bridge.
 func (m *Manager) createVLAN(c *api.Call, tagged string, tag int64, network string) (string, error) {
-	if err := assertNetworkManaged(c, network); err != nil {
-		return "", err
-	}
-	t, err := m.localPIF(c, tagged)
+	t, err := m.carrierPIF(c, tagged, network)
 	if err != nil {
 		return "", err
 	}
 	snap := c.Snapshot()
-	if err := assertNoOtherLocalPIFs(snap, string(t.Host), network); err != nil {
-		return "", err
-	}
-	if err := assertManaged(tagged, &t); err != nil {
-		return "", err
-	}
 	switch {
 	case !isNull(string(t.BondSlaveOf)):
 		return "", xerr.New(xerr.CannotAddVLANToBondSlave, tagged)

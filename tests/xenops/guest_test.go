@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
-	"io"
 	"net"
 	"net/url"
 	"os"
@@ -15,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"toolstackd/internal/kernelvm"
 )
 
 // A tiny guest for the QEMU tests: the host's Debian kernel with an
@@ -116,24 +117,28 @@ func buildGuest() (*guest, string) {
 		return nil, "kernel: " + err.Error()
 	}
 	var cpio bytes.Buffer
-	w := newCpio(&cpio)
+	bw := bufio.NewWriter(&cpio)
+	w := kernelvm.NewCpio(bw)
 	for _, d := range []string{"bin", "lib", "lib/modules", "proc", "sys", "dev", "etc", "tmp"} {
-		w.dir(d)
+		w.Dir(d)
 	}
 	b, err := os.ReadFile(bb)
 	if err != nil {
 		return nil, err.Error()
 	}
-	w.file("bin/busybox", 0o755, b)
-	w.file("init", 0o755, []byte(guestInit))
+	w.File("bin/busybox", 0o755, b)
+	w.File("init", 0o755, []byte(guestInit))
 	for _, m := range guestModules {
 		b, err := os.ReadFile(filepath.Join(modDir, m))
 		if err != nil {
 			return nil, "kernel module: " + err.Error()
 		}
-		w.file("lib/modules/"+filepath.Base(m), 0o644, b)
+		w.File("lib/modules/"+filepath.Base(m), 0o644, b)
 	}
-	w.close()
+	w.Close()
+	if err := w.Err(); err != nil {
+		return nil, err.Error()
+	}
 	if err := os.WriteFile(g.initrd, cpio.Bytes(), 0o644); err != nil {
 		return nil, err.Error()
 	}
@@ -194,34 +199,6 @@ func pickAccel(g *guest) string {
 	}
 	return "tcg"
 }
-
-// cpioWriter writes a newc archive, the format the kernel unpacks.
-type cpioWriter struct {
-	w   io.Writer
-	ino int
-}
-
-func newCpio(w io.Writer) *cpioWriter { return &cpioWriter{w: w, ino: 1} }
-
-func (c *cpioWriter) entry(name string, mode int, data []byte) {
-	c.ino++
-	hdr := fmt.Sprintf("070701%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X",
-		c.ino, mode, 0, 0, 1, 0, len(data), 0, 0, 0, 0, len(name)+1, 0)
-	io.WriteString(c.w, hdr)
-	io.WriteString(c.w, name+"\x00")
-	pad := func(n int) {
-		if r := n % 4; r != 0 {
-			c.w.Write(make([]byte, 4-r))
-		}
-	}
-	pad(len(hdr) + len(name) + 1)
-	c.w.Write(data)
-	pad(len(data))
-}
-
-func (c *cpioWriter) dir(name string)                         { c.entry(name, 0o040755, nil) }
-func (c *cpioWriter) file(name string, perm int, data []byte) { c.entry(name, 0o100000|perm, data) }
-func (c *cpioWriter) close()                                  { c.entry("TRAILER!!!", 0, nil) }
 
 // consoleConn is a connection to a VM console through /console.
 type consoleConn struct {

@@ -94,7 +94,10 @@ func Open(nsPath string) (*NS, error) {
 	if nsh != self {
 		_ = self.Close()
 	}
-	h, err := netlink.NewHandleAt(nsh)
+	// Links, addresses, routes and qdiscs are all rtnetlink: a handle on
+	// that family alone does not need the kernel to have (or load) the
+	// XFRM and netfilter netlink families too.
+	h, err := netlink.NewHandleAt(nsh, unix.NETLINK_ROUTE)
 	if err != nil {
 		_ = nsh.Close()
 		return nil, fmt.Errorf("netlinkx: netlink in %s: %w", describe(nsPath), err)
@@ -577,42 +580,33 @@ func (n *NS) Delete(name string) error {
 }
 
 // Adopt marks an existing link as ours, keeping a test NIC's mark.
-func (n *NS) Adopt(name string) error {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	l, err := n.lookup(name)
-	if err != nil {
-		return err
-	}
-	ours, nic := aliasWords(l.Attrs().Alias)
-	if ours {
-		return nil
-	}
-	alias := AliasOurs
-	if nic {
-		alias += " " + AliasNIC
-	}
-	return n.translate(n.h.LinkSetAlias(l, alias), "adopt", name)
-}
+func (n *NS) Adopt(name string) error { return n.markOurs(name, true, "adopt") }
 
 // Disown takes the mark of ours off a link, keeping the NIC mark of a
 // veth standing in for a NIC.
-func (n *NS) Disown(name string) error {
+func (n *NS) Disown(name string) error { return n.markOurs(name, false, "disown") }
+
+// markOurs puts the mark of ours on a link (ours true) or takes it off,
+// keeping the NIC mark; a link already as asked is left alone.
+func (n *NS) markOurs(name string, ours bool, op string) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	l, err := n.lookup(name)
 	if err != nil {
 		return err
 	}
-	ours, nic := aliasWords(l.Attrs().Alias)
-	if !ours {
+	was, nic := aliasWords(l.Attrs().Alias)
+	if was == ours {
 		return nil
 	}
-	alias := ""
-	if nic {
-		alias = AliasNIC
+	var words []string
+	if ours {
+		words = append(words, AliasOurs)
 	}
-	return n.translate(n.h.LinkSetAlias(l, alias), "disown", name)
+	if nic {
+		words = append(words, AliasNIC)
+	}
+	return n.translate(n.h.LinkSetAlias(l, strings.Join(words, " ")), op, name)
 }
 
 // SetMaster enslaves dev to master, or frees it when master is "". Both

@@ -111,6 +111,27 @@ type ifreqPtr struct {
 
 const ethtoolGSET = 0x1
 
+// ethtoolIoctl issues SIOCETHTOOL for the link name with data (a
+// struct of linux/ethtool.h starting with its command) on the socket
+// made in the namespace; a socket's ioctls act in the namespace it was
+// made in, so this needs no thread switch.
+func (w *nsThread) ethtoolIoctl(name string, data unsafe.Pointer) error {
+	if w.sock < 0 {
+		return errClosed
+	}
+	if len(name) >= unix.IFNAMSIZ {
+		return unix.ENODEV
+	}
+	req := &ifreqPtr{Data: data}
+	copy(req.Name[:], name)
+	_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(w.sock), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(req))) // #nosec G103 -- ethtool ABI
+	runtime.KeepAlive(req)
+	if errno != 0 {
+		return errno
+	}
+	return nil
+}
+
 // ethtool reads a link's speed (Mbit/s, 0 when unknown) and duplex
 // through the socket made in the namespace; a socket's ioctls act in the
 // namespace it was made in, so this needs no thread switch.
@@ -119,12 +140,7 @@ func (w *nsThread) ethtool(name string) (int, string) {
 		return 0, "unknown"
 	}
 	cmd := &ethtoolCmd{Cmd: ethtoolGSET}
-	req := &ifreqPtr{Data: unsafe.Pointer(cmd)} // #nosec G103 -- ethtool ABI
-	copy(req.Name[:], name)
-	_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(w.sock), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(req))) // #nosec G103 -- ethtool ABI
-	runtime.KeepAlive(req)
-	runtime.KeepAlive(cmd)
-	if errno != 0 {
+	if w.ethtoolIoctl(name, unsafe.Pointer(cmd)) != nil { // #nosec G103 -- ethtool ABI
 		return 0, "unknown"
 	}
 	speed := int(cmd.SpeedHi)<<16 | int(cmd.Speed)

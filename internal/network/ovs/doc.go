@@ -52,6 +52,15 @@
 // Config.Datapath forces one. The machines this project is developed on
 // have no openvswitch module, so the tests run the userspace datapath.
 //
+// The userspace datapath needs Open vSwitch's userspace TSO
+// (Open_vSwitch other_config:userspace-tso-enable=true, read when
+// ovs-vswitchd starts; KeyUserspaceTSO) for QEMU guests: without it
+// ovs-vswitchd reads a tap with a plain packet socket and forwards the
+// TCP segments a virtio guest leaves to the host to checksum (and
+// segment) unfinished, and the receiving guest drops them; ARP and ICMP
+// still pass. Open warns when it is off; the switch does not change
+// ovs-vswitchd's global configuration itself.
+//
 // # OVN mode
 //
 // With Config.OVN naming OVN's northbound database, plugging a VIF also
@@ -62,9 +71,32 @@
 // port_security from the VIF's locking mode (locked: the MAC and its
 // allowed addresses; unlocked: none; disabled: the port is not enabled).
 // Unplugging removes the port; logical switches are left (other hosts'
-// VIFs may be on them). Without OVN mode, Open vSwitch does not enforce
-// VIF locking here, so a VIF that must be locked or disabled is refused
-// rather than left open.
+// VIFs may be on them).
+//
+// # VIF locking without OVN
+//
+// Without OVN mode a VIF's locking is OpenFlow rules on its port, as
+// xenopsd's vif scripts write them on an Open vSwitch bridge (flows.go
+// has the rule set): locked lets through only DHCP requests, ARP and
+// IPv4 from the VIF's MAC and allowed addresses, and neighbour discovery,
+// ICMPv6, TCP and UDP from its allowed IPv6 addresses, with router
+// advertisements and the like dropped; disabled drops everything from
+// the port and sets its tap down, so nothing reaches it either; unlocked
+// has no rules. The rules are written with ovs-ofctl on the bridge's
+// management socket (Config.RunDir), each change one OpenFlow bundle
+// (applied whole or not at all), every rule carrying a cookie made from
+// the VIF's uuid, so that they are replaced and removed exactly: written
+// when the port is made or the VIF's locking changes (the module's
+// Watch plugs the port again), removed when the port leaves its bridge
+// (unplug, the tap deleted, a move), and written again for every port
+// at Open from the locking each VIF's Port row records (external_ids
+// toolstackd-locking-mode, toolstackd-ipv4-allowed,
+// toolstackd-ipv6-allowed), rules of ours without a port removed. The
+// switch is also the module's network.Locker for this backend
+// (nf_tables' bridge rules never see an Open vSwitch port). Without
+// ovs-ofctl (Debian's openvswitch-switch ships it), a VIF that must be
+// locked or disabled is refused with INTERNAL_ERROR naming it, never
+// left open.
 //
 // # When Open vSwitch is missing
 //
@@ -89,11 +121,16 @@
 //
 // QEMU opens its taps in the daemon's namespace, so its VIFs reach an
 // Open vSwitch bridge only when the module acts there too (no
-// --network-namespace); the tests here use the simulator. After a
+// --network-namespace); the namespaced tests use the simulator, and
+// tests/xenops TestGuestsOnOpenvSwitch runs two QEMU guests on a bridge
+// in the machine's own namespace. After a
 // restart of the daemon, the ports of running VMs stay in the database
 // and are removed when their VMs stop, but their external_ids and OVN
 // ports follow changes of the VIF only for the taps QEMU hands back.
 // VLANs on an Open vSwitch bridge are the kernel's 802.1Q links as
-// ports, not Open vSwitch fake bridges; VIF locking without OVN is
-// refused rather than done with OpenFlow rules.
+// ports, not Open vSwitch fake bridges. OpenFlow rules live in
+// ovs-vswitchd only: a restart of ovs-vswitchd alone (not of the
+// daemon) loses them unless its service saves and restores flows (as
+// Debian's ovs-ctl restart does), until the daemon's next start or the
+// VIF's next change; xapi has the same dependency.
 package ovs

@@ -142,6 +142,16 @@ func ChooseDatapath(supported []string, kernelModule bool, want string) (string,
 	return "", fmt.Errorf("ovs: ovs-vswitchd offers no usable datapath type (datapath_types %v, kernel module loaded: %v): is ovs-vswitchd running?", supported, kernelModule)
 }
 
+// KeyUserspaceTSO is the Open_vSwitch other_config key turning on the
+// userspace datapath's TSO and checksum offload (read when ovs-vswitchd
+// starts). Without it, ovs-vswitchd reads a tap port with a plain packet
+// socket and forwards what a QEMU guest with virtio offloads sends (TCP
+// segments whose checksum is left to the host, and segments larger than
+// the MTU) as it is: the other guest drops them, and TCP between QEMU
+// guests on a userspace-datapath bridge does not get through (ARP and
+// ICMP, checksummed by the guest, do). The switch warns at Open.
+const KeyUserspaceTSO = "userspace-tso-enable"
+
 // KernelModulePath exists when the openvswitch kernel module is loaded
 // (xenopsd's vif scripts test the same path).
 const KernelModulePath = "/sys/module/openvswitch"

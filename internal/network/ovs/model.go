@@ -19,11 +19,12 @@ const (
 
 // ovsRoot is the Open_vSwitch table's single row.
 type ovsRoot struct {
-	UUID          string   `ovsdb:"_uuid"`
-	Bridges       []string `ovsdb:"bridges"`
-	NextCfg       int      `ovsdb:"next_cfg"`
-	CurCfg        int      `ovsdb:"cur_cfg"`
-	DatapathTypes []string `ovsdb:"datapath_types"`
+	UUID          string            `ovsdb:"_uuid"`
+	Bridges       []string          `ovsdb:"bridges"`
+	NextCfg       int               `ovsdb:"next_cfg"`
+	CurCfg        int               `ovsdb:"cur_cfg"`
+	DatapathTypes []string          `ovsdb:"datapath_types"`
+	OtherConfig   map[string]string `ovsdb:"other_config"`
 }
 
 type bridgeRow struct {
@@ -47,6 +48,7 @@ type ifaceRow struct {
 	Type        string            `ovsdb:"type"`
 	ExternalIDs map[string]string `ovsdb:"external_ids"`
 	MTURequest  *int              `ovsdb:"mtu_request"`
+	OFPort      *int              `ovsdb:"ofport"`
 	Error       *string           `ovsdb:"error"`
 }
 

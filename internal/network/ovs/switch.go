@@ -18,6 +18,7 @@ import (
 	"github.com/ovn-kubernetes/libovsdb/ovsdb"
 
 	"toolstackd/internal/network"
+	"toolstackd/internal/network/locking"
 )
 
 // DefaultDB is where Debian's openvswitch-switch serves the database.
@@ -41,7 +42,15 @@ type Config struct {
 	// Timeout bounds the wait for ovs-vswitchd to apply a change and for
 	// a connection (10 s when 0).
 	Timeout time.Duration
-	Log     *slog.Logger
+	// RunDir is where ovs-vswitchd keeps the bridges' management sockets
+	// (<bridge>.mgmt), for VIF locking without OVN; "" for the
+	// directory of DB's unix socket, or DefaultRunDir.
+	RunDir string
+	// Ofctl is the ovs-ofctl to run for VIF locking without OVN: "" for
+	// the one on PATH, "none" for none (locked and disabled VIFs are then
+	// refused).
+	Ofctl string
+	Log   *slog.Logger
 }
 
 // Switch is the Open vSwitch backend: a network.Links whose bridges and
@@ -55,8 +64,10 @@ type Switch struct {
 	nb  *Northbound // nil without OVN
 	dp  string
 	log *slog.Logger
+	of  ofctl // VIF locking without OVN (locking_ofctl.go)
 
-	mu sync.Mutex // one change of the database at a time
+	mu   sync.Mutex          // one change of the database (or of OpenFlow rules) at a time
+	vifs map[string]*vifLock // by VIF uuid: the rules written for it
 }
 
 var (
@@ -110,7 +121,8 @@ func Open(ctx context.Context, cfg Config) (*Switch, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ovs: Open vSwitch database %s: %w (is ovsdb-server running? Debian package openvswitch-switch)", cfg.DB, err)
 	}
-	s := &Switch{Links: cfg.Kernel, cfg: cfg, c: c, log: cfg.Log}
+	s := &Switch{Links: cfg.Kernel, cfg: cfg, c: c, log: cfg.Log, vifs: map[string]*vifLock{},
+		of: ofctl{path: findOfctl(cfg), rundir: runDir(cfg), timeout: cfg.Timeout}}
 	root, err := s.waitRoot(ctx, func(r ovsRoot) bool { return len(r.DatapathTypes) > 0 })
 	if err != nil {
 		c.Close()
@@ -127,7 +139,20 @@ func Open(ctx context.Context, cfg Config) (*Switch, error) {
 			return nil, err
 		}
 	}
-	s.log.Info("ovs: connected", "db", cfg.DB, "datapath_type", s.dp, "ovn", cfg.OVN)
+	s.log.Info("ovs: connected", "db", cfg.DB, "datapath_type", s.dp, "ovn", cfg.OVN, "ovs-ofctl", s.of.path)
+	if s.dp == "netdev" && root.OtherConfig[KeyUserspaceTSO] != "true" {
+		s.log.Warn("ovs: the userspace datapath without userspace TSO forwards the segments of QEMU guests with virtio " +
+			"offloads unfinished, so their TCP does not get through: set Open_vSwitch other_config:" + KeyUserspaceTSO +
+			"=true and restart ovs-vswitchd")
+	}
+	if cfg.OVN == "" && s.of.path == "" {
+		s.log.Warn("ovs: VIFs that must be locked or disabled will be refused: " + OfctlMissing)
+	}
+	// The VIFs' rules follow their ports across a restart of the daemon;
+	// a failure is logged, not fatal (the API must come up to fix it).
+	if err := s.reapplyLocking(ctx); err != nil {
+		s.log.Warn("ovs: writing the VIFs' locking rules again", "err", err)
+	}
 	return s, nil
 }
 
@@ -556,6 +581,9 @@ func (s *Switch) Delete(name string) error {
 		// A link that is a port of ours (a VM's tap) leaves its bridge
 		// first, so that no port is left naming a device that is gone.
 		if st.portBridge[name] != "" && st.ports[name].ExternalIDs[OwnerKey] != "" {
+			if err := s.dropFlowsLocked(context.Background(), name); err != nil {
+				return err
+			}
 			ops, err := removePortOps(st, name)
 			if err != nil {
 				return err
@@ -572,6 +600,12 @@ func (s *Switch) Delete(name string) error {
 	root, ok := s.root()
 	if !ok {
 		return errors.New("ovs: no Open_vSwitch row in the database")
+	}
+	// The bridge's rules go with it.
+	for _, l := range s.vifs {
+		if l.bridge == name {
+			l.bridge, l.flows = "", nil
+		}
 	}
 	return s.transact(context.Background(), []ovsdb.Operation{
 		mutateSet("Open_vSwitch", root.UUID, "bridges", ovsdb.MutateOperationDelete, b.UUID)})
@@ -629,6 +663,12 @@ func (s *Switch) SetMaster(dev, master string) error {
 		return err
 	}
 	cur := st.portBridge[dev]
+	if cur != "" && cur != master {
+		// A VIF's port leaving its bridge leaves its rules behind.
+		if err := s.dropFlowsLocked(ctx, dev); err != nil {
+			return err
+		}
+	}
 	if b, ok := st.bridges[master]; ok {
 		if cur == master {
 			return nil
@@ -660,12 +700,14 @@ func (s *Switch) SetMaster(dev, master string) error {
 }
 
 // PlugVIF makes the VIF's port on p.Bridge with the VIF's external_ids;
-// in OVN mode its logical switch port first. The port's interface is
-// p.Tap when the VM's backend made the VIF's tap (it is on the bridge
-// already: the port gets the VIF's identity, and the switch's own tap
-// for the VIF, if it made one, goes), or else a persistent tap the
-// switch makes, named by TapName. A port on another bridge moves; an
-// existing one gets p's external_ids.
+// in OVN mode its logical switch port first, else the OpenFlow rules of
+// its locking after (locking_ofctl.go). The port's interface is p.Tap
+// when the VM's backend made the VIF's tap (it is on the bridge already:
+// the port gets the VIF's identity, and the switch's own tap for the
+// VIF, if it made one, goes), or else a persistent tap the switch makes,
+// named by TapName. A port on another bridge moves; an existing one gets
+// p's external_ids. Without OVN and without ovs-ofctl, a VIF that must
+// be locked or disabled is refused before anything is made.
 func (s *Switch) PlugVIF(ctx context.Context, p network.VIFPort) error {
 	own, err := TapName(p.VIF)
 	if err != nil {
@@ -675,62 +717,75 @@ func (s *Switch) PlugVIF(ctx context.Context, p network.VIFPort) error {
 		if err := s.nb.EnsurePort(ctx, p); err != nil {
 			return err
 		}
-	} else if p.Mode != "" && p.Mode != "unlocked" {
-		return fmt.Errorf("ovs: VIF %s must be %s, and Open vSwitch without OVN mode (--ovn-nb) cannot enforce VIF locking here", p.VIF, p.Mode)
+	} else if p.Mode != "" && p.Mode != locking.ModeUnlocked && s.of.path == "" {
+		return errNoOfctl("VIF "+p.VIF, p.Mode)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	tap, err := s.placeVIFLocked(ctx, p, own)
+	if err != nil {
+		return err
+	}
+	return s.lockLocked(ctx, p, tap)
+}
+
+// placeVIFLocked makes the VIF's port (PlugVIF) and returns the tap
+// carrying it. Called with s.mu held.
+func (s *Switch) placeVIFLocked(ctx context.Context, p network.VIFPort, own string) (string, error) {
 	tap := own
 	if p.Tap != "" && p.Tap != own {
 		tap = p.Tap
 		if _, err := s.Links.Get(tap); err != nil {
-			return fmt.Errorf("ovs: the tap %s of VIF %s: %w", tap, p.VIF, err)
+			return "", fmt.Errorf("ovs: the tap %s of VIF %s: %w", tap, p.VIF, err)
 		}
 		if err := s.dropOwnTap(ctx, own); err != nil {
-			return err
+			return "", err
 		}
 	} else {
 		if _, err := s.Links.Get(tap); err != nil {
 			if !errors.Is(err, network.ErrNotFound) {
-				return err
+				return "", err
 			}
 			if err := s.Links.AddTap(tap, p.MTU); err != nil {
-				return err
+				return "", err
 			}
 		}
-		if err := s.Links.SetUp(tap); err != nil {
-			return err
+		// Without OVN a disabled VIF's tap stays down (lockLocked).
+		if p.Mode != locking.ModeDisabled || s.nb != nil {
+			if err := s.Links.SetUp(tap); err != nil {
+				return "", err
+			}
 		}
 	}
 	st, err := s.state()
 	if err != nil {
-		return err
+		return "", err
 	}
 	b, ok := st.bridges[p.Bridge]
 	if !ok {
-		return fmt.Errorf("ovs: no Open vSwitch bridge %s for VIF %s", p.Bridge, p.VIF)
+		return "", fmt.Errorf("ovs: no Open vSwitch bridge %s for VIF %s", p.Bridge, p.VIF)
 	}
-	ids := InterfaceExternalIDs(p)
+	ids, portIDs := InterfaceExternalIDs(p), PortExternalIDs(p)
 	if st.portBridge[tap] == p.Bridge {
 		port := st.ports[tap]
-		if len(port.Interfaces) == 1 && mapsEqual(st.ifaces[port.Interfaces[0]].ExternalIDs, ids) && ours(port.ExternalIDs, ownVIF) {
-			return nil
+		if len(port.Interfaces) == 1 && mapsEqual(st.ifaces[port.Interfaces[0]].ExternalIDs, ids) && mapsEqual(port.ExternalIDs, portIDs) {
+			return tap, nil
 		}
 		if port.ExternalIDs[OwnerKey] == "" {
-			return fmt.Errorf("%w: port %s of Open vSwitch bridge %s", network.ErrNotOurs, tap, p.Bridge)
+			return "", fmt.Errorf("%w: port %s of Open vSwitch bridge %s", network.ErrNotOurs, tap, p.Bridge)
 		}
-		return s.transact(ctx, []ovsdb.Operation{
+		return tap, s.transact(ctx, []ovsdb.Operation{
 			{Op: ovsdb.OperationUpdate, Table: "Interface", Row: ovsdb.Row{"external_ids": ovsMap(ids)},
 				Where: []ovsdb.Condition{{Column: "name", Function: ovsdb.ConditionEqual, Value: tap}}},
-			{Op: ovsdb.OperationUpdate, Table: "Port", Row: ovsdb.Row{"external_ids": ovsMap(map[string]string{OwnerKey: ownVIF})},
+			{Op: ovsdb.OperationUpdate, Table: "Port", Row: ovsdb.Row{"external_ids": ovsMap(portIDs)},
 				Where: whereUUID(port.UUID)},
 		})
 	}
-	ops, err := placePortOps(st, b, tap, map[string]string{OwnerKey: ownVIF}, ids)
+	ops, err := placePortOps(st, b, tap, portIDs, ids)
 	if err != nil {
-		return err
+		return "", err
 	}
-	return s.transact(ctx, ops)
+	return tap, s.transact(ctx, ops)
 }
 
 // dropOwnTap removes the tap the switch made for a VIF, and its port.
@@ -769,6 +824,14 @@ func (s *Switch) UnplugVIF(ctx context.Context, vifUUID string) error {
 		if err != nil {
 			return err
 		}
+		// The VIF's rules go before its ports (a port's number may be
+		// given to another port later).
+		if l := s.vifs[vifUUID]; l != nil && l.bridge != "" {
+			if err := s.dropFlowsLocked(ctx, l.port.Tap); err != nil {
+				return err
+			}
+		}
+		delete(s.vifs, vifUUID)
 		var ops []ovsdb.Operation
 		for name, port := range st.ports {
 			br := st.portBridge[name]

@@ -179,9 +179,11 @@ func dbServer(t testing.TB, dir, name, schema string) string {
 
 // Start runs ovsdb-server and ovs-vswitchd, the latter in the network
 // namespace netns (a name for `ip netns exec`; "" for the test's own),
-// and waits until ovs-vswitchd has registered its datapath types. It
-// skips the test when Open vSwitch is not installed.
-func Start(t testing.TB, netns string) *OVS {
+// and waits until ovs-vswitchd has registered its datapath types. Each
+// of otherConfig ("key=value") is set in Open_vSwitch's other_config
+// before ovs-vswitchd starts (some, as userspace-tso-enable, are read
+// only then). It skips the test when Open vSwitch is not installed.
+func Start(t testing.TB, netns string, otherConfig ...string) *OVS {
 	t.Helper()
 	if why := Available(); why != "" {
 		t.Skip("Open vSwitch tests not run: " + why)
@@ -189,6 +191,9 @@ func Start(t testing.TB, netns string) *OVS {
 	dir := tempDir(t, "tsovs")
 	o := &OVS{Dir: dir, DB: dbServer(t, dir, "conf", VSwitchSchema)}
 	o.Vsctl(t, "--no-wait", "init")
+	for _, kv := range otherConfig {
+		o.Vsctl(t, "--no-wait", "set", "Open_vSwitch", ".", "other_config:"+kv)
+	}
 	args := []string{o.DB, "--no-chdir", "--pidfile=" + filepath.Join(dir, "vswitchd.pid"),
 		"--unixctl=" + filepath.Join(dir, "vswitchd.ctl"), "--log-file=" + filepath.Join(dir, "vswitchd.log")}
 	if netns != "" {
@@ -230,6 +235,45 @@ func (o *OVS) Vsctl(t testing.TB, args ...string) string {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// TryOfctl runs ovs-ofctl against this ovs-vswitchd (a bridge named in
+// args is reached through its management socket in Dir).
+func (o *OVS) TryOfctl(args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "ovs-ofctl", args...) // #nosec G204 -- test tool
+	cmd.Env = env(o.Dir)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("ovs-ofctl %s: %w: %s", strings.Join(args, " "), err, out)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// Ofctl runs ovs-ofctl, failing the test on error.
+func (o *OVS) Ofctl(t testing.TB, args ...string) string {
+	t.Helper()
+	out, err := o.TryOfctl(args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// Flows is the OpenFlow rules of bridge whose cookie is cookie under
+// mask ("0x..." each; mask "-1" for that cookie alone), one per line,
+// without statistics.
+func (o *OVS) Flows(t testing.TB, bridge, cookie, mask string) []string {
+	t.Helper()
+	out := o.Ofctl(t, "dump-flows", "--no-stats", "--no-names", bridge, "cookie="+cookie+"/"+mask)
+	var flows []string
+	for _, l := range strings.Split(out, "\n") {
+		if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "NXST_FLOW") && !strings.HasPrefix(l, "OFPST_FLOW") {
+			flows = append(flows, l)
+		}
+	}
+	return flows
 }
 
 // StartOVN runs OVN's northbound and southbound databases and
