@@ -143,7 +143,7 @@ func rootCmd() *cobra.Command {
 	f.StringVar(&o.listenHTTPS, "listen-https", "", "HTTPS address (self-signed certificate made on first boot); empty: none. When set, the host's pool traffic goes over it, each peer checked by its pinned certificate")
 	f.BoolVar(&o.httpsOnly, "https-only", false, "answer every request on the plain HTTP listeners 403 Forbidden, as xapi's host.https_only closes port 80 (the local socket is not restricted); needs --listen-https")
 	f.StringVar(&o.socket, "socket", "", "local Unix socket whose callers are the local superuser (default DATA_DIR/xapi.sock)")
-	f.StringVar(&o.backend, "backend", "simulator", "VM backend: simulator or qemu")
+	f.StringVar(&o.backend, "backend", "simulator", "VM backend: simulator, qemu, or qemu+simulator (QEMU, and the simulator for VMs whose platform has toolstackd-simulated=true)")
 	f.Var(&o.hostMemory, "host-memory", "the memory VMs may use on this host, e.g. 16GiB (a simulated host's size); 0: the simulator's is unbounded, QEMU's is the host's available memory")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.Var(&o.logTarget, "log-target", logTargetHelp)
@@ -188,9 +188,9 @@ func run(ctx context.Context, o options) error {
 	}
 	log := newLogger(o.logTarget, level)
 	switch o.backend {
-	case "simulator", "qemu":
+	case "simulator", "qemu", "qemu+simulator":
 	default:
-		return fmt.Errorf("--backend must be simulator or qemu, not %q", o.backend)
+		return fmt.Errorf("--backend must be simulator, qemu or qemu+simulator, not %q", o.backend)
 	}
 	if o.watchdog == "fake" {
 		if err := leadProcessGroup(); err != nil {

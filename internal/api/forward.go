@@ -24,7 +24,8 @@ import (
 // host runs it as that caller without a session of its own, without
 // taking the marks again and without forwarding it further, and the
 // coordinator returns its answer. An Async call's task stays on the
-// coordinator, where the client polls it.
+// coordinator, where the client polls it; its progress comes back from
+// the host while the call runs (progress.go).
 
 // Identity is who a forwarded call runs as: the caller's session on the
 // coordinator and what it may do.
@@ -34,6 +35,12 @@ type Identity struct {
 	Originator string
 	Roles      schema.RoleSet
 	Superuser  bool
+	// Route marks a call a member sent whole to the coordinator (its
+	// local socket's and its own internal sessions' calls, as xapi's
+	// slaves send theirs to the master): the coordinator routes it as a
+	// call of its own, marks taken and forwarded on to the host its
+	// route names. Without it a forwarded call runs where it arrives.
+	Route bool `json:",omitempty"`
 }
 
 // Forwarder sends a call to another host of the pool.
@@ -83,8 +90,8 @@ func (s *Server) remote(r *request) bool {
 	if ownHost(r.msg) || len(r.target.Hosts) == 0 || r.target.Host() == s.Cfg.HostRef || r.target.Host() == schema.NullRef {
 		return false
 	}
-	if _, fwd := forwardedIdentity(r.ctx); fwd {
-		return false // it was sent here: it runs here
+	if id, fwd := forwardedIdentity(r.ctx); fwd && !id.Route {
+		return false // it was sent here to run: it runs here
 	}
 	return s.forwarder.Load() != nil
 }
@@ -116,6 +123,7 @@ func (s *Server) forwardWhole(c *Call, r *request) (any, error) {
 	}
 	fr := *r
 	fr.target.Hosts = []string{master}
+	fr.whole = true
 	return s.forward(c, &fr)
 }
 
@@ -134,7 +142,12 @@ func (s *Server) forward(c *Call, r *request) (any, error) {
 	if sess := c.Session; sess != nil {
 		id = sess.identity()
 	}
-	reply, err := (*s.forwarder.Load()).Forward(c.Ctx, host, body, id)
+	id.Route = r.whole
+	ctx := c.Ctx
+	if t := c.ProgressTask(); t != nil {
+		ctx = WithProgress(ctx, t.Progress) // the host sends it back (progress.go)
+	}
+	reply, err := (*s.forwarder.Load()).Forward(ctx, host, body, id)
 	if err != nil {
 		return nil, err
 	}

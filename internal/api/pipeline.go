@@ -50,6 +50,9 @@ type request struct {
 	args    []any // canonical values, without the session
 	handler Handler
 	target  forwarding.Target
+	// whole: sent whole to the coordinator, to be routed there
+	// (forwardWhole).
+	whole bool
 }
 
 // underscored finds a message named with "_" for its ".", as xapi also
@@ -217,6 +220,7 @@ func (s *Server) route(r *request) error {
 // is the task's outcome, as xapi reports it.
 func (s *Server) execute(r *request) (any, error) {
 	c := &Call{Ctx: r.ctx, Server: s, Session: r.sess, Msg: r.msg, Args: r.args}
+	c.Ctx, c.relay = takeProgress(r.ctx)
 	if s.toCoordinator(r) {
 		return s.forwardWhole(c, r)
 	}
@@ -234,7 +238,7 @@ func (s *Server) execute(r *request) (any, error) {
 // host the call is routed to) and drops them. A call forwarded here runs
 // under the marks the coordinator took.
 func (s *Server) admitAndRun(c *Call, r *request) (any, error) {
-	if _, fwd := forwardedIdentity(r.ctx); !fwd {
+	if id, fwd := forwardedIdentity(r.ctx); !fwd || id.Route {
 		for _, g := range s.guards[r.msg.Wire] {
 			if err := g(c); err != nil {
 				return nil, err

@@ -74,7 +74,8 @@ type Call struct {
 	Args    []any  // canonical values, without the session; missing optional ones are nil
 	Task    string // the task running this call (Async), or ""
 
-	task *Task
+	task  *Task
+	relay *Task // progress.go: the relay to a caller following this call, or nil
 }
 
 // Handler implements an explicit message. It returns the canonical result

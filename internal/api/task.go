@@ -44,6 +44,9 @@ type Task struct {
 	// lastWrite is when progress was last written. Only the writer
 	// running (busy) touches it; mu hands it from one writer to the next.
 	lastWrite time.Time
+	// relay, when set, gets the progress instead of a task row
+	// (progress.go), at most every relayInterval.
+	relay func(float64)
 }
 
 // StartTask makes a pending task owned by sess (nil: owned by no
@@ -148,7 +151,11 @@ func (t *Task) writeProgress() {
 	for {
 		// Writes are at least progressInterval apart, across writers
 		// too; the task ending writes the newest value at once.
-		if wait := progressInterval - time.Since(t.lastWrite); wait > 0 {
+		every := progressInterval
+		if t.relay != nil {
+			every = relayInterval
+		}
+		if wait := every - time.Since(t.lastWrite); wait > 0 {
 			timer := time.NewTimer(wait)
 			select {
 			case <-timer.C:
@@ -161,8 +168,10 @@ func (t *Task) writeProgress() {
 		t.dirty = false
 		t.mu.Unlock()
 		t.lastWrite = time.Now()
-		// Progress is advisory and the work goes on: log a failure.
-		if _, err := t.s.DB.Update(func(tx *db.Tx) error {
+		if t.relay != nil {
+			t.relay(v)
+		} else if _, err := t.s.DB.Update(func(tx *db.Tx) error {
+			// Progress is advisory and the work goes on: log a failure.
 			if _, ok := tx.Get(dm.Task.Class, t.Ref); !ok {
 				return nil
 			}
@@ -206,8 +215,9 @@ func (s *Server) startTask(c *Call, r request) (string, error) {
 }
 
 // SetProgress records the progress (0 to 1) of the task running this
-// call; a call without a task of its own has none to record.
-func (c *Call) SetProgress(p float64) { c.task.Progress(p) }
+// call, or passes it to the caller that follows it (ProgressTask); a
+// call that nobody follows has none to record.
+func (c *Call) SetProgress(p float64) { c.ProgressTask().Progress(p) }
 
 // RunningTask is the task running this call (an Async call), or nil.
 func (c *Call) RunningTask() *Task { return c.task }

@@ -74,9 +74,16 @@ func (s *Server) addEvacuationCommands() {
 	})
 
 	s.register("vm-migrate", "Migrates the selected running VMs to another host of the pool (host=<name or uuid>). "+
-		"Storage migration to another pool (remote-master=, remote-username=, remote-password=, vdi:, vif:) "+
-		"is not available yet.", func(c *Ctx) error {
-		if err := c.sxmNotBuilt(); err != nil {
+		"vdi:<vdi-uuid>=<sr-uuid> moves a disk to another SR on the way (storage migration inside the pool, "+
+		"through host.migrate_receive and VM.migrate_send; disks not named stay on their SR; remote-network= the "+
+		"network to receive on, default the host's management network). To another pool: remote-master=<address[:port]> "+
+		"remote-username= remote-password= [host=<remote host>] vdi:<vdi-uuid>=<remote sr-uuid> "+
+		"vif:<vif-uuid>=<remote network-uuid>.", func(c *Ctx) error {
+		if _, ok := c.param("remote-master"); ok {
+			return c.migrateToPool() // crosspool.go
+		}
+		sxm, err := c.sxmParams()
+		if err != nil {
 			return err
 		}
 		dest, ok := c.param("host")
@@ -90,16 +97,15 @@ func (s *Server) addEvacuationCommands() {
 		if err != nil {
 			return err
 		}
-		options := map[string]string{}
-		for _, k := range []string{"force", "live", "copy"} {
-			b, err := c.boolParam(k)
-			if err != nil {
-				return err
-			}
-			options[k] = strconv.FormatBool(b)
+		options, err := c.migrateOptions()
+		if err != nil {
+			return err
 		}
 		if v, ok := c.param("compress"); ok {
 			options["compress"] = v
+		}
+		if sxm {
+			return c.migrateSend(host, options)
 		}
 		return c.eachSelected(vmSelector, selectOpts{controlDomains: true}, true, func(vm *db.Row, _ formatter) error {
 			_, err := c.call("VM.pool_migrate", vm.Ref, host, options)
@@ -108,12 +114,115 @@ func (s *Server) addEvacuationCommands() {
 	})
 }
 
-// sxmNotBuilt refuses vm-migrate's storage-migration parameters: xapi
-// then calls host.migrate_receive on the remote pool and VM.migrate_send
-// here, which toolstackd's xe does not do yet. The parameters are never
-// ignored: a migration the user did not ask for (within the pool, disks
-// left in place) must not happen instead.
-func (c *Ctx) sxmNotBuilt() error {
+// migrateOptions is vm-migrate's options map: force=, live= and copy=,
+// each "true" or "false" (false when not given).
+func (c *Ctx) migrateOptions() (map[string]string, error) {
+	options := map[string]string{}
+	for _, k := range []string{"force", "live", "copy"} {
+		b, err := c.boolParam(k)
+		if err != nil {
+			return nil, err
+		}
+		options[k] = strconv.FormatBool(b)
+	}
+	return options, nil
+}
+
+// migrateSend is vm-migrate's storage migration inside the pool:
+// host.migrate_receive on the destination, then VM.migrate_send for each
+// selected VM with the vdi: and vif: maps (a VM's disks that are not
+// named stay on their SRs, as xapi's vdi_map must name every disk).
+func (c *Ctx) migrateSend(host string, options map[string]string) error {
+	snap := c.s.api.DB.Snapshot()
+	network := ""
+	if n, ok := c.param("remote-network"); ok {
+		for _, row := range snap.All(dm.Network.Class) {
+			if row.UUID() == n || row.String(dm.Network.NameLabel) == n || row.String(dm.Network.Bridge) == n {
+				network = row.Ref
+				break
+			}
+		}
+		if network == "" {
+			return failf("Failed to find network: %s", n)
+		}
+	} else {
+		for _, pif := range snap.All(dm.PIF.Class) {
+			if pif.String(dm.PIF.Host) == host && pif.Get(dm.PIF.Management) == true {
+				network = pif.String(dm.PIF.Network)
+				break
+			}
+		}
+		if network == "" {
+			h, _ := snap.Get(dm.Host.Class, host)
+			uuid := ""
+			if h != nil {
+				uuid = h.UUID()
+			}
+			return failf("Could not find management PIF on host %s", uuid)
+		}
+	}
+	vdiMap := map[string]string{}
+	for vdi, sr := range c.mapParams("vdi") {
+		vref, err := c.objectRef(dm.VDI.Class, vdi)
+		if err != nil {
+			return err
+		}
+		sref, err := c.objectRef(dm.SR.Class, sr)
+		if err != nil {
+			return err
+		}
+		vdiMap[vref] = sref
+	}
+	vifMap := map[string]string{}
+	for vif, n := range c.mapParams("vif") {
+		vref, err := c.objectRef(dm.VIF.Class, vif)
+		if err != nil {
+			return err
+		}
+		nref, err := c.objectRef(dm.Network.Class, n)
+		if err != nil {
+			return err
+		}
+		vifMap[vref] = nref
+	}
+	v, err := c.call("host.migrate_receive", host, network, map[string]string{})
+	if err != nil {
+		return err
+	}
+	dest, _ := v.(map[string]string)
+	c.out.msg("Performing a storage live migration. Your VM's VDIs will be migrated with the VM.")
+	return c.eachSelected(vmSelector, selectOpts{controlDomains: true}, true, func(vm *db.Row, _ formatter) error {
+		snap := c.s.api.DB.Snapshot()
+		full := map[string]string{}
+		for k, v := range vdiMap {
+			full[k] = v
+		}
+		vbds, _ := snap.Value(vm, dm.VM.VBDs).([]string)
+		for _, vbd := range vbds {
+			row, ok := snap.Get(dm.VBD.Class, vbd)
+			if !ok || row.Get(dm.VBD.Empty) == true {
+				continue
+			}
+			vdi := row.String(dm.VBD.VDI)
+			if _, named := full[vdi]; named {
+				continue
+			}
+			if vr, ok := snap.Get(dm.VDI.Class, vdi); ok {
+				full[vdi] = vr.String(dm.VDI.SR)
+			}
+		}
+		_, err := c.call("VM.migrate_send", vm.Ref, dest, true, full, vifMap, options, map[string]string{}, map[string]string{})
+		return err
+	})
+}
+
+// sxmParams says whether vm-migrate has storage-migration parameters
+// (a migration through VM.migrate_send) and refuses those of a
+// migration to another pool (remote-master, remote-username,
+// remote-password), which toolstackd does not do. The parameters are
+// never ignored: a migration the user did not ask for (within the pool,
+// disks left in place) must not happen instead.
+func (c *Ctx) sxmParams() (bool, error) {
 	var given []string
 	for _, p := range c.params {
 		for _, sxm := range vmMigrateSXMParams {
@@ -125,15 +234,17 @@ func (c *Ctx) sxmNotBuilt() error {
 		}
 	}
 	if len(given) == 0 {
-		return nil
+		return false, nil
 	}
+	var remote []string
 	for _, k := range []string{"remote-master", "remote-username", "remote-password"} {
-		if _, ok := c.param(k); !ok {
-			return failf("Storage live migration requires remote-master, remote-username, and remote-password " +
-				"to be specified. Please see 'xe help vm-migrate' for help.")
+		if slices.Contains(given, k) {
+			remote = append(remote, k)
 		}
 	}
-	return failf("Storage live migration (%s) is not available in this toolstackd yet: xe vm-migrate does not "+
-		"drive host.migrate_receive and VM.migrate_send. Nothing was migrated; host=<host> migrates within the pool "+
-		"with the disks on shared storage.", strings.Join(given, ", "))
+	if len(remote) > 0 {
+		return false, failf("Storage live migration requires remote-master, remote-username, and remote-password to be specified "+
+			"(given: %s): nothing was migrated.", strings.Join(remote, ", "))
+	}
+	return true, nil
 }

@@ -105,7 +105,7 @@ func (f filter) match(fm formatter, row *db.Row) bool {
 // command is a filter (and not a setting of the command).
 func isFilterParam(k string, own map[string]bool) bool {
 	stem, _, _ := strings.Cut(k, ":")
-	return !standardParams[k] && !standardParams[stem] && !own[k] && !own[stem] && k != "params" &&
+	return !standardParams[k] && !standardParams[stem] && !own[k] && !own[stem] && !own[stem+":"] && k != "params" &&
 		!strings.HasPrefix(k, "database:") && k != "session_id"
 }
 

@@ -25,18 +25,8 @@ func (s *Server) addStorageCommands() {
 	} {
 		s.register(c.name, c.help, c1(c.method, s.api.Model.Message(c.method).Params[1].Type.Class))
 	}
-	s.register("vbd-insert", "Inserts the CD with vdi-uuid into the empty CD drive with this uuid.", func(c *Ctx) error {
-		vbd, err := c.objectRef(dm.VBD.Class, c.require("uuid"))
-		if err != nil {
-			return err
-		}
-		vdi, err := c.objectRef(dm.VDI.Class, c.require("vdi-uuid"))
-		if err != nil {
-			return err
-		}
-		_, err = c.call("VBD.insert", vbd, vdi)
-		return err
-	})
+	s.register("vbd-insert", "Inserts the CD with vdi-uuid into the empty CD drive with this uuid.",
+		c2("VBD.insert", dm.VBD.Class, "vdi-uuid", dm.VDI.Class))
 	s.register("vif-unplug", "Hot-unplugs the virtual network interface with this uuid (--force: without the guest's "+
 		"cooperation).", func(c *Ctx) error {
 		ref, err := c.objectRef(dm.VIF.Class, c.require("uuid"))
@@ -54,18 +44,8 @@ func (s *Server) addStorageCommands() {
 		_, err = c.call(m, ref)
 		return err
 	})
-	s.register("vif-move", "Moves the virtual network interface with this uuid to the network network-uuid.", func(c *Ctx) error {
-		ref, err := c.objectRef(dm.VIF.Class, c.require("uuid"))
-		if err != nil {
-			return err
-		}
-		netRef, err := c.objectRef(dm.Network.Class, c.require("network-uuid"))
-		if err != nil {
-			return err
-		}
-		_, err = c.call("VIF.move", ref, netRef)
-		return err
-	})
+	s.register("vif-move", "Moves the virtual network interface with this uuid to the network network-uuid.",
+		c2("VIF.move", dm.VIF.Class, "network-uuid", dm.Network.Class))
 	driverParams := func(cmd *Command) {
 		cmd.accepts = func(_ *Ctx, k string) (bool, error) { return hasMapPrefix(k, "driver-params"), nil }
 	}
@@ -128,6 +108,26 @@ func (s *Server) addStorageCommands() {
 			return err
 		}
 		v, err := c.call("VDI.copy", ref, sr, base, into)
+		if err != nil {
+			return err
+		}
+		return c.printUUID(dm.VDI.Class, v)
+	})
+	s.register("vdi-pool-migrate", "Moves the disk with this uuid, in use by a running VM, to sr-uuid while the VM "+
+		"runs, and prints the uuid of the disk it becomes.", func(c *Ctx) error {
+		ref, err := c.objectRef(dm.VDI.Class, c.require("uuid"))
+		if err != nil {
+			return err
+		}
+		sr, err := c.objectRef(dm.SR.Class, c.require("sr-uuid"))
+		if err != nil {
+			return err
+		}
+		options := map[string]string{}
+		if f, ok := c.param("dest-img-format"); ok {
+			options["dest-img-format"] = f
+		}
+		v, err := c.call("VDI.pool_migrate", ref, sr, options)
 		if err != nil {
 			return err
 		}

@@ -28,6 +28,11 @@
 //   - max-conns: connections open at once in total, by default the file
 //     limit less a reserve for the daemon's own files. Near the cap, idle
 //     keep-alive connections are closed, longest idle first, to make room.
+//
+// A connection taken over for a transfer is wrapped with Transfer (or
+// Interactive, for a console) to keep the stall bound. Upgrade instead
+// hands a connection over to a protocol of the daemon's own (HTTP/1.1
+// Upgrade, as the migration streams use) that sets its own deadlines.
 package netguard
 
 import (

@@ -47,9 +47,13 @@ func (p *Pool) Forward(ctx context.Context, hostRef string, body []byte, id api.
 	}
 	ctx, cancel := context.WithTimeout(ctx, forwardTimeout)
 	defer cancel()
+	ctx, progress := followProgress(ctx) // forward_progress.go
 	req, err := p.request(ctx, addr, callPath, "application/json", body)
 	if err != nil {
 		return nil, err
+	}
+	if progress {
+		req.Header.Set(headerProgress, "1")
 	}
 	if err := p.onBehalf(req, id); err != nil {
 		return nil, err
@@ -110,6 +114,12 @@ func (p *Pool) serveCall(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		http.Error(w, err.Error(), status)
 		return
+	}
+	if r.Header.Get(headerProgress) != "" {
+		// The caller follows the call's progress (forward_progress.go).
+		pw := newProgressWriter(w)
+		defer pw.close()
+		w, r = pw, r.WithContext(api.WithProgress(r.Context(), pw.report))
 	}
 	p.cfg.Server.ServeForwarded(w, r, id)
 }

@@ -1,8 +1,6 @@
 package pool
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -12,6 +10,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"toolstackd/internal/netguard"
 )
 
 // Migration streams: a live migration's bytes between two hosts of the
@@ -127,25 +127,9 @@ func (p *Pool) serveMigration(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	hj, ok := w.(http.Hijacker)
-	if !ok {
-		http.Error(w, "connection cannot be upgraded (HTTP/2?)", http.StatusHTTPVersionNotSupported)
-		return
-	}
-	conn, rw, err := hj.Hijack()
+	c, err := netguard.Upgrade(w, MigrateProtocol, migrateHandshake)
 	if err != nil {
 		return
-	}
-	_ = conn.SetDeadline(time.Now().Add(migrateHandshake))
-	if _, err := io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: "+MigrateProtocol+"\r\nConnection: Upgrade\r\n\r\n"); err != nil {
-		_ = conn.Close()
-		return
-	}
-	_ = conn.SetDeadline(time.Time{})
-	c := net.Conn(conn)
-	if n := rw.Reader.Buffered(); n > 0 {
-		pre, _ := rw.Reader.Peek(n)
-		c = &bufferedConn{Conn: conn, r: bufio.NewReader(io.MultiReader(bytes.NewReader(bytes.Clone(pre)), conn))}
 	}
 	// The request's context ends with the handler; the stream's life is
 	// the receiver's, bounded by its own deadlines.

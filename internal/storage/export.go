@@ -34,7 +34,10 @@ import (
 //	     mirror to r.URI().String()
 //
 // The NBD protocol passes through untouched, so the export name the
-// source asks for is ExportName.
+// source asks for is ExportName. ExportReadOnly serves a VDI for reading
+// only, beside a guest that has it open (the source of a copy);
+// ExportOf tunnels to an export some other process of this host serves
+// (an incoming QEMU's own).
 
 // ExportName is the name of the one export of an Export.
 const ExportName = "vdi"
@@ -42,6 +45,9 @@ const ExportName = "vdi"
 // MaxTunnels bounds the connections one Export or Relay carries at once
 // (QEMU's mirror uses one).
 const MaxTunnels = 8
+
+// tunnelBuf is the copy buffer of each direction of a tunnel.
+const tunnelBuf = 1 << 20
 
 // exportDialTimeout bounds how long a tunnel waits to reach its end.
 const exportDialTimeout = 30 * time.Second
@@ -55,7 +61,9 @@ type Export struct {
 	size   int64
 	server *qemuNBD // nil for an export the SR's plugin serves
 	detach func()
-	t      tunnels
+	// readOnly: ExportReadOnly's.
+	readOnly bool
+	t        tunnels
 
 	stopOnce sync.Once
 	stopErr  error
@@ -65,12 +73,23 @@ type Export struct {
 // ("mirror/...") and serves it. The VDI must have no other writer
 // (VDI_IN_USE). Close undoes everything.
 func (s *Service) Export(ctx context.Context, vdiRef string) (*Export, error) {
+	return s.export(ctx, vdiRef, true)
+}
+
+// ExportReadOnly is Export serving the VDI read-only, shared with the
+// running guest that may have it open (the source of a storage
+// migration's copy): attached read-only, its qemu-nbd sharing the image.
+func (s *Service) ExportReadOnly(ctx context.Context, vdiRef string) (*Export, error) {
+	return s.export(ctx, vdiRef, false)
+}
+
+func (s *Service) export(ctx context.Context, vdiRef string, write bool) (*Export, error) {
 	dp := "mirror/" + randomName("")
-	d, detach, err := s.transferAttach(ctx, dp, vdiRef, true)
+	d, detach, err := s.transferAttach(ctx, dp, vdiRef, write)
 	if err != nil {
 		return nil, err
 	}
-	e := &Export{s: s, dp: dp, vdi: vdiRef, detach: detach}
+	e := &Export{s: s, dp: dp, vdi: vdiRef, detach: detach, readOnly: !write}
 	switch d.Kind {
 	case "file":
 		err = e.serveFile(ctx, s.run, d.Path, d.Format)
@@ -109,6 +128,12 @@ func ExportImage(ctx context.Context, dir, path, format string) (*Export, error)
 	return e, nil
 }
 
+// ExportOf is the tunnel end of an NBD export this host serves already
+// (a storage migration's incoming domain serving its own disk,
+// backend.DiskExporter): Serve carries connections to u, Close ends
+// them and nothing else. Size is 0 (not asked).
+func ExportOf(u nbd.URI) *Export { return &Export{uri: u} }
+
 func (e *Export) serveFile(ctx context.Context, dir, path, format string) error {
 	if format == "" {
 		format = "raw"
@@ -116,7 +141,7 @@ func (e *Export) serveFile(ctx context.Context, dir, path, format string) error 
 	if format != "raw" && format != "qcow2" {
 		return fmt.Errorf("cannot export an image in format %q", format)
 	}
-	q, err := startQemuNBD(ctx, dir, path, format, false)
+	q, err := startQemuNBD(ctx, dir, path, format, e.readOnly)
 	if err != nil {
 		return err
 	}
@@ -133,7 +158,7 @@ func (e *Export) check(ctx context.Context) error {
 		return err
 	}
 	defer func() { _ = c.Close() }()
-	if c.ReadOnly() {
+	if c.ReadOnly() && !e.readOnly {
 		return errors.New("the export is read-only")
 	}
 	e.size = c.Size()
@@ -323,7 +348,9 @@ func (t *tunnels) splice(ctx context.Context, conn net.Conn, dial func(context.C
 	defer stop()
 	errc := make(chan error, 2)
 	cp := func(dst, src net.Conn) {
-		_, err := io.Copy(dst, src)
+		// Large pieces: a mirror's writes are up to a few MiB each, and
+		// a wrapped connection gets no splice from io.Copy.
+		_, err := io.CopyBuffer(dst, src, make([]byte, tunnelBuf))
 		// One direction ended: end the other too (NBD has no half-close).
 		_ = dst.Close()
 		_ = src.Close()

@@ -58,14 +58,16 @@ func randomName(prefix string) string {
 // read-only and shares the image with a writer that holds it.
 func startQemuNBD(ctx context.Context, dir, path, format string, readonly bool) (*qemuNBD, error) {
 	sock := filepath.Join(dir, randomName("nbd-")+".sock")
-	args := []string{"--socket=" + sock, "--export-name=vdi", "--format=" + format, "--persistent", "--shared=16",
+	args := []string{"--socket=" + sock, "--export-name=vdi", "--persistent", "--shared=16",
 		"--cache=writeback", "--aio=threads"}
 	if readonly {
-		args = append(args, "--read-only", "--force-share")
+		// Shared with a guest that has the image open: no image locking
+		// (qemu-nbd 7.2 has no --force-share).
+		args = append(args, "--read-only", "--image-opts",
+			"driver="+format+",file.driver=file,file.locking=off,file.filename="+strings.ReplaceAll(path, ",", ",,"))
 	} else {
-		args = append(args, "--discard=unmap", "--detect-zeroes=unmap")
+		args = append(args, "--format="+format, "--discard=unmap", "--detect-zeroes=unmap", path)
 	}
-	args = append(args, path)
 	cmd := exec.Command("qemu-nbd", args...) //nolint:gosec // a fixed program with an argv, no shell
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	q := &qemuNBD{cmd: cmd, sock: sock, stderr: &bytes.Buffer{}, exited: make(chan struct{})}

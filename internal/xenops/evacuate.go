@@ -36,7 +36,9 @@ import (
 //   - runs evacuate_batch_size migrations at a time (xapi's default of
 //     10 when it is 0 or less; at most evacMaxBatch), starting the next
 //     as one finishes, and sets the task's progress to the share
-//     finished;
+//     done, a move in flight counting for the part of it done (its
+//     VM.pool_migrate's progress, also from the VM's host:
+//     evacprogress.go);
 //   - on a migration's failure starts no more, lets those in flight
 //     finish and fails with that error; a VM halted meanwhile
 //     (VM_BAD_POWER_STATE) is not a failure;
@@ -234,11 +236,14 @@ func (m *Manager) hostEvacuate(c *api.Call, a dm.HostEvacuateArgs) (dm.Void, err
 	m.log.Info("host.evacuate", "host", host, "vms", len(moves), "batch", batch)
 	var mu sync.Mutex
 	var started []string
-	err = runEvacMoves(c.Ctx, moves, batch, c.SetProgress, func(ctx context.Context, mv evacMove) error {
+	prog := newEvacProgress(len(moves), c.SetProgress) // evacprogress.go
+	err = runEvacMoves(c.Ctx, moves, batch, func(float64) {}, func(ctx context.Context, mv evacMove) error {
 		mu.Lock()
 		started = append(started, mv.vm)
 		mu.Unlock()
+		ctx = api.WithProgress(ctx, func(f float64) { prog.set(mv.vm, f) })
 		_, err := (&dm.VMPoolMigrateArgs{VM: dm.VMRef(mv.vm), Host: dm.HostRef(mv.host), Options: opts}).Call(ctx, c.Caller())
+		prog.set(mv.vm, 1)
 		return err
 	})
 	if c.Ctx.Err() != nil {

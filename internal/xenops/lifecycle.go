@@ -234,7 +234,7 @@ func (v *vmCheck) checkOp(o op, strict bool) *xerr.Error {
 }
 
 // listedVMOps are the operations allowed_operations is made of (xapi's
-// list, less the migration toolstackd does not do: migrate_send).
+// list).
 var listedVMOps = []op{
 	dm.VMOperationsSnapshot, dm.VMOperationsCopy, dm.VMOperationsClone, dm.VMOperationsRevert, dm.VMOperationsCheckpoint,
 	dm.VMOperationsSnapshotWithQuiesce, dm.VMOperationsStart, dm.VMOperationsStartOn, dm.VMOperationsPause,
@@ -242,7 +242,7 @@ var listedVMOps = []op{
 	dm.VMOperationsHardReboot, dm.VMOperationsSuspend, dm.VMOperationsResume, dm.VMOperationsResumeOn,
 	dm.VMOperationsExport, dm.VMOperationsDestroy, dm.VMOperationsProvision, dm.VMOperationsChangingVCPUsLive,
 	dm.VMOperationsMakeIntoTemplate, dm.VMOperationsChangingStaticRange, dm.VMOperationsChangingShadowMemory,
-	dm.VMOperationsChangingDynamicRange, dm.VMOperationsPoolMigrate,
+	dm.VMOperationsChangingDynamicRange, dm.VMOperationsPoolMigrate, dm.VMOperationsMigrateSend,
 }
 
 // allowedVMOps computes allowed_operations.

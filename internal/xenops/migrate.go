@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -14,7 +15,6 @@ import (
 	"toolstackd/internal/api"
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
-	"toolstackd/internal/forwarding"
 	"toolstackd/internal/ha/journal"
 	"toolstackd/internal/schema"
 	"toolstackd/internal/xenops/backend"
@@ -57,9 +57,13 @@ import (
 // no tap, no journal entry). A destination that loses the source after
 // step 4 asks the database: resident_on naming it means the move
 // committed, so it adopts the domain; otherwise it waits a little for
-// the commit to reach its replica, then removes the domain. So the guest
-// runs on one host at a time, and a move the database acknowledged is
-// never lost.
+// the commit to reach its replica, then removes the domain. It does not
+// wait for a go that is held up once its replica shows the commit; a
+// memory stream that stops moving ends the migration; and a destination
+// whose daemon died after the state arrived settles the kept domain the
+// same way at its next start (migrate_recover.go). So the guest runs on
+// one host at a time, and a move the database acknowledged is never
+// lost.
 //
 // Options: xapi's keys are accepted; "live" changes nothing (a pool
 // migration is always live, as xapi's is), "force" has nothing to skip
@@ -67,7 +71,14 @@ import (
 // stream always takes the pool's own connection). Tuning: the VM's
 // other_config:migration_bandwidth (bytes per second; the orchestration
 // also holds the stream to it) and other_config:migration_downtime
-// (milliseconds) become the backend's MigrateOptions.
+// (milliseconds) become the backend's MigrateOptions; the bandwidth
+// caps a storage migration's disk mirrors as well.
+//
+// VM.migrate_send to a host of the pool goes through the same steps
+// (marked migrate_send); when its vdi_map sends disks to other SRs, the
+// destination makes the new disks in step 2, the source mirrors into
+// them before step 3 and completes the mirrors at the switchover, and
+// the commit of step 5 repoints the VBDs: storagemigrate.go.
 //
 // A migration to the host the VM runs on is refused
 // (OPERATION_NOT_ALLOWED): a backend names domains by VM uuid, so one
@@ -200,6 +211,8 @@ const (
 func (m *Manager) registerMigrate() {
 	api.Register(m.srv, m.vmPoolMigrate)
 	api.Register(m.srv, m.vmAssertCanMigrate)
+	m.registerStorageMigrate()
+	m.registerVDIMigrate()
 }
 
 // MigrationTimes are the durations of the last migration this host sent
@@ -207,6 +220,9 @@ func (m *Manager) registerMigrate() {
 // start to its ready) and the backend's SendLive.
 type MigrationTimes struct {
 	Total, Prepare, Send time.Duration
+	// Mirror is a storage migration's disk mirrors, from their start to
+	// all in sync (0 without disks to move).
+	Mirror time.Duration
 }
 
 // vmPoolMigrate is VM.pool_migrate on the VM's resident host.
@@ -231,15 +247,9 @@ func (m *Manager) vmPoolMigrate(c *api.Call, a dm.VMPoolMigrateArgs) (dm.Void, e
 		return dm.Void{}, xerr.New(xerr.VMNotResidentHere, row.Ref, m.host)
 	}
 	err = m.withVMOp(c, row.Ref, dm.VMOperationsPoolMigrate, m.recheck(dm.VMOperationsPoolMigrate, func(o *opCtx) error {
-		if c.Task == "" && c.Forwarded() {
-			// The caller's task is the coordinator's: cancelling it ends
-			// the forwarded request, and so the migration (safe at any
-			// point: before the commit it is undone).
-			ctx, cancel := context.WithCancel(o.ctx)
-			defer cancel()
-			defer context.AfterFunc(c.Ctx, cancel)()
-			o.ctx = ctx
-		}
+		// Cancelling the coordinator's task ends the migration (safe at
+		// any point: before the commit it is undone).
+		defer followForwarded(c, o)()
 		return m.migrateOut(o, host.Ref, a.Options)
 	}))
 	if err == nil {
@@ -275,31 +285,29 @@ func (m *Manager) noteMigrated(ctx context.Context, vm *db.Row, from, to string)
 
 // vmAssertCanMigrate is VM.assert_can_migrate for a destination in this
 // pool (dest["host"] names a host of the pool): xapi's intra-pool
-// checks. A destination in another pool is refused: cross-pool
-// migration is not done here.
+// checks; a destination in another pool gets crosspool.go's.
 func (m *Manager) vmAssertCanMigrate(c *api.Call, a dm.VMAssertCanMigrateArgs) (dm.Void, error) {
 	row, err := c.Lookup(dm.VM.Class, string(a.VM))
 	if err != nil {
 		return dm.Void{}, err
 	}
 	snap := c.Snapshot()
-	dest := a.Dest["host"]
-	if _, ok := snap.Get(dm.Host.Class, dest); !ok {
-		return dm.Void{}, xerr.New(xerr.OperationNotAllowed, "migration to another pool is not supported; dest[host] must name a host of this pool")
+	if !inThisPool(snap, a.Dest) && a.Dest["master"] != "" {
+		return dm.Void{}, m.assertCanMigrateRemote(c, row, a) // crosspool.go
 	}
-	if len(a.VIFMap) > 0 {
-		return dm.Void{}, xerr.New(xerr.OperationNotAllowed, "VIF mapping is not allowed for intra-pool migration -all VIFs must be on the same network")
-	}
-	for vdi, sr := range a.VDIMap {
-		if d, ok := snap.Get(dm.VDI.Class, string(vdi)); !ok || d.String(dm.VDI.SR) != string(sr) {
-			return dm.Void{}, xerr.New(xerr.OperationNotAllowed, "storage migration (a VDI to another SR) is not supported yet")
-		}
-	}
-	v := vmCheckOf(snap, row)
-	if err := v.checkOp(dm.VMOperationsPoolMigrate, false); err != nil {
+	dest, err := destHost(snap, a.Dest)
+	if err != nil {
 		return dm.Void{}, err
 	}
-	return dm.Void{}, m.assertCanMigrate(snap, row, dest)
+	v := vmCheckOf(snap, row)
+	if err := v.checkOp(dm.VMOperationsMigrateSend, false); err != nil {
+		return dm.Void{}, err
+	}
+	if p := row.String(dm.VM.PowerState); p != psRunning && p != psPaused && (p != psHalted || len(a.VDIMap) == 0) {
+		return dm.Void{}, xerr.New(xerr.VMBadPowerState, row.Ref, powerName(psRunning), powerName(p))
+	}
+	_, err = m.storageMoves(snap, row, dest, a.VDIMap, a.VIFMap, a.Options)
+	return dm.Void{}, err
 }
 
 // assertCanMigrate is what xapi checks before a VM may move to host
@@ -308,33 +316,7 @@ func (m *Manager) vmAssertCanMigrate(c *api.Call, a dm.VMAssertCanMigrateArgs) (
 // destination other than the source, every disk's SR plugged there,
 // every VIF's network reachable there, and room for the VM's memory.
 func (m *Manager) assertCanMigrate(r db.Reader, vm *db.Row, dest string) error {
-	if pcis := strs(r.Value(vm, dm.VM.AttachedPCIs)); len(pcis) > 0 {
-		return xerr.New(xerr.VMHasPCIAttached, vm.Ref)
-	}
-	host, ok := r.Get(dm.Host.Class, dest)
-	if !ok {
-		return xerr.New(xerr.HandleInvalid, "host", dest)
-	}
-	if dest == vm.String(dm.VM.ResidentOn) {
-		return xerr.New(xerr.OperationNotAllowed, "the VM already runs on this host (a migration to the same host is not supported)")
-	}
-	if live, known := forwarding.MetricsLive(r, host); !live || !known {
-		return xerr.New(xerr.HostNotLive)
-	}
-	if host.Get(dm.Host.Enabled) != true {
-		return xerr.New(xerr.HostDisabled, dest)
-	}
-	if err := whyNotOn(r, vm, dest); err != nil {
-		return err
-	}
-	need, _ := vm.Get(dm.VM.MemoryStaticMax).(int64)
-	if metrics, ok := r.Get(dm.HostMetrics.Class, host.String(dm.Host.Metrics)); ok {
-		free, _ := metrics.Get(dm.HostMetrics.MemoryFree).(int64)
-		if need > free {
-			return xerr.New(xerr.HostNotEnoughFreeMemory, strconv.FormatInt(need, 10), strconv.FormatInt(max(free, 0), 10))
-		}
-	}
-	return nil
+	return m.assertCanMigrateMoving(r, vm, dest, nil)
 }
 
 // migrateOptions are the backend's options for a VM.
@@ -348,6 +330,108 @@ func migrateOptions(vm *db.Row) backend.MigrateOptions {
 		o.Downtime = time.Duration(n) * time.Millisecond
 	}
 	return o
+}
+
+// followForwarded ties o to the request of a call forwarded without a
+// task of its own (the caller's task is then the coordinator's, and
+// cancelling it ends the forwarded request): the request's end cancels
+// o. The returned func ends the tie.
+func followForwarded(c *api.Call, o *opCtx) (stop func()) {
+	if c.Task != "" || !c.Forwarded() {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(o.ctx)
+	unhook := context.AfterFunc(c.Ctx, cancel)
+	o.ctx = ctx
+	return func() {
+		unhook()
+		cancel()
+	}
+}
+
+// outStream is the source's end of a migration stream.
+type outStream struct {
+	mc   *migConn
+	dial func(context.Context) (net.Conn, error) // more streams to the same host (the disks')
+	// unhook ends the tie between the stream and o's task (see
+	// openStream); false: the task was cancelled first.
+	unhook func() bool
+}
+
+// dialPeer dials migration streams to dest, a host of this pool.
+func dialPeer(pp *MigrationPeers, dest string) func(context.Context) (net.Conn, error) {
+	return func(ctx context.Context) (net.Conn, error) { return (*pp).DialMigration(ctx, dest) }
+}
+
+// openStream opens o's migration stream to host dest with dial. A dial
+// that fails is CANNOT_CONTACT_HOST (the task's cancellation when that
+// ended it), except a refusal of the caller's session (SESSION_INVALID,
+// RBAC_PERMISSION_DENIED from another pool), passed on as it is. Until
+// unhook, cancelling o's task breaks the stream: every wait on it ends,
+// and the destination cleans up.
+func (m *Manager) openStream(o *opCtx, dest string, dial func(context.Context) (net.Conn, error)) (*outStream, error) {
+	conn, err := dial(o.ctx)
+	if err != nil {
+		if o.ctx.Err() != nil {
+			return nil, cancelledErr(o.task)
+		}
+		m.log.Warn("cannot open a migration stream", "vm", o.uuid, "dest", dest, "err", err)
+		if xerr.HasCode(err, xerr.SessionInvalid) || xerr.HasCode(err, xerr.RBACPermissionDenied) {
+			return nil, err
+		}
+		return nil, xerr.New(xerr.CannotContactHost, dest)
+	}
+	return &outStream{mc: newMigConn(conn), dial: dial, unhook: context.AfterFunc(o.ctx, func() { _ = conn.SetDeadline(time.Now()) })}, nil
+}
+
+// openPeer opens o's migration stream to hdr.Dest, a host of this pool,
+// sends hdr and waits for ready. A failure after the dial is
+// migrateFailed's.
+func (m *Manager) openPeer(o *opCtx, pp *MigrationPeers, hdr migrateHeader) (*outStream, migrateMsg, error) {
+	out, err := m.openStream(o, hdr.Dest, dialPeer(pp, hdr.Dest))
+	if err != nil {
+		return nil, migrateMsg{}, err
+	}
+	if err := out.mc.send(hdr, migrateMsgTimeout); err != nil {
+		out.close()
+		return nil, migrateMsg{}, m.migrateFailed(o, hdr.Dest, err)
+	}
+	ready, err := out.mc.recvMsg(stepReady, migratePrepTimeout)
+	if err != nil {
+		out.close()
+		return nil, migrateMsg{}, m.migrateFailed(o, hdr.Dest, err)
+	}
+	return out, ready, nil
+}
+
+// abort tells the destination to drop a move that was not committed
+// (best effort, within a second, whether or not the task was cancelled).
+func (s *outStream) abort() {
+	s.unhook()
+	_ = s.mc.c.SetDeadline(time.Time{})
+	_ = s.mc.send(migrateMsg{Step: stepAbort}, time.Second)
+}
+
+// close ends the stream.
+func (s *outStream) close() {
+	s.unhook()
+	_ = s.mc.c.Close()
+}
+
+// sendMemory sends the guest's memory down mc as one chunked stream,
+// capped at mopts.Bandwidth, progress going from lo to 0.9; it returns
+// how long that took. The chunked stream is left open: the caller ends
+// it (cw.Close) once the guest's stop is journalled. On failure the
+// guest runs here still.
+func (m *Manager) sendMemory(o *opCtx, mig backend.Migrator, mc *migConn, mopts backend.MigrateOptions, lo float64) (cw *chunkWriter, took time.Duration, err error) {
+	cw = &chunkWriter{w: mc.w}
+	var stream io.Writer = cw
+	if mopts.Bandwidth > 0 {
+		stream = &rateWriter{ctx: o.ctx, w: cw, rate: mopts.Bandwidth, start: time.Now()}
+	}
+	t0 := time.Now()
+	err = mig.SendLive(o.ctx, o.uuid, stream, mopts, func(f float64) { o.prog.Progress(lo + (0.9-lo)*min(max(f, 0), 1)) })
+	return cw, time.Since(t0), err
 }
 
 // migrateFailed is VM_MIGRATE_FAILED for a move of o's VM to dest.
@@ -364,6 +448,12 @@ func (m *Manager) migrateFailed(o *opCtx, dest string, err error) error {
 
 // migrateOut is the source's side of a migration, on the VM's queue.
 func (m *Manager) migrateOut(o *opCtx, dest string, options map[string]string) error {
+	return m.migrateOutMoving(o, dest, options, nil)
+}
+
+// migrateOutMoving is migrateOut moving the disks in moves to other SRs
+// on the way (storagemigrate.go).
+func (m *Manager) migrateOutMoving(o *opCtx, dest string, options map[string]string, moves []diskMove) error {
 	t0 := time.Now()
 	mig, ok := m.be.(backend.Migrator)
 	if !ok {
@@ -378,7 +468,7 @@ func (m *Manager) migrateOut(o *opCtx, dest string, options map[string]string) e
 	if !ok {
 		return xerr.New(xerr.HandleInvalid, "VM", o.vm)
 	}
-	if err := m.assertCanMigrate(snap, row, dest); err != nil {
+	if err := m.assertCanMigrateMoving(snap, row, dest, moves); err != nil {
 		return err
 	}
 	power := row.String(dm.VM.PowerState)
@@ -390,7 +480,7 @@ func (m *Manager) migrateOut(o *opCtx, dest string, options map[string]string) e
 	// Storage's hold of the disks moves with the VM: it is let go here
 	// (the guest keeps its disks open) so that the destination can take
 	// it, and taken back if the move fails before its commit.
-	if err := m.releaseDisks(o, dest, info); err != nil {
+	if err := m.releaseDisks(o, dest, info, movedSet(moves)); err != nil {
 		return err
 	}
 	committed := false
@@ -400,42 +490,53 @@ func (m *Manager) migrateOut(o *opCtx, dest string, options map[string]string) e
 		}
 	}()
 
-	conn, err := (*pp).DialMigration(o.ctx, dest)
-	if err != nil {
-		if o.ctx.Err() != nil {
-			return cancelledErr(o.task)
-		}
-		m.log.Warn("cannot open a migration stream", "vm", o.uuid, "dest", dest, "err", err)
-		return xerr.New(xerr.CannotContactHost, dest)
-	}
-	defer func() { _ = conn.Close() }()
-	mc := newMigConn(conn)
 	// Until the commit, cancelling the task breaks the stream: every wait
 	// below ends, and the destination cleans up.
-	unhook := context.AfterFunc(o.ctx, func() { _ = conn.SetDeadline(time.Now()) })
-	defer unhook()
-
 	hdr := migrateHeader{Version: migrateVersion, VM: o.vm, UUID: o.uuid, Source: m.host, Dest: dest, Power: power,
-		Task: o.task, Options: options}
-	if err := mc.send(hdr, migrateMsgTimeout); err != nil {
-		return m.migrateFailed(o, dest, err)
+		Task: o.task, Options: options, Disks: moves}
+	out, ready, err := m.openPeer(o, pp, hdr)
+	if err != nil {
+		return err
 	}
-	if _, err := mc.recvMsg(stepReady, migratePrepTimeout); err != nil {
-		return m.migrateFailed(o, dest, err)
-	}
+	defer out.close()
+	mc := out.mc
 	prep := time.Since(t0)
 	o.prog.Progress(0.1)
+	mopts := migrateOptions(row)
+	memLo := 0.1
+	var mirrorTime time.Duration
+	if len(moves) > 0 {
+		// The disks first: mirrored while the guest runs, completed at
+		// the switchover.
+		tm := time.Now()
+		if err := m.takeReady(o.ctx, moves, ready.Disks); err != nil {
+			return m.migrateFailed(o, dest, err)
+		}
+		// What nothing writes (the snapshots' disks) is copied first.
+		if err := m.copyMovedDisks(o, dest, hdr, moves, out.dial, 0.1, 0.2); err != nil {
+			return m.migrateFailed(o, dest, err)
+		}
+		if slices.ContainsFunc(moves, func(mv diskMove) bool { return mv.Copy }) {
+			if err := mc.send(migrateMsg{Step: stepCopied}, migrateMsgTimeout); err != nil {
+				return m.migrateFailed(o, dest, err)
+			}
+		}
+		sm, err := m.startMirrors(o, dest, info, moves, hdr, out.dial, mopts.Bandwidth)
+		if err != nil {
+			return m.migrateFailed(o, dest, err)
+		}
+		defer sm.cancel(o.ctx)
+		if err := sm.wait(o, 0.2, 0.5); err != nil {
+			m.log.Info("storage migration failed while mirroring", "vm", o.uuid, "dest", dest, "err", err)
+			return m.migrateFailed(o, dest, err)
+		}
+		mirrorTime = time.Since(tm)
+		mopts.BeforeSwitchover = sm.complete
+		memLo = 0.5
+	}
 
 	// The memory. On failure SendLive leaves the guest running here.
-	cw := &chunkWriter{w: mc.w}
-	mopts := migrateOptions(row)
-	var stream io.Writer = cw
-	if mopts.Bandwidth > 0 {
-		stream = &rateWriter{ctx: o.ctx, w: cw, rate: mopts.Bandwidth, start: time.Now()}
-	}
-	ts := time.Now()
-	err = mig.SendLive(o.ctx, o.uuid, stream, mopts, func(f float64) { o.prog.Progress(0.1 + 0.8*min(max(f, 0), 1)) })
-	send := time.Since(ts)
+	cw, send, err := m.sendMemory(o, mig, mc, mopts, memLo)
 	if err != nil {
 		m.log.Info("migration failed while sending", "vm", o.uuid, "dest", dest, "err", err)
 		return m.migrateFailed(o, dest, err)
@@ -444,9 +545,7 @@ func (m *Manager) migrateOut(o *opCtx, dest string, options map[string]string) e
 	// failure resumes it.
 	m.journal(journal.Stop, o.uuid)
 	rollback := func(cause error) error {
-		unhook()
-		_ = conn.SetDeadline(time.Time{})
-		_ = mc.send(migrateMsg{Step: stepAbort}, time.Second)
+		out.abort()
 		m.resumeAfterFailedMove(o, power)
 		return m.migrateFailed(o, dest, cause)
 	}
@@ -461,10 +560,10 @@ func (m *Manager) migrateOut(o *opCtx, dest string, options map[string]string) e
 		return rollback(o.ctx.Err())
 	}
 	// The commit point: from here the task can no longer be cancelled.
-	if !unhook() {
+	if !out.unhook() {
 		return rollback(context.Canceled)
 	}
-	if err := m.commitMove(o, dest, rec.Domid); err != nil {
+	if err := m.commitMove(o, dest, rec.Domid, moves); err != nil {
 		switch moved, known := m.settleCommit(o, dest); {
 		case !known:
 			// Neither host may run the guest until the database is sure:
@@ -480,13 +579,14 @@ func (m *Manager) migrateOut(o *opCtx, dest string, options map[string]string) e
 		m.log.Warn("recording a migration reported an error, but the database has it", "vm", o.uuid, "err", err)
 	}
 	committed = true
-	_ = conn.SetDeadline(time.Time{})
+	_ = mc.c.SetDeadline(time.Time{})
 	o.prog.Progress(0.95)
 	m.handOver(o, mc, dest)
 	m.removeMovedDomain(o, info)
+	m.destroyVDIs(o.ctx, oldVDIs(moves), "a storage migration moved away from")
 	total := time.Since(t0)
-	m.mig.last.Store(&MigrationTimes{Total: total, Prepare: prep, Send: send})
-	m.log.Info("VM migrated", "vm", o.uuid, "dest", dest, "total", total, "send", send, "prepare", prep)
+	m.mig.last.Store(&MigrationTimes{Total: total, Prepare: prep, Send: send, Mirror: mirrorTime})
+	m.log.Info("VM migrated", "vm", o.uuid, "dest", dest, "total", total, "send", send, "prepare", prep, "mirror", mirrorTime)
 	return nil
 }
 
@@ -499,6 +599,14 @@ func (m *Manager) handOver(o *opCtx, mc *migConn, dest string) {
 		m.log.Warn("migration recorded, but the destination did not hear go", "vm", o.uuid, "dest", dest, "err", err)
 		return
 	}
+	if err := m.sendRRD(o, mc); err != nil {
+		m.log.Warn("migration recorded; the destination did not confirm", "vm", o.uuid, "dest", dest, "err", err)
+	}
+}
+
+// sendRRD sends the VM's RRD after go (none when it cannot be read or
+// is larger than maxRRDBytes) and waits for the destination's done.
+func (m *Manager) sendRRD(o *opCtx, mc *migConn) error {
 	var rrd []byte
 	if mp := m.mig.metrics.Load(); mp != nil {
 		b, err := (*mp).ExportVM(o.uuid)
@@ -518,15 +626,13 @@ func (m *Manager) handOver(o *opCtx, mc *migConn, dest string) {
 	if err == nil {
 		_, err = mc.recvMsg(stepDone, migrateMsgTimeout)
 	}
-	if err != nil {
-		m.log.Warn("migration recorded; the destination did not confirm", "vm", o.uuid, "dest", dest, "err", err)
-	}
+	return err
 }
 
 // commitMove records that the VM now runs on dest in domain domid: the
 // commit point of a migration. The devices stay attached; the consoles
 // go (the destination makes its own); this host's free memory grows.
-func (m *Manager) commitMove(o *opCtx, dest string, domid int64) error {
+func (m *Manager) commitMove(o *opCtx, dest string, domid int64, moves []diskMove) error {
 	_, err := m.db.Update(func(tx *db.Tx) error {
 		row, ok := tx.Get(dm.VM.Class, o.vm)
 		if !ok {
@@ -553,6 +659,9 @@ func (m *Manager) commitMove(o *opCtx, dest string, domid int64) error {
 			return err
 		}
 		if err := m.noteFreeMemory(tx); err != nil {
+			return err
+		}
+		if err := repointVBDs(tx, moves); err != nil {
 			return err
 		}
 		return refreshVM(tx, o.vm)
@@ -626,9 +735,9 @@ func (m *Manager) removeMovedDomain(o *opCtx, info backend.DomainInfo) {
 // this host (the guest keeps them open), so that the destination can
 // attach them. A disk reached over NBD cannot move this way: its export
 // would go from under the guest.
-func (m *Manager) releaseDisks(o *opCtx, dest string, info backend.DomainInfo) error {
+func (m *Manager) releaseDisks(o *opCtx, dest string, info backend.DomainInfo, moved map[string]string) error {
 	for _, d := range info.Disks {
-		if d.VDI != "" && strings.Contains(d.Path, "://") {
+		if _, mirrored := moved[d.VDI]; !mirrored && d.VDI != "" && strings.Contains(d.Path, "://") {
 			return xerr.New(xerr.VMMigrateFailed, o.vm, m.host, dest, "disk "+d.Device+" is reached over NBD; such disks cannot move live")
 		}
 	}

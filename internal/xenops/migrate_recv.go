@@ -31,6 +31,10 @@ func (m *Manager) ServeMigration(ctx context.Context, conn net.Conn) {
 		m.log.Warn("unreadable migration header", "err", err)
 		return
 	}
+	if h.Tunnel != "" {
+		m.serveTunnel(ctx, conn, mc, h) // a storage migration's mirror
+		return
+	}
 	ref, err := m.acceptMigration(h)
 	if err != nil {
 		m.log.Warn("migration refused", "vm", h.UUID, "source", h.Source, "err", err)
@@ -47,6 +51,9 @@ func (m *Manager) ServeMigration(ctx context.Context, conn net.Conn) {
 	m.trackOp(ref, key, "pool_migrate_in", cancel)
 	defer m.untrackOp(ref, key)
 	j := &job{ctx: jctx, name: "VM.pool_migrate (incoming)", run: func(ctx context.Context) error {
+		if h.Power == psHalted {
+			return m.copyIn(ctx, mc, h, ref) // a halted VM's disks (storagecopy.go)
+		}
 		return m.migrateIn(ctx, mc, h, ref)
 	}}
 	m.q.submit(ref, j)
@@ -72,6 +79,9 @@ func (m *Manager) acceptMigration(h migrateHeader) (string, error) {
 	if !ok || row.UUID() != h.UUID {
 		return "", xerr.New(xerr.HandleInvalid, "VM", h.VM)
 	}
+	if h.Power == psHalted {
+		return m.acceptCopy(row, h)
+	}
 	if src := row.String(dm.VM.ResidentOn); src != h.Source || src == m.host {
 		return "", xerr.New(xerr.VMNotResidentHere, row.Ref, h.Source)
 	}
@@ -81,7 +91,7 @@ func (m *Manager) acceptMigration(h migrateHeader) (string, error) {
 	cur, _ := row.Get(dm.VM.CurrentOperations).(map[string]string)
 	marked := false
 	for _, o := range cur {
-		marked = marked || o == string(dm.VMOperationsPoolMigrate)
+		marked = marked || o == string(dm.VMOperationsPoolMigrate) || o == string(dm.VMOperationsMigrateSend)
 	}
 	if !marked {
 		return "", xerr.New(xerr.OperationNotAllowed, "the VM is not being migrated")
@@ -95,6 +105,9 @@ func (m *Manager) acceptMigration(h migrateHeader) (string, error) {
 	if _, ok := m.be.(backend.Migrator); !ok {
 		return "", xerr.New(xerr.VMMigrateFailed, row.Ref, h.Source, m.host, "the "+m.be.Name()+" backend cannot receive a migration")
 	}
+	if err := m.checkMoves(m.db.Snapshot(), row.Ref, h.Disks); err != nil {
+		return "", err
+	}
 	return row.Ref, nil
 }
 
@@ -107,50 +120,64 @@ func (m *Manager) migrateIn(ctx context.Context, mc *migConn, h migrateHeader, r
 		_ = mc.send(failedMsg(err), time.Second)
 		return err
 	}
-	p, err := m.plan(m.db.Snapshot(), ref)
+	// A storage migration's disks: new VDIs here, destroyed unless the
+	// move commits (after the domain that uses them, deferred below).
+	adopted := false
+	moves := slices.Clone(h.Disks)
+	newVDIs, err := m.createMovedVDIs(ctx, moves)
+	defer func() {
+		if !adopted {
+			m.destroyVDIs(ctx, newVDIs, "an incoming storage migration made")
+		}
+	}()
 	if err != nil {
-		return fail(err)
-	}
-	p.spec.Incoming, p.spec.AutoStart = true, false
-	if err := m.be.Check(p.spec); err != nil {
-		return fail(err)
-	}
-	if err := m.reserve(p.spec.Memory); err != nil {
 		return fail(err)
 	}
 	// The reservation ends when the domain counts as complete (adopted),
 	// or with the migration: never both at once.
-	var unreserve sync.Once
-	release := func() { unreserve.Do(func() { m.reserved.Add(-p.spec.Memory) }) }
+	p, release, err := m.planIncoming(ref, movedSet(moves))
+	if err != nil {
+		return fail(err)
+	}
 	defer release()
 	var made bootMade
-	adopted := false
 	defer func() {
 		if !adopted {
 			m.undoIncoming(o, &made)
 		}
 	}()
+	// The copies' exports first: storage attaches their VDIs read-write
+	// before the domain attaches them (storagecopy.go).
+	exports, err := m.exportCopies(ctx, h, moves)
+	if err != nil {
+		return fail(err)
+	}
+	defer exports.close(ctx)
 	// A broken stream ends the build as well.
 	if err := m.buildDomain(o, p, &made); err != nil {
 		return fail(err)
 	}
-	if err := mc.send(migrateMsg{Step: stepReady}, migrateMsgTimeout); err != nil {
-		return err
-	}
-	m.log.Info("receiving a migrating VM", "vm", h.UUID, "source", h.Source)
-	mig := m.be.(backend.Migrator) // acceptMigration checked it
-	cr := &chunkReader{c: mc.c, r: mc.r}
-	t0 := time.Now()
-	err = mig.ReceiveLive(ctx, h.UUID, cr)
-	if err == nil {
-		err = cr.drain(maxChunk)
-	}
-	if err != nil {
+	if err := exports.exportMirrors(ctx, h, p, moves); err != nil {
 		return fail(err)
 	}
-	info, ok := m.be.Info(h.UUID)
-	if !ok {
-		return fail(xerr.New(xerr.InternalError, "the incoming domain vanished"))
+	if err := mc.send(migrateMsg{Step: stepReady, Disks: moves}, migrateMsgTimeout); err != nil {
+		return err
+	}
+	if slices.ContainsFunc(moves, func(mv diskMove) bool { return mv.Copy }) {
+		// The source copies before anything else: the copies' exports
+		// end before the memory comes (the incoming domain takes its
+		// disks at the switchover). No deadline of our own: a source
+		// that fails breaks the stream.
+		if _, err := mc.recvMsg(stepCopied, 0); err != nil {
+			return fail(err)
+		}
+		exports.closeCopies()
+	}
+	m.log.Info("receiving a migrating VM", "vm", h.UUID, "source", h.Source)
+	t0 := time.Now()
+	info, err := m.receiveMemory(ctx, mc, h.UUID, exports, len(h.Disks) > 0) // acceptMigration checked the backend
+	if err != nil {
+		return fail(err)
 	}
 	m.log.Debug("migration received", "vm", h.UUID, "took", time.Since(t0))
 	// Without go, the database decides.
@@ -167,7 +194,7 @@ func (m *Manager) migrateIn(ctx context.Context, mc *migConn, h migrateHeader, r
 	if err := mc.send(migrateMsg{Step: stepReceived, Domid: info.Domid}, migrateMsgTimeout); err != nil {
 		return settle(err)
 	}
-	msg, err := mc.recvMsg(stepGo, migrateGoTimeout)
+	msg, err := m.awaitGo(ctx, mc, h)
 	switch {
 	case err == nil:
 	case msg.Step == stepAbort:
@@ -175,11 +202,13 @@ func (m *Manager) migrateIn(ctx context.Context, mc *migConn, h migrateHeader, r
 	default:
 		return settle(err)
 	}
+	m.testFault(faultDestAfterGo)
 	// The commit may not have reached this replica yet: the record is
 	// written here on top of it.
 	if !m.committedHere(ctx, h) {
 		m.log.Warn("told to run a migrated VM whose move this host's replica does not show yet", "vm", h.UUID)
 	}
+	m.testFault(faultDestCommitted)
 	adopted = true
 	m.adoptIncoming(o, p, h, release)
 	m.receiveRRD(mc, h)
@@ -187,30 +216,54 @@ func (m *Manager) migrateIn(ctx context.Context, mc *migConn, h migrateHeader, r
 	return nil
 }
 
+// receiveMemory receives the guest's memory into the incoming domain of
+// uuid (the backend is a Migrator: the header's check said so) and reads
+// the stream's end; then the disks' exports end (their mirrors completed
+// before the switchover). It returns the domain. mirrored: the source
+// mirrors disks before it sends, so the first byte may be long in coming.
+func (m *Manager) receiveMemory(ctx context.Context, mc *migConn, uuid string, exports *incomingExports, mirrored bool) (backend.DomainInfo, error) {
+	cr := &chunkReader{c: mc.c, r: mc.r}
+	err := m.be.(backend.Migrator).ReceiveLive(ctx, uuid, &stallReader{r: cr, c: mc.c, d: migrateStall, waitFirst: mirrored})
+	if err == nil {
+		err = cr.drain(maxChunk)
+	}
+	if err != nil {
+		return backend.DomainInfo{}, err
+	}
+	exports.close(ctx)
+	info, ok := m.be.Info(uuid)
+	if !ok {
+		return backend.DomainInfo{}, xerr.New(xerr.InternalError, "the incoming domain vanished")
+	}
+	return info, nil
+}
+
+// planIncoming plans the incoming domain of VM ref, the VBDs of the
+// VDIs in moved on their new VDIs, checks it with the backend and
+// reserves its memory. release ends the reservation; calls after the
+// first do nothing.
+func (m *Manager) planIncoming(ref string, moved map[string]string) (p *bootPlan, release func(), err error) {
+	p, err = m.planMoving(m.db.Snapshot(), ref, moved)
+	if err != nil {
+		return nil, nil, err
+	}
+	p.spec.Incoming, p.spec.AutoStart = true, false
+	if err := m.be.Check(p.spec); err != nil {
+		return nil, nil, err
+	}
+	if err := m.reserve(p.spec.Memory); err != nil {
+		return nil, nil, err
+	}
+	var unreserve sync.Once
+	return p, func() { unreserve.Do(func() { m.reserved.Add(-p.spec.Memory) }) }, nil
+}
+
 // committedHere settles an incoming migration whose source went silent
 // after the guest's state arrived: the move committed if the database
 // says the VM is resident here, now or within a short wait for the
 // commit to reach this replica.
 func (m *Manager) committedHere(ctx context.Context, h migrateHeader) bool {
-	deadline := time.NewTimer(migrateAwaitCommit)
-	defer deadline.Stop()
-	for {
-		snap := m.db.Snapshot()
-		row, ok := snap.Get(dm.VM.Class, h.VM)
-		if !ok {
-			return false
-		}
-		if row.String(dm.VM.ResidentOn) == m.host {
-			return true
-		}
-		select {
-		case <-snap.Done():
-		case <-deadline.C:
-			return false
-		case <-ctx.Done():
-			return false
-		}
-	}
+	return m.residentHere(h.VM, nil, ctx.Done(), migrateAwaitCommit)
 }
 
 // adoptIncoming makes the received domain the VM's: complete (release

@@ -43,6 +43,11 @@ type migrateHeader struct {
 	Power   string            `json:"power"`  // Running or Paused
 	Task    string            `json:"task,omitempty"`
 	Options map[string]string `json:"options,omitempty"`
+	// Disks are the disks a storage migration moves (storagemigrate.go).
+	Disks []diskMove `json:"disks,omitempty"`
+	// Tunnel, on a stream of its own, names the destination's disk
+	// export this connection is carried to (a mirror's NBD session).
+	Tunnel string `json:"tunnel,omitempty"`
 }
 
 // migrateMsg is every later message: a step, or a failure as a XenAPI
@@ -52,6 +57,9 @@ type migrateMsg struct {
 	Domid  int64    `json:"domid,omitempty"`
 	Code   string   `json:"code,omitempty"`
 	Params []string `json:"params,omitempty"`
+	// Disks, in ready, are the header's with the destination's VDIs and
+	// export tokens.
+	Disks []diskMove `json:"disks,omitempty"`
 }
 
 // Steps.
@@ -61,6 +69,7 @@ const (
 	stepGo       = "go"       // sender: the move is recorded; run it
 	stepAbort    = "abort"    // sender: the move is not recorded; drop it
 	stepDone     = "done"     // receiver: adopted (after the RRD)
+	stepCopied   = "copied"   // sender: a storage migration's copies are done
 	stepFailed   = "failed"   // either: Code and Params say why
 )
 

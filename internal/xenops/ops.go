@@ -124,7 +124,7 @@ func (m *Manager) withVMOpQ(c *api.Call, ref string, o op, queued bool, body fun
 		m.unmarkVMOp(ref, key, o)
 		m.log.Debug("operation", "vm", vmUUID, "op", o, "mark", tMark, "run", tRun, "unmark", time.Since(t1), "total", time.Since(t0))
 	}()
-	oc := &opCtx{m: m, ctx: ctx, task: c.Task, key: key, vm: ref, uuid: vmUUID, op: string(o), prog: c.RunningTask(), hi: 1, total: 1}
+	oc := &opCtx{m: m, ctx: ctx, task: c.Task, key: key, vm: ref, uuid: vmUUID, op: string(o), prog: c.ProgressTask(), hi: 1, total: 1}
 	t2 := time.Now()
 	defer func() { tRun = time.Since(t2) }()
 	var err error
@@ -232,7 +232,7 @@ func (m *Manager) withDevOp(c *api.Call, cls *schema.Class, ref, o string, body 
 			m.log.Error("cannot unmark a device operation", "class", cls.Name, "ref", ref, "vm", vmUUID, "op", o, m.logRef("task", dm.Task.Class, key), "err", err)
 		}
 	}()
-	oc := &opCtx{m: m, ctx: ctx, task: c.Task, vm: vmRef, uuid: vmUUID, op: cls.Name + "." + o, prog: c.RunningTask(), hi: 1, total: 1}
+	oc := &opCtx{m: m, ctx: ctx, task: c.Task, vm: vmRef, uuid: vmUUID, op: cls.Name + "." + o, prog: c.ProgressTask(), hi: 1, total: 1}
 	j := &job{ctx: ctx, name: cls.Name + "." + o, run: func(ctx context.Context) error {
 		row, ok := m.db.Snapshot().Get(cls, ref)
 		if !ok {

@@ -25,6 +25,9 @@ type bootPlan struct {
 	// Values decided at start that go back into the database.
 	userdevices map[string]string // VBD -> userdevice (for "autodetect")
 	macs        map[string]string // VIF -> MAC (for VIFs created without one)
+	// moved names, for a storage migration's destination, the VDI that
+	// stands for each VDI of the record (storagemigrate.go).
+	moved map[string]string
 }
 
 const (
@@ -43,6 +46,12 @@ func checkMemory(sMin, dMin, dMax, sMax int64) error {
 }
 
 func (m *Manager) plan(r db.Reader, ref string) (*bootPlan, error) {
+	return m.planMoving(r, ref, nil)
+}
+
+// planMoving is plan with the VBDs of the VDIs in moved (old VDI to
+// new) planned on the new VDIs.
+func (m *Manager) planMoving(r db.Reader, ref string, moved map[string]string) (*bootPlan, error) {
 	row, ok := r.Get(dm.VM.Class, ref)
 	if !ok {
 		return nil, xerr.New(xerr.HandleInvalid, "VM", ref)
@@ -91,7 +100,7 @@ func (m *Manager) plan(r db.Reader, ref string) (*bootPlan, error) {
 		spec.Kernel, spec.Ramdisk = vm.PVKernel, vm.PVRamdisk
 		spec.Cmdline = strings.TrimSpace(vm.PVArgs + " " + vm.PVLegacyArgs)
 	}
-	p := &bootPlan{spec: spec, userdevices: map[string]string{}, macs: map[string]string{}}
+	p := &bootPlan{spec: spec, userdevices: map[string]string{}, macs: map[string]string{}, moved: moved}
 	if err := m.planDisks(r, row, p); err != nil {
 		return nil, err
 	}
@@ -251,7 +260,7 @@ func (m *Manager) planDisks(r db.Reader, vm *db.Row, p *bootPlan) error {
 		return a < b
 	})
 	for _, v := range vbds {
-		d, skip, err := m.diskOf(r, vm.Ref, v.row, v.device)
+		d, skip, err := m.diskOfMoved(r, vm.Ref, v.row, v.device, p.moved)
 		if err != nil {
 			return err
 		}
@@ -265,6 +274,11 @@ func (m *Manager) planDisks(r db.Reader, vm *db.Row, p *bootPlan) error {
 // diskOf describes a VBD for the backend, checking its VDI can be used.
 // skip is true for an empty disk drive, which has nothing to attach.
 func (m *Manager) diskOf(r db.Reader, vm string, row *db.Row, device string) (backend.Disk, bool, error) {
+	return m.diskOfMoved(r, vm, row, device, nil)
+}
+
+// diskOfMoved is diskOf with the VBD's VDI replaced as moved says.
+func (m *Manager) diskOfMoved(r db.Reader, vm string, row *db.Row, device string, moved map[string]string) (backend.Disk, bool, error) {
 	cd := row.String(dm.VBD.Type) == string(dm.VBDTypeCD)
 	d := backend.Disk{VBD: row.Ref, Device: device, CD: cd, Bootable: row.Get(dm.VBD.Bootable) == true,
 		ReadOnly: cd || row.String(dm.VBD.Mode) == string(dm.VBDModeRO)}
@@ -277,6 +291,9 @@ func (m *Manager) diskOf(r db.Reader, vm string, row *db.Row, device string) (ba
 		return d, !cd, nil
 	}
 	vdi := row.String(dm.VBD.VDI)
+	if n, ok := moved[vdi]; ok {
+		vdi = n
+	}
 	vrow, ok := r.Get(dm.VDI.Class, vdi)
 	if !ok {
 		return d, false, xerr.New(xerr.VDIMissing, schema.NullRef, vdi)

@@ -46,6 +46,7 @@ import (
 	"toolstackd/internal/ha/journal"
 	"toolstackd/internal/schema"
 	"toolstackd/internal/xenops/backend"
+	"toolstackd/internal/xenops/mixed"
 	"toolstackd/internal/xenops/qemu"
 	"toolstackd/internal/xenops/sim"
 	"toolstackd/internal/xerr"
@@ -53,7 +54,8 @@ import (
 
 // Config sets up the manager.
 type Config struct {
-	// Backend is "qemu" or "simulator".
+	// Backend is "qemu", "simulator" or "qemu+simulator" (mixed: a VM
+	// whose platform has toolstackd-simulated=true on the simulator).
 	Backend string
 	// DataDir is the daemon's data directory; xenops keeps its state in
 	// DataDir/xenops.
@@ -128,6 +130,8 @@ type Manager struct {
 	restarts map[string][]time.Time           // VM ref -> recent automatic restarts
 	reserved atomic.Int64                     // memory promised to starts in progress
 	mig      migrateState                     // live migration's wiring (migrate.go)
+	stor     storageState                     // storage migrations (storagemigrate.go)
+	xpool    crossState                       // migrations between pools (crosspool.go)
 }
 
 type runningOp struct {
@@ -206,6 +210,7 @@ func Register(srv *api.Server, router *mux.Router, cfg Config) (*Manager, error)
 	m.registerHandlers()
 	if router != nil {
 		router.HandleFunc("/console", m.serveConsole).Methods("CONNECT", "GET")
+		m.registerCrossPool(router)
 	}
 	m.wg.Add(1)
 	go m.watchDB()
@@ -229,6 +234,21 @@ func applyEnv(cfg *Config) {
 	if v := os.Getenv("TOOLSTACKD_HOOKS_DIR"); v != "" && cfg.HooksDir == "" {
 		cfg.HooksDir = v
 	}
+	// The simulator's delays by micro-op, for tests of the daemon as a
+	// process: "mirror-copy=20s,export=1s".
+	for _, kv := range strings.Split(os.Getenv("TOOLSTACKD_SIM_DELAYS"), ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		d, err := time.ParseDuration(v)
+		if !ok || err != nil || d < 0 {
+			continue
+		}
+		if cfg.Sim.Delays == nil {
+			cfg.Sim.Delays = map[string]time.Duration{}
+		}
+		if _, set := cfg.Sim.Delays[k]; !set {
+			cfg.Sim.Delays[k] = d
+		}
+	}
 }
 
 func (m *Manager) makeBackend() (backend.Backend, error) {
@@ -239,8 +259,7 @@ func (m *Manager) makeBackend() (backend.Backend, error) {
 	if m.cfg.DataDir != "" {
 		state = filepath.Join(m.cfg.DataDir, "xenops")
 	}
-	switch m.cfg.Backend {
-	case "qemu":
+	newQEMU := func() (backend.Backend, error) {
 		qc := m.cfg.QEMU
 		if qc.StateDir == "" {
 			if state == "" {
@@ -249,12 +268,30 @@ func (m *Manager) makeBackend() (backend.Backend, error) {
 			qc.StateDir = filepath.Join(state, "qemu")
 		}
 		return qemu.New(qc, m.log)
-	case "simulator", "":
+	}
+	newSim := func() (backend.Backend, error) {
 		sc := m.cfg.Sim
 		if sc.StateDir == "" && state != "" {
 			sc.StateDir = filepath.Join(state, "sim")
 		}
 		return sim.New(sc)
+	}
+	switch m.cfg.Backend {
+	case "qemu":
+		return newQEMU()
+	case "simulator", "":
+		return newSim()
+	case mixed.Name:
+		q, err := newQEMU()
+		if err != nil {
+			return nil, err
+		}
+		s, err := newSim()
+		if err != nil {
+			q.Close()
+			return nil, err
+		}
+		return mixed.New(q, s), nil
 	}
 	return nil, fmt.Errorf("xenops: unknown backend %q", m.cfg.Backend)
 }
@@ -836,8 +873,18 @@ func (m *Manager) reconcile() {
 			continue
 		}
 		info, ok := doms[row.UUID()]
+		if ok && info.Received && m.adoptReceived(ctx, row.Ref) {
+			// A migration here committed before the daemon stopped
+			// (migrate_recover.go).
+			delete(doms, row.UUID())
+			continue
+		}
 		if !ok || info.State == backend.DomainGone || !info.Complete {
-			m.log.Warn("VM's domain vanished while toolstackd was down: marking it Halted", "vm", row.UUID())
+			if ok && info.Received {
+				m.log.Warn("VM migrated here, but its domain did not keep the guest's state across the restart: marking it Halted", "vm", row.UUID())
+			} else {
+				m.log.Warn("VM's domain vanished while toolstackd was down: marking it Halted", "vm", row.UUID())
+			}
 			if ok {
 				m.cleanupDomain(ctx, info)
 				delete(doms, row.UUID())
@@ -866,6 +913,8 @@ func (m *Manager) reconcile() {
 			m.cleanupDomain(ctx, info)
 		case !ok:
 			m.log.Warn("domain of a VM the database does not know: left alone", "vm", uuid, "domid", info.Domid, "pid", info.Pid)
+		case !info.Complete && info.Received && info.State == backend.DomainPaused:
+			m.settleReceivedLater(row.Ref, uuid) // migrate_recover.go
 		case !info.Complete:
 			m.log.Info("removing a domain whose start was interrupted", "vm", uuid)
 			m.cleanupDomain(ctx, info)
@@ -880,6 +929,8 @@ func (m *Manager) reconcile() {
 	if _, err := m.db.Update(m.noteFreeMemory); err != nil {
 		m.log.Warn("cannot record the host's free memory", "err", err)
 	}
+	m.wg.Add(1)
+	go m.watchLateCommits() // migrate_recover.go
 }
 
 // relockNICs hands the taps of a domain found running at start-up back

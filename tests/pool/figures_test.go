@@ -35,6 +35,18 @@ func TestFigures(t *testing.T) {
 			clients, base[0], base[1], pooled[0], pooled[1],
 			float64(pooled[0])/float64(base[0]), float64(pooled[1])/float64(base[1]))
 	}
+	// The same with the pool's links direct, without the fault proxies
+	// the tier-2 tests put on every one: the path a pool has in
+	// production. (A pool of its own, gone at the end of the subtest.)
+	t.Run("no fault proxies", func(t *testing.T) {
+		direct := startPoolWith(t, ctx, pooltest.Options{Hosts: 3})
+		for _, clients := range []int{1, 16} {
+			base := writeLatency(t, ctx, c, alone.Addr(0), alone, 0, clients)
+			plain := writeLatency(t, ctx, c, direct.Addr(0), direct, 0, clients)
+			t.Logf("durable write, %2d clients, no fault proxies: alone p50 %v p99 %v; pool of 3 p50 %v p99 %v; ratio p50 %.2f p99 %.2f",
+				clients, base[0], base[1], plain[0], plain[1], float64(plain[0])/float64(base[0]), float64(plain[1])/float64(base[1]))
+		}
+	})
 	failover(t, ctx, p, 5)
 	coord := p.Coordinator(t, 30*time.Second)
 	member := (coord + 1) % p.Len()

@@ -211,6 +211,38 @@ func TestLocalSocketGoesToTheCoordinator(t *testing.T) {
 	if got, err := c.CallString(ctx, p.Addr(0), "pool.get_name_description", s, pool); err != nil || got != "from a member's socket" {
 		t.Fatalf("on the coordinator: %q %v", got, err)
 	}
+	// A call the coordinator must pass on (VDI.create on the member's
+	// own SR runs where the SR is plugged): sent whole to the
+	// coordinator, routed there, run on the member.
+	member := hostRefs(t, ctx, c, p, 0, s)[1]
+	var pbds map[string]map[string]any
+	b, err := c.Call(ctx, p.Addr(0), "PBD.get_all_records", s)
+	if err != nil || json.Unmarshal(b, &pbds) != nil {
+		t.Fatalf("PBD.get_all_records: %v", err)
+	}
+	localSR := ""
+	for _, pbd := range pbds {
+		if pbd["host"] != member {
+			continue
+		}
+		sr, _ := pbd["SR"].(string)
+		if shared, err := c.Call(ctx, p.Addr(0), "SR.get_shared", s, sr); err == nil && string(shared) == "false" {
+			localSR = sr
+		}
+	}
+	if localSR == "" {
+		t.Fatal("the member has no local SR")
+	}
+	var vdi string
+	if err := json.Unmarshal(call("VDI.create", ls, map[string]any{"name_label": "from a member's socket", "name_description": "",
+		"SR": localSR, "virtual_size": 1 << 20, "type": "user", "sharable": false, "read_only": false,
+		"other_config": map[string]string{}, "xenstore_data": map[string]string{}, "sm_config": map[string]string{},
+		"tags": []string{}}), &vdi); err != nil || !strings.HasPrefix(vdi, "OpaqueRef:") {
+		t.Fatalf("VDI.create on the member's SR over its socket: %q %v", vdi, err)
+	}
+	if sr, err := c.CallString(ctx, p.Addr(0), "VDI.get_SR", s, vdi); err != nil || sr != localSR {
+		t.Fatalf("the VDI's SR as the coordinator has it: %q %v", sr, err)
+	}
 	if err := json.Unmarshal(call("Async.pool.sync_database", ls), &task); err != nil {
 		t.Fatal(err)
 	}

@@ -61,10 +61,17 @@ func testCtx(t *testing.T) context.Context {
 // the test when the daemon has no pool support yet.
 func startPool(t *testing.T, ctx context.Context) *pooltest.Pool {
 	t.Helper()
+	return startPoolWith(t, ctx, pooltest.Options{Hosts: 3, Proxy: true})
+}
+
+// startPoolWith is startPool with the pool's options: the hosts join the
+// first and are live on it.
+func startPoolWith(t *testing.T, ctx context.Context, o pooltest.Options) *pooltest.Pool {
+	t.Helper()
 	if !pooltest.DaemonHasFlag(t, "--advertise") {
 		t.Skip("toolstackd has no --advertise flag: no pool support yet (issue 12)")
 	}
-	p := pooltest.Start(t, pooltest.Options{Hosts: 3, Proxy: true})
+	p := pooltest.Start(t, o)
 	if err := p.JoinOne(ctx, 1); err != nil {
 		switch pooltest.Code(err) {
 		case "NOT_IMPLEMENTED", "MESSAGE_NOT_IMPLEMENTED":

@@ -187,6 +187,12 @@ type DomainInfo struct {
 	// the domain is paused and must not run here again unless the
 	// destination is known never to have run it.
 	Migrated bool `json:",omitempty"`
+	// Received says the domain was made for an incoming migration and
+	// holds the guest's state (Migrator.ReceiveLive completed, possibly
+	// before a daemon restart), paused and not yet complete: the manager
+	// decides whether the move committed (adopt it: MarkComplete, then
+	// Unpause) or not (destroy it).
+	Received bool `json:",omitempty"`
 }
 
 // Spec is everything needed to build a domain, taken from the VM's

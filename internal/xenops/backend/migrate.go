@@ -35,7 +35,10 @@ import (
 // it there. The source's DomainInfo.Migrated says its state has been
 // sent (also after a daemon restart, for the manager to decide); a
 // backend restarted with a domain whose ReceiveLive never completed
-// destroys it. MarkComplete an incoming domain only once ReceiveLive has
+// destroys it, while one that holds the received state (ReceiveLive
+// returned nil, MarkComplete not called yet) is kept paused where the
+// backend can (DomainInfo.Received), for the manager to adopt or
+// destroy. MarkComplete an incoming domain only once ReceiveLive has
 // returned nil.
 type Migrator interface {
 	// SendLive streams the domain's memory and device state into to while
@@ -65,6 +68,12 @@ type MigrateOptions struct {
 	// NoAutoConverge turns off the throttling of a guest whose memory is
 	// dirtied faster than it can be sent.
 	NoAutoConverge bool
+	// BeforeSwitchover, when set, runs once the guest is stopped for the
+	// end of the migration and before its device state is sent and its
+	// disks let go (QEMU's pause-before-switchover): a storage
+	// migration completes its disk mirrors there. An error cancels the
+	// migration (the guest runs on here).
+	BeforeSwitchover func(ctx context.Context) error
 }
 
 // DefaultDowntime is MigrateOptions.Downtime's default.

@@ -85,6 +85,17 @@ type MirrorTarget struct {
 	// it too, so that a guest writing faster than the copy goes still
 	// converges (slower writes while the mirror runs).
 	WriteBlocking bool
+
+	// A target on this host may be given instead as an image the
+	// backend opens itself, as it opens a disk: Path (a file or block
+	// device) in Format, with URI empty. VDI.pool_migrate mirrors so,
+	// so that the domain pivoted onto it holds the image directly and
+	// not through an export that lives only as long as the daemon.
+	Path, Format string
+	// VDI is the target's VDI ref: after a pivot the backend records it
+	// as the disk's (with the target's path and format), so that later
+	// operations and a restarted daemon see the disk the domain uses.
+	VDI string
 }
 
 // MirrorStatus is where one disk's mirror is.

@@ -26,7 +26,10 @@ import (
 //     arrived with the right total. A QEMU whose load fails exits by
 //     itself (QEMU 7): the domain is then unusable, the caller destroys it.
 //   - The source's QEMU gets the migration parameters (downtime-limit,
-//     max-bandwidth, auto-converge, events) and migrate "fd:migout";
+//     max-bandwidth, auto-converge, events, and pause-before-switchover
+//     when the caller has a step for the stopped guest:
+//     MigrateOptions.BeforeSwitchover runs at "pre-switchover", then
+//     migrate-continue) and migrate "fd:migout";
 //     SendLive copies what it writes into the caller's stream, polls
 //     query-migrate for progress and, when QEMU reports "completed" and
 //     its socket has been read to the end, writes the end frame. The
@@ -42,6 +45,10 @@ import (
 //
 //   - Spec.Incoming still set: the state never arrived (or the daemon died
 //     before it knew); the domain is destroyed: no host ever ran it.
+//   - Received (the state arrived, the domain never completed): the
+//     domain stays paused and DomainInfo.Received says so: the manager
+//     adopts it when the database shows the move committed, else
+//     destroys it.
 //   - Migration "outgoing": the daemon died mid-send, so the end frame
 //     was never written and the destination cannot have the guest; the
 //     migration is cancelled and a guest that ran runs again here.
@@ -243,7 +250,7 @@ func (q *QEMU) ReceiveLive(ctx context.Context, uuid string, from io.Reader) err
 	ok = true
 	d.mu.Lock()
 	d.state = backend.DomainPaused
-	d.j.Spec.Incoming = false
+	d.j.Spec.Incoming, d.j.Received = false, true
 	d.mu.Unlock()
 	return q.save(d)
 }
@@ -282,6 +289,9 @@ func (q *QEMU) SendLive(ctx context.Context, uuid string, to io.Writer, o backen
 	caps := []map[string]any{
 		{"capability": "events", "state": true},
 		{"capability": "auto-converge", "state": !o.NoAutoConverge},
+		// A storage migration completes its mirrors with the guest
+		// stopped and before QEMU lets go of the disks.
+		{"capability": "pause-before-switchover", "state": o.BeforeSwitchover != nil},
 	}
 	if err := qmp.Execute(ctx, "migrate-set-capabilities", map[string]any{"capabilities": caps}, nil); err != nil {
 		return fmt.Errorf("qemu: migration capabilities: %w", err)
@@ -341,6 +351,7 @@ func (q *QEMU) SendLive(ctx context.Context, uuid string, to io.Writer, o backen
 	}
 	var stats *MigrationStats
 	zeroes := 0
+	switched := false
 	tick := time.NewTicker(migPoll)
 	defer tick.Stop()
 	for running || stats == nil {
@@ -373,6 +384,19 @@ func (q *QEMU) SendLive(ctx context.Context, uuid string, to io.Writer, o backen
 				}
 				stats = &MigrationStats{TotalTime: time.Duration(st.TotalTime) * time.Millisecond,
 					Downtime: time.Duration(st.Downtime) * time.Millisecond, Transferred: st.RAM.Transferred}
+			case "pre-switchover":
+				// The guest is stopped and nothing of its devices sent
+				// yet: the caller's step, then on.
+				if switched {
+					continue
+				}
+				switched = true
+				if err := o.BeforeSwitchover(ctx); err != nil {
+					return fail(fmt.Errorf("qemu: before the switchover: %w", err))
+				}
+				if err := qmp.Execute(ctx, "migrate-continue", map[string]any{"state": "pre-switchover"}, nil); err != nil {
+					return fail(fmt.Errorf("qemu: migrate-continue: %w", err))
+				}
 			case "failed", "cancelled":
 				return fail(fmt.Errorf("qemu: migration %s: %s", st.Status, st.ErrorDesc))
 			default:

@@ -1,6 +1,7 @@
 package qemu
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"toolstackd/internal/nbd"
@@ -16,8 +18,9 @@ import (
 )
 
 // Disk mirrors (backend.DiskMirrorer) with QMP: the target export is
-// opened as an "nbd" block node (blockdev-add), and blockdev-mirror runs
-// a job from the disk's top node to it. The job is made with
+// opened as an "nbd" block node (blockdev-add), or a target image on
+// this host as a disk's image is (its format node over the file), and
+// blockdev-mirror runs a job from the disk's top node to it. The job is made with
 // auto-dismiss off, so that QEMU keeps a job that ended on its own (and
 // its error) until CompleteMirror or CancelMirror dismisses it: the
 // state of a mirror is QEMU's, read back with query-block-jobs, and a
@@ -26,6 +29,13 @@ import (
 // Names, per disk: job "mirror-vbd<device>", target nodes
 // "vbd<device>-mirror<n>" (a new n for each mirror, as a pivoted disk
 // keeps its target node as its own).
+//
+// A pivot (block-job-complete) makes the target node the disk's: the
+// journal then records it as the disk's only node (Overlays), with the
+// target's path, format and VDI, so that unplugging, snapshotting,
+// mirroring again and a restarted daemon all find the disk the domain
+// uses. A local target is held by QEMU itself; an NBD one only as long
+// as its server lives.
 
 var _ backend.DiskMirrorer = (*QEMU)(nil)
 
@@ -119,13 +129,16 @@ func topNode(disk backend.Disk) string {
 
 // StartMirror implements backend.DiskMirrorer.
 func (q *QEMU) StartMirror(ctx context.Context, uuid, device string, t backend.MirrorTarget) error {
-	_, qmp, disk, err := q.mirrorDisk(uuid, device)
+	d, qmp, disk, err := q.mirrorDisk(uuid, device)
 	if err != nil {
 		return err
 	}
-	u, err := nbd.ParseURI(t.URI)
-	if err != nil {
-		return mirrorFailed(disk, err)
+	local := t.URI == "" && t.Path != ""
+	var u nbd.URI
+	if !local {
+		if u, err = nbd.ParseURI(t.URI); err != nil {
+			return mirrorFailed(disk, err)
+		}
 	}
 	sync := t.Sync
 	if sync == "" {
@@ -149,19 +162,21 @@ func (q *QEMU) StartMirror(ctx context.Context, uuid, device string, t backend.M
 	if err != nil {
 		return err
 	}
-	hctx, cancel := context.WithTimeout(ctx, mirrorHandshakeTimeout)
-	c, err := nbd.Dial(hctx, u)
-	cancel()
-	if err != nil {
-		return mirrorFailed(disk, fmt.Errorf("target %s: %w", t.URI, err))
-	}
-	tsize, ro := c.Size(), c.ReadOnly()
-	_ = c.Close()
-	switch {
-	case ro:
-		return mirrorFailed(disk, fmt.Errorf("target %s is read-only", t.URI))
-	case tsize < size:
-		return mirrorFailed(disk, fmt.Errorf("target %s has %d bytes, the disk %d", t.URI, tsize, size))
+	if !local {
+		hctx, cancel := context.WithTimeout(ctx, mirrorHandshakeTimeout)
+		c, err := nbd.Dial(hctx, u)
+		cancel()
+		if err != nil {
+			return mirrorFailed(disk, fmt.Errorf("target %s: %w", t.URI, err))
+		}
+		tsize, ro := c.Size(), c.ReadOnly()
+		_ = c.Close()
+		switch {
+		case ro:
+			return mirrorFailed(disk, fmt.Errorf("target %s is read-only", t.URI))
+		case tsize < size:
+			return mirrorFailed(disk, fmt.Errorf("target %s has %d bytes, the disk %d", t.URI, tsize, size))
+		}
 	}
 
 	dropMirrorNodes(context.WithoutCancel(ctx), qmp, disk) // leftovers of a daemon that died mid-way
@@ -170,8 +185,24 @@ func (q *QEMU) StartMirror(ctx context.Context, uuid, device string, t backend.M
 		return err
 	}
 	add := map[string]any{"driver": "nbd", "node-name": node, "export": u.Export, "server": u.QEMUServer()}
+	if local {
+		// The image is opened as a disk's is; its size is known once
+		// it is open.
+		add = blockdevArg(backend.Disk{Path: t.Path, Format: t.Format})
+		add["node-name"] = node
+	}
 	if err := qmp.Execute(ctx, "blockdev-add", add, nil); err != nil {
 		return mirrorFailed(disk, fmt.Errorf("opening the target: %w", err))
+	}
+	if local {
+		tsize, err := nodeSize(ctx, qmp, node)
+		if err == nil && tsize < size {
+			err = fmt.Errorf("target %s has %d bytes, the disk %d", t.Path, tsize, size)
+		}
+		if err != nil {
+			dropBlockNode(context.WithoutCancel(ctx), qmp, node)
+			return mirrorFailed(disk, err)
+		}
 	}
 	args := map[string]any{
 		"job-id": mirrorJob(device), "device": topNode(disk), "target": node, "sync": string(sync),
@@ -188,7 +219,8 @@ func (q *QEMU) StartMirror(ctx context.Context, uuid, device string, t backend.M
 		dropBlockNode(context.WithoutCancel(ctx), qmp, node)
 		return mirrorFailed(disk, err)
 	}
-	q.log.Info("qemu: disk mirror started", "vm", uuid, "device", device, "target", t.URI, "sync", sync)
+	targets.put(d, device, t)
+	q.log.Info("qemu: disk mirror started", "vm", uuid, "device", device, "target", cmp.Or(t.URI, t.Path), "sync", sync)
 	return nil
 }
 
@@ -394,6 +426,7 @@ func (q *QEMU) CompleteMirror(ctx context.Context, uuid, device string, pivot bo
 		_ = qmp.Execute(context.WithoutCancel(ctx), "job-dismiss", map[string]any{"id": id}, nil)
 	}
 	if !pivot {
+		targets.take(d, device)
 		dropMirrorNodes(context.WithoutCancel(ctx), qmp, disk)
 		q.log.Info("qemu: disk mirror completed", "vm", uuid, "device", device)
 		return nil
@@ -410,11 +443,22 @@ func (q *QEMU) CompleteMirror(ctx context.Context, uuid, device string, pivot bo
 	}
 	dropBlockNode(context.WithoutCancel(ctx), qmp, nodeName(device))
 	q.log.Info("qemu: disk mirror completed; the disk is the target now", "vm", uuid, "device", device)
+	tg, known := targets.take(d, device)
 	return q.record(d, func(jl *qemuJournal) {
-		if i := jl.diskIndex(device); i >= 0 {
-			jl.Disks[i].Overlays = []string{target}
+		i := jl.diskIndex(device)
+		if i < 0 {
+			return
+		}
+		jl.Disks[i].Overlays = []string{target}
+		switch {
+		case known && tg.URI == "" && tg.Path != "":
+			jl.Disks[i].Path, jl.Disks[i].Format = tg.Path, blockdevArg(backend.Disk{Format: tg.Format})["driver"].(string)
+		default:
 			jl.Disks[i].Format = "raw"
 			jl.Disks[i].Path = targetURI(ctx, qmp, target, jl.Disks[i].Path)
+		}
+		if known && tg.VDI != "" {
+			jl.Disks[i].VDI = tg.VDI
 		}
 	})
 }
@@ -466,8 +510,50 @@ func (q *QEMU) CancelMirror(ctx context.Context, uuid, device string) error {
 		}
 	}
 	dropMirrorNodes(context.WithoutCancel(ctx), qmp, disk)
+	targets.take(d, device)
 	if ok {
 		q.log.Info("qemu: disk mirror cancelled", "vm", uuid, "device", device)
 	}
 	return nil
+}
+
+// mirrorTargets remembers the target of each running mirror, per disk of
+// a live domain, for CompleteMirror to record as the disk after a pivot
+// (QEMU knows the node, not the VDI). A mirror outlives the daemon in
+// QEMU, not here: a restarted daemon cancels it rather than pivots.
+type mirrorTargets struct {
+	mu sync.Mutex
+	m  map[*qemuDomain]map[string]backend.MirrorTarget
+}
+
+var targets mirrorTargets
+
+func (t *mirrorTargets) put(d *qemuDomain, device string, tg backend.MirrorTarget) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.m == nil {
+		t.m = map[*qemuDomain]map[string]backend.MirrorTarget{}
+	}
+	for x := range t.m { // forget the domains that are gone
+		select {
+		case <-x.exited:
+			delete(t.m, x)
+		default:
+		}
+	}
+	if t.m[d] == nil {
+		t.m[d] = map[string]backend.MirrorTarget{}
+	}
+	t.m[d][device] = tg
+}
+
+func (t *mirrorTargets) take(d *qemuDomain, device string) (backend.MirrorTarget, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	tg, ok := t.m[d][device]
+	delete(t.m[d], device)
+	if len(t.m[d]) == 0 {
+		delete(t.m, d)
+	}
+	return tg, ok
 }

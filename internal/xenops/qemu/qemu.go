@@ -106,6 +106,10 @@ type qemuJournal struct {
 	// Spec.Incoming, cleared once the state has arrived.
 	Migration  string `json:",omitempty"`
 	MigRunning bool   `json:",omitempty"` // the guest ran when the outgoing migration began
+	// Received is set once an incoming migration's state has arrived and
+	// cleared by MarkComplete: a restarted daemon finds such a domain
+	// paused and leaves the decision to the manager (DomainInfo.Received).
+	Received bool `json:",omitempty"`
 }
 
 type qemuDomain struct {
@@ -772,7 +776,7 @@ func (q *QEMU) MarkComplete(uuid string) error {
 	if err != nil {
 		return err
 	}
-	return q.record(d, func(j *qemuJournal) { j.Complete = true })
+	return q.record(d, func(j *qemuJournal) { j.Complete, j.Received = true, false })
 }
 
 // live finds a domain and its monitor connection: the start of every
@@ -1418,7 +1422,7 @@ func (q *QEMU) info(d *qemuDomain) backend.DomainInfo {
 	defer d.mu.Unlock()
 	i := backend.DomainInfo{UUID: d.j.UUID, Domid: d.j.Domid, State: d.state, Complete: d.j.Complete, StartTime: d.j.StartTime,
 		VCPUs: d.vcpus, Memory: d.memory, Reason: d.reason, Migrated: d.j.Migration == migSent,
-		Disks: append([]backend.Disk(nil), d.j.Disks...), NICs: append([]backend.NIC(nil), d.j.NICs...)}
+		Received: d.j.Received && !d.j.Complete, Disks: append([]backend.Disk(nil), d.j.Disks...), NICs: append([]backend.NIC(nil), d.j.NICs...)}
 	select {
 	case <-d.exited:
 	default:

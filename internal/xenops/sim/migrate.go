@@ -91,6 +91,11 @@ func (s *Simulator) SendLive(ctx context.Context, uuid string, to io.Writer, o b
 				d.Info.State = backend.DomainPaused
 			}
 			s.mu.Unlock()
+			if o.BeforeSwitchover != nil {
+				if err := o.BeforeSwitchover(ctx); err != nil {
+					return fail(err)
+				}
+			}
 		}
 		lo, hi := min(i*piece, len(b)), min((i+1)*piece, len(b))
 		if lo < hi {

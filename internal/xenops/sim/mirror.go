@@ -24,7 +24,8 @@ import (
 
 // simMirror is one disk's mirror.
 type simMirror struct {
-	uri     nbd.URI
+	target  backend.MirrorTarget
+	uri     nbd.URI // the target's export ("" for a local image)
 	started time.Time
 	copy    time.Duration
 	total   int64
@@ -93,27 +94,44 @@ func (s *Simulator) StartMirror(ctx context.Context, uuid, device string, t back
 	if busy {
 		return simMirrorFailed(disk, errors.New("a mirror is already running"))
 	}
-	u, err := nbd.ParseURI(t.URI)
-	if err != nil {
-		return simMirrorFailed(disk, err)
-	}
 	if t.Sync != "" && t.Sync != backend.MirrorFull && t.Sync != backend.MirrorTop {
 		return simMirrorFailed(disk, fmt.Errorf("unknown sync mode %q", t.Sync))
 	}
-	hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	c, err := nbd.Dial(hctx, u)
-	cancel()
-	if err != nil {
-		return simMirrorFailed(disk, fmt.Errorf("target %s: %w", t.URI, err))
-	}
-	tsize, ro := c.Size(), c.ReadOnly()
-	_ = c.Close()
+	var u nbd.URI
+	var tsize int64
 	size := diskSize(disk)
-	switch {
-	case ro:
-		return simMirrorFailed(disk, fmt.Errorf("target %s is read-only", t.URI))
-	case tsize < size:
-		return simMirrorFailed(disk, fmt.Errorf("target %s has %d bytes, the disk %d", t.URI, tsize, size))
+	if t.URI == "" && t.Path != "" {
+		// A local image: it must be there, and a raw one large enough.
+		fi, err := os.Stat(t.Path)
+		if err != nil {
+			return simMirrorFailed(disk, fmt.Errorf("target %s: %w", t.Path, err))
+		}
+		if t.Format == "" || t.Format == "raw" {
+			tsize = fi.Size()
+			if fi.Mode().IsRegular() && tsize < size {
+				return simMirrorFailed(disk, fmt.Errorf("target %s has %d bytes, the disk %d", t.Path, tsize, size))
+			}
+		}
+	} else {
+		var err error
+		if u, err = nbd.ParseURI(t.URI); err != nil {
+			return simMirrorFailed(disk, err)
+		}
+		hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		c, err := nbd.Dial(hctx, u)
+		cancel()
+		if err != nil {
+			return simMirrorFailed(disk, fmt.Errorf("target %s: %w", t.URI, err))
+		}
+		var ro bool
+		tsize, ro = c.Size(), c.ReadOnly()
+		_ = c.Close()
+		switch {
+		case ro:
+			return simMirrorFailed(disk, fmt.Errorf("target %s is read-only", t.URI))
+		case tsize < size:
+			return simMirrorFailed(disk, fmt.Errorf("target %s has %d bytes, the disk %d", t.URI, tsize, size))
+		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -131,7 +149,7 @@ func (s *Simulator) StartMirror(ctx context.Context, uuid, device string, t back
 	if !ok {
 		cp = s.cfg.StepDelay
 	}
-	s.mirrors[k] = &simMirror{uri: u, started: time.Now(), copy: cp, total: max(size, tsize)}
+	s.mirrors[k] = &simMirror{target: t, uri: u, started: time.Now(), copy: cp, total: max(size, tsize)}
 	return nil
 }
 
@@ -217,7 +235,13 @@ func (s *Simulator) CompleteMirror(ctx context.Context, uuid, device string, piv
 		return simMirrorFailed(disk, errors.New(why))
 	}
 	if diskSize(disk) > 0 {
-		if err := copyToNBD(ctx, disk.Path, m.uri); err != nil {
+		var err error
+		if m.target.URI == "" && m.target.Path != "" {
+			err = copyToFile(disk.Path, m.target)
+		} else {
+			err = copyToNBD(ctx, disk.Path, m.uri)
+		}
+		if err != nil {
 			return simMirrorFailed(disk, err)
 		}
 	}
@@ -229,11 +253,46 @@ func (s *Simulator) CompleteMirror(ctx context.Context, uuid, device string, piv
 		return err
 	}
 	for i := range d.Info.Disks {
-		if d.Info.Disks[i].Device == device {
+		if d.Info.Disks[i].Device != device {
+			continue
+		}
+		if m.target.URI == "" && m.target.Path != "" {
+			d.Info.Disks[i].Path, d.Info.Disks[i].Format = m.target.Path, m.target.Format
+		} else {
 			d.Info.Disks[i].Path, d.Info.Disks[i].Format = m.uri.String(), "raw"
+		}
+		if m.target.VDI != "" {
+			d.Info.Disks[i].VDI = m.target.VDI
 		}
 	}
 	return nil
+}
+
+// copyToFile writes a raw file's bytes over the start of a local raw
+// target image (other formats are only accounted for, as the
+// simulator's disks are).
+func copyToFile(path string, t backend.MirrorTarget) error {
+	if t.Format != "" && t.Format != "raw" {
+		return nil
+	}
+	in, err := os.Open(path) //nolint:gosec // the disk's own image, as the backend was given it
+	if err != nil {
+		return err
+	}
+	defer func() { _ = in.Close() }()
+	out, err := os.OpenFile(t.Path, os.O_WRONLY, 0) //nolint:gosec // the target image storage attached for the mirror
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		_ = out.Close()
+		return err
+	}
+	if err := out.Sync(); err != nil {
+		_ = out.Close()
+		return err
+	}
+	return out.Close()
 }
 
 // copyToNBD writes a raw file's bytes to an export.

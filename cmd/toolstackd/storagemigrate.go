@@ -1,0 +1,22 @@
+package main
+
+import (
+	"context"
+
+	"toolstackd/internal/storage"
+	"toolstackd/internal/xenops"
+)
+
+var _ xenops.DiskMover = (*storageDisks)(nil)
+
+// ExportVDI serves a VDI of this host as a writable NBD export for a
+// storage migration's copy (xenops.DiskMover): storage.Export.
+func (d *storageDisks) ExportVDI(ctx context.Context, vdi string) (*storage.Export, error) {
+	return d.s.Export(ctx, vdi)
+}
+
+// ExportVDIReadOnly serves a VDI read-only, shared with a guest that
+// has it open (xenops.DiskMover): storage.ExportReadOnly.
+func (d *storageDisks) ExportVDIReadOnly(ctx context.Context, vdi string) (*storage.Export, error) {
+	return d.s.ExportReadOnly(ctx, vdi)
+}

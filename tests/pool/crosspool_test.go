@@ -1,0 +1,496 @@
+package pool
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"toolstackd/internal/pooltest"
+	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/xerr"
+)
+
+// Cross-pool migration (issue 18): two toolstackd processes that are not
+// joined, each a pool of its own with its local SR; a running VM of pool
+// A moves to pool B's host with its disk (VM.migrate_send with B's
+// host.migrate_receive dest map, B's session inside it), as XO and xe
+// vm-migrate remote-master= call it.
+
+// twoPools starts two hosts and does not join them: a session on each.
+func twoPools(t *testing.T, ctx context.Context, o pooltest.Options) (*pooltest.Pool, [2]rpc, [2]string) {
+	t.Helper()
+	o.Hosts = 2
+	p := pooltest.Start(t, o)
+	c := pooltest.NewClient(netip.Addr{})
+	var rs [2]rpc
+	var hosts [2]string
+	for i := range 2 {
+		s, err := p.Login(ctx, c, i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs[i] = rpc{t, ctx, c, p.Addr(i), s}
+		var all []string
+		if err := json.Unmarshal(rs[i].call("host.get_all"), &all); err != nil || len(all) != 1 {
+			t.Fatalf("host.get_all on pool %d: %v %v", i, all, err)
+		}
+		hosts[i] = all[0]
+	}
+	return p, rs, hosts
+}
+
+// mgmtNetwork is the network of host's management PIF.
+func mgmtNetwork(r rpc, host string) string {
+	r.t.Helper()
+	var pifs map[string]map[string]any
+	if err := json.Unmarshal(r.call("PIF.get_all_records"), &pifs); err != nil {
+		r.t.Fatal(err)
+	}
+	for _, p := range pifs {
+		if p["host"] == host && p["management"] == true {
+			return p["network"].(string)
+		}
+	}
+	r.t.Fatalf("host %s has no management PIF", host)
+	return ""
+}
+
+// crossVM makes a VM on pool A with a disk on sr (a known pattern on it)
+// and a VIF on net, started: the VM, its VDI, VIF and the disk's sum.
+func crossVM(t *testing.T, r rpc, sr, net string) (vm, vdi, vif string, sum [32]byte) {
+	t.Helper()
+	vm = sharedVM(r, sr, "xpool", nil)
+	_, vdi = vmDisk(r, vm)
+	sum = writePattern(t, r, r.at, vdi, 4<<20)
+	vif = r.str("VIF.create", map[string]any{"device": "0", "network": net, "VM": vm, "MAC": "", "MTU": 1500,
+		"other_config": map[string]string{}, "qos_algorithm_type": "", "qos_algorithm_params": map[string]string{}})
+	r.call("VM.start", vm, false, false)
+	return vm, vdi, vif, sum
+}
+
+// assertArgs are VM.assert_can_migrate's arguments after the session.
+func assertArgs(vm string, dest, vdiMap, vifMap map[string]string) []any {
+	return []any{vm, dest, true, vdiMap, vifMap, map[string]string{}, map[string]string{}}
+}
+
+func TestCrossPoolMigrateSimulator(t *testing.T) {
+	if _, err := exec.LookPath("qemu-nbd"); err != nil {
+		t.Skip("no qemu-nbd (the destination's export)")
+	}
+	ctx := testCtx(t)
+	p, rs, hosts := twoPools(t, ctx, pooltest.Options{})
+	a, b := rs[0], rs[1]
+	srA, srB := a.localSR(hosts[0]), b.localSR(hosts[1])
+	vm, vdi, vif, sum := crossVM(t, a, srA, mgmtNetwork(a, hosts[0]))
+	uuid := a.str("VM.get_uuid", vm)
+	before := srVDIs(b, srB)
+	dest := destMap(b, hosts[1])
+	vdiMap := map[string]string{vdi: srB}
+	vifMap := map[string]string{vif: mgmtNetwork(b, hosts[1])}
+
+	// The checks pass first.
+	a.call("VM.assert_can_migrate", assertArgs(vm, dest, vdiMap, vifMap)...)
+	t0 := time.Now()
+	newVM := a.str("VM.migrate_send", migrateSendArgs(vm, dest, vdiMap, vifMap, map[string]string{})...)
+	t.Logf("cross-pool move of the simulator VM: %v", time.Since(t0))
+
+	// Pool B has it, running on its host, with the same uuid.
+	if got := b.str("VM.get_by_uuid", uuid); got != newVM {
+		t.Fatalf("VM.get_by_uuid on pool B: %s, migrate_send returned %s", got, newVM)
+	}
+	s := vmWhere(b, newVM)
+	if s.Power != "Running" || s.On != hosts[1] || len(s.Ops) != 0 {
+		t.Fatalf("on pool B after the move: %+v", s)
+	}
+	_, nv := vmDisk(b, newVM)
+	if b.str("VDI.get_SR", nv) != srB || srVDIs(b, srB) != before+1 {
+		t.Fatalf("the new VDI %s is not pool B's local SR's", nv)
+	}
+	// The simulator's mirror only accounts for a qcow2 image's bytes (see
+	// internal/xenops/sim/mirror.go): the data is compared with QEMU
+	// (TestCrossPoolMigrateQEMU); here the size.
+	_ = sum
+	if n := string(b.call("VDI.get_virtual_size", nv)); n != "4194304" {
+		t.Fatalf("the new VDI's virtual size: %s", n)
+	}
+	var vifs []string
+	if err := json.Unmarshal(b.call("VM.get_VIFs", newVM), &vifs); err != nil || len(vifs) != 1 ||
+		b.str("VIF.get_network", vifs[0]) != mgmtNetwork(b, hosts[1]) {
+		t.Fatalf("the VIFs on pool B: %v %v", vifs, err)
+	}
+	// Pool A has neither the VM nor its old disk.
+	for _, q := range [][2]string{{"VM.get_uuid", vm}, {"VDI.get_uuid", vdi}, {"VIF.get_uuid", vif}} {
+		if _, err := a.c.Call(ctx, a.at, q[0], a.s, q[1]); pooltest.Code(err) != xerr.HandleInvalid {
+			t.Fatalf("%s on pool A after the move: %v", q[0], err)
+		}
+	}
+	if _, err := a.c.Call(ctx, a.at, "VM.get_by_uuid", a.s, uuid); pooltest.Code(err) != xerr.UUIDInvalid {
+		t.Fatalf("VM.get_by_uuid on pool A after the move: %v", err)
+	}
+	// And back with xe on pool B, as xapi's xe does it (remote-master=
+	// pool A, a login there, host.migrate_receive there, VM.migrate_send
+	// here); the VIF is left to the default (the receiving network).
+	xe := testdaemonCLI(t, b, p.Password())
+	_, nv = vmDisk(b, newVM)
+	xe("vm-migrate", "uuid="+uuid, "remote-master="+a.at, "remote-username=root", "remote-password="+p.Password(),
+		"host="+a.str("host.get_uuid", hosts[0]), "vdi:"+b.str("VDI.get_uuid", nv)+"="+a.str("SR.get_uuid", srA))
+	back := a.str("VM.get_by_uuid", uuid)
+	if s := vmWhere(a, back); s.Power != "Running" || s.On != hosts[0] || len(s.Ops) != 0 {
+		t.Fatalf("on pool A after xe vm-migrate: %+v", s)
+	}
+	if _, err := b.c.Call(ctx, b.at, "VM.get_by_uuid", b.s, uuid); pooltest.Code(err) != xerr.UUIDInvalid {
+		t.Fatalf("VM.get_by_uuid on pool B after xe vm-migrate: %v", err)
+	}
+	a.call("VM.hard_shutdown", back)
+}
+
+// A cancelled cross-pool move leaves the VM running on pool A and
+// nothing on pool B; bad dest maps get XenAPI errors.
+func TestCrossPoolMigrateCancelAndRefusals(t *testing.T) {
+	if _, err := exec.LookPath("qemu-nbd"); err != nil {
+		t.Skip("no qemu-nbd (the destination's export)")
+	}
+	ctx := testCtx(t)
+	p, rs, hosts := twoPools(t, ctx, pooltest.Options{Daemon: testdaemon.Options{
+		Env: []string{"TOOLSTACKD_SIM_DELAYS=mirror-copy=8s"}}})
+	a, b := rs[0], rs[1]
+	srA, srB := a.localSR(hosts[0]), b.localSR(hosts[1])
+	vm, vdi, vif, _ := crossVM(t, a, srA, mgmtNetwork(a, hosts[0]))
+	uuid := a.str("VM.get_uuid", vm)
+	before := srVDIs(b, srB)
+	dest := destMap(b, hosts[1])
+	vdiMap := map[string]string{vdi: srB}
+	vifMap := map[string]string{vif: mgmtNetwork(b, hosts[1])}
+
+	refuse := func(what, code string, dest map[string]string, vdiMap, vifMap map[string]string) {
+		t.Helper()
+		for _, m := range []string{"VM.assert_can_migrate", "VM.migrate_send"} {
+			args := migrateSendArgs(vm, dest, vdiMap, vifMap, map[string]string{})
+			if m == "VM.assert_can_migrate" {
+				args = assertArgs(vm, dest, vdiMap, vifMap)
+			}
+			_, err := a.c.Call(ctx, a.at, m, append([]any{a.s}, args...)...)
+			wantRefusal(t, m+": "+what, err, code)
+		}
+	}
+	bad := map[string]string{}
+	for k, v := range dest {
+		bad[k] = v
+	}
+	bad["session_id"] = "OpaqueRef:00000000-0000-0000-0000-000000000bad"
+	refuse("a session pool B does not know", xerr.SessionInvalid, bad, vdiMap, vifMap)
+	refuse("a disk not in the map", xerr.VDINotInMap, dest, map[string]string{}, vifMap)
+	refuse("a VIF not in the map", xerr.VIFNotInMap, dest, vdiMap, map[string]string{})
+	refuse("an SR pool B does not have", xerr.HandleInvalid, dest, map[string]string{vdi: srA}, vifMap)
+
+	// The destination's endpoint takes only its own pool's sessions and
+	// only as an upgrade.
+	for _, c := range []struct {
+		what, session string
+		upgrade       bool
+		want          int
+	}{
+		{"no session", "", true, http.StatusUnauthorized},
+		{"pool A's session", a.s, true, http.StatusUnauthorized},
+		{"no upgrade", b.s, false, http.StatusUpgradeRequired},
+	} {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+b.at+"/migrate?session_id="+url.QueryEscape(c.session), http.NoBody)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.upgrade {
+			req.Header.Set("Connection", "Upgrade")
+			req.Header.Set("Upgrade", "toolstackd-crosspool-migrate/1")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != c.want {
+			t.Fatalf("POST /migrate with %s: %d, want %d", c.what, resp.StatusCode, c.want)
+		}
+	}
+
+	cancelAt := func(what string, lo, hi float64) {
+		t.Helper()
+		task := a.str("Async.VM.migrate_send", migrateSendArgs(vm, dest, vdiMap, vifMap, map[string]string{})...)
+		waitUntil(t, 60*time.Second, what, func() bool {
+			if st := a.str("task.get_status", task); st != "pending" {
+				t.Fatalf("%s: the migration ended early: %s %s", what, st, a.call("task.get_error_info", task))
+			}
+			var prog float64
+			_ = json.Unmarshal(a.call("task.get_progress", task), &prog)
+			return prog > lo && prog < hi
+		})
+		a.call("task.cancel", task)
+		if st, info := waitTask(t, a, task); st != "cancelled" {
+			t.Fatalf("%s: a cancelled migration: %s %v", what, st, info)
+		}
+		waitUntil(t, 30*time.Second, "the migration to be undone", func() bool { return len(vmWhere(a, vm).Ops) == 0 })
+		if s := vmWhere(a, vm); s.Power != "Running" || s.On != hosts[0] {
+			t.Fatalf("%s: after the cancel: %+v", what, s)
+		}
+		if _, v := vmDisk(a, vm); v != vdi {
+			t.Fatalf("%s: the VBD is on %s after the cancel", what, v)
+		}
+		if !simDomainIn(t, p.Hosts[0].DataDir, uuid) {
+			t.Fatalf("%s: the VM's domain is gone from pool A", what)
+		}
+		waitUntil(t, 30*time.Second, "pool B to drop what it made", func() bool {
+			_, err := b.c.Call(ctx, b.at, "VM.get_by_uuid", b.s, uuid)
+			return pooltest.Code(err) == xerr.UUIDInvalid && !simDomainIn(t, p.Hosts[1].DataDir, uuid) && srVDIs(b, srB) == before
+		})
+	}
+	// The mirror takes 8 s: cancelled while the disk is copied.
+	cancelAt("the mirror", 0.12, 0.5)
+	// The memory capped at 40 bytes a second: cancelled while it goes.
+	a.call("VM.add_to_other_config", vm, "migration_bandwidth", "40")
+	cancelAt("the memory", 0.55, 0.9)
+	// Nothing was left in the way.
+	a.call("VM.remove_from_other_config", vm, "migration_bandwidth")
+	task := a.str("Async.VM.migrate_send", migrateSendArgs(vm, dest, vdiMap, vifMap, map[string]string{})...)
+	if st, info := waitTask(t, a, task); st != "success" {
+		t.Fatalf("the move after the cancels: %s %v", st, info)
+	}
+	if s := vmWhere(b, b.str("VM.get_by_uuid", uuid)); s.Power != "Running" || s.On != hosts[1] {
+		t.Fatalf("on pool B after the move: %+v", s)
+	}
+}
+
+// A running guest on real QEMU (TCG), a known pattern on its disk, moves
+// from pool A to pool B: it counts on there without a reboot, one QEMU
+// process runs it, and pool B's new VDI holds the same bytes.
+func TestCrossPoolMigrateQEMU(t *testing.T) {
+	g := tickGuest(t) // migrate_fault_test.go: "TICK n" on the serial port
+	ctx := testCtx(t)
+	p, rs, hosts := twoPools(t, ctx, pooltest.Options{Daemon: testdaemon.Options{Backend: "qemu",
+		Env: []string{"TOOLSTACKD_QEMU_ACCEL=tcg", "TOOLSTACKD_GUEST_KERNEL_DIRS=" + g.dir}}})
+	a, b := rs[0], rs[1]
+	srA, srB := a.localSR(hosts[0]), b.localSR(hosts[1])
+	const size = 64 << 20
+	vm := a.str("VM.create", testdaemon.VMRecord("qemu-xpool"))
+	vdi := a.str("VDI.create", map[string]any{"name_label": "xpool disk", "name_description": "", "SR": srA,
+		"virtual_size": size, "type": "user", "sharable": false, "read_only": false, "other_config": map[string]string{},
+		"xenstore_data": map[string]string{}, "sm_config": map[string]string{}, "tags": []string{}})
+	a.call("VBD.create", map[string]any{"VM": vm, "VDI": vdi, "userdevice": "0", "bootable": true, "mode": "RW", "type": "Disk",
+		"empty": false, "other_config": map[string]string{}, "qos_algorithm_type": "", "qos_algorithm_params": map[string]string{}})
+	sum := writePattern(t, a, a.at, vdi, size)
+	uuid := a.str("VM.get_uuid", vm)
+	g.setOn(a, vm)
+	t.Cleanup(func() { killQEMUs(uuid) })
+	a.call("VM.start", vm, false, false)
+	ticks := &tickLog{}
+	t.Cleanup(ticks.close)
+	if _, err := ticks.follow(p.Hosts[0].DataDir, uuid, 0); err != nil {
+		t.Fatal(err)
+	}
+	ticks.wait(t, 0, 3, 2*time.Minute) // the guest runs
+
+	t0 := time.Now()
+	newVM := a.str("VM.migrate_send", migrateSendArgs(vm, destMap(b, hosts[1]), map[string]string{vdi: srB},
+		map[string]string{}, map[string]string{})...)
+	t.Logf("cross-pool move of the QEMU guest with its %d MiB disk: %v", size>>20, time.Since(t0))
+	if s := vmWhere(b, newVM); s.Power != "Running" || s.On != hosts[1] || b.str("VM.get_uuid", newVM) != uuid {
+		t.Fatalf("on pool B after the move: %+v", s)
+	}
+	if pids := qemuOf(uuid); len(pids) != 1 {
+		t.Fatalf("QEMU processes of the VM after the move: %v", pids)
+	}
+	n := ticks.count(1)
+	if _, err := ticks.follow(p.Hosts[1].DataDir, uuid, 1); err != nil {
+		t.Fatal(err)
+	}
+	ticks.wait(t, 1, n+3, time.Minute) // it counts on, on pool B
+	ticks.check(t)
+	_, nv := vmDisk(b, newVM)
+	if b.str("VDI.get_SR", nv) != srB {
+		t.Fatalf("the new VDI %s is not on pool B's local SR", nv)
+	}
+	if got := readDisk(t, b, b.at, nv); len(got) != size || sha256.Sum256(got) != sum {
+		t.Fatalf("the moved disk differs: %d bytes", len(got))
+	}
+	if _, err := a.c.Call(ctx, a.at, "VM.get_by_uuid", a.s, uuid); pooltest.Code(err) != xerr.UUIDInvalid {
+		t.Fatalf("VM.get_by_uuid on pool A after the move: %v", err)
+	}
+	if _, err := a.c.Call(ctx, a.at, "VDI.get_uuid", a.s, vdi); pooltest.Code(err) != xerr.HandleInvalid {
+		t.Fatalf("the old VDI on pool A after the move: %v", err)
+	}
+}
+
+// The figure for docs/performance.md: a running simulated VM with its
+// 4 MiB disk moved back and forth between two pools, against the same
+// VM moved with its disk between the two hosts of one pool (storage
+// migration inside the pool), on this machine in the same run. The
+// medians of TOOLSTACKD_XPOOL_ROUNDS moves (default 10) each way are
+// logged with their ratio.
+func TestCrossPoolFigure(t *testing.T) {
+	if _, err := exec.LookPath("qemu-nbd"); err != nil {
+		t.Skip("no qemu-nbd (the destination's export)")
+	}
+	rounds := 10
+	if n, err := strconv.Atoi(os.Getenv("TOOLSTACKD_XPOOL_ROUNDS")); err == nil && n > 0 {
+		rounds = n
+	}
+	med := func(ds []time.Duration) time.Duration {
+		ds = slices.Clone(ds)
+		slices.Sort(ds)
+		return ds[len(ds)/2]
+	}
+	ctx := testCtx(t)
+	// Inside one pool: the baseline.
+	var intra []time.Duration
+	{
+		_, r, hosts := storagePool(t, ctx, pooltest.Options{})
+		local := []string{r.localSR(hosts[0]), r.localSR(hosts[1])}
+		vm := sharedVM(r, local[0], "figure-intra", nil)
+		r.call("VM.start_on", vm, hosts[0], false, false)
+		for i := range rounds {
+			to := (i + 1) % 2
+			_, vdi := vmDisk(r, vm)
+			dest := destMap(r, hosts[to])
+			t0 := time.Now()
+			r.call("VM.migrate_send", migrateSendArgs(vm, dest, map[string]string{vdi: local[to]}, map[string]string{}, map[string]string{})...)
+			intra = append(intra, time.Since(t0))
+		}
+	}
+	// Between two pools.
+	_, rs, hosts := twoPools(t, ctx, pooltest.Options{})
+	srs := [2]string{rs[0].localSR(hosts[0]), rs[1].localSR(hosts[1])}
+	vm := sharedVM(rs[0], srs[0], "figure-cross", nil)
+	uuid := rs[0].str("VM.get_uuid", vm)
+	rs[0].call("VM.start", vm, false, false)
+	var cross []time.Duration
+	for i := range rounds {
+		from, to := i%2, (i+1)%2
+		_, vdi := vmDisk(rs[from], vm)
+		dest := destMap(rs[to], hosts[to])
+		t0 := time.Now()
+		vm = rs[from].str("VM.migrate_send", migrateSendArgs(vm, dest, map[string]string{vdi: srs[to]}, map[string]string{}, map[string]string{})...)
+		cross = append(cross, time.Since(t0))
+		if got := rs[to].str("VM.get_uuid", vm); got != uuid {
+			t.Fatalf("round %d: the VM's uuid on the other pool is %s", i, got)
+		}
+	}
+	mi, mc := med(intra), med(cross)
+	t.Logf("figure: VM.migrate_send of a running simulated VM with a 4 MiB disk, median of %d: inside a pool %v, to another pool %v (%.2fx)",
+		rounds, mi, mc, float64(mc)/float64(mi))
+}
+
+// A QEMU guest's move to another pool cancelled while its disk is
+// mirrored, then while its memory goes (migration_bandwidth, 8 MiB/s,
+// holds both): each time it counts on in pool A with its old disk, and
+// pool B has no QEMU, no VM and no new VDI; then it moves and counts on
+// there.
+func TestCrossPoolMigrateQEMUCancel(t *testing.T) {
+	g := tickGuest(t)
+	ctx := testCtx(t)
+	p, rs, hosts := twoPools(t, ctx, pooltest.Options{Daemon: testdaemon.Options{Backend: "qemu",
+		Env: []string{"TOOLSTACKD_QEMU_ACCEL=tcg", "TOOLSTACKD_GUEST_KERNEL_DIRS=" + g.dir}}})
+	a, b := rs[0], rs[1]
+	srA, srB := a.localSR(hosts[0]), b.localSR(hosts[1])
+	vm := sharedVM(a, srA, "qemu-xpool-cancel", map[string]string{"migration_bandwidth": strconv.Itoa(8 << 20)})
+	a.call("VDI.resize", vmDiskVDI(a, vm), 64<<20)
+	_, vdi := vmDisk(a, vm)
+	writePattern(t, a, a.at, vdi, 64<<20)
+	uuid := a.str("VM.get_uuid", vm)
+	g.setOn(a, vm)
+	t.Cleanup(func() { killQEMUs(uuid) })
+	a.call("VM.start", vm, false, false)
+	ticks := &tickLog{}
+	t.Cleanup(ticks.close)
+	if _, err := ticks.follow(p.Hosts[0].DataDir, uuid, 0); err != nil {
+		t.Fatal(err)
+	}
+	ticks.wait(t, 0, 3, 2*time.Minute)
+	before := srVDIs(b, srB)
+	vdiMap := map[string]string{vdi: srB}
+	cancelAt := func(what string, lo, hi float64) {
+		t.Helper()
+		task := a.str("Async.VM.migrate_send", migrateSendArgs(vm, destMap(b, hosts[1]), vdiMap, map[string]string{}, map[string]string{})...)
+		waitUntil(t, 2*time.Minute, what, func() bool {
+			if st := a.str("task.get_status", task); st != "pending" {
+				t.Fatalf("%s: the migration ended early: %s %s", what, st, a.call("task.get_error_info", task))
+			}
+			var prog float64
+			_ = json.Unmarshal(a.call("task.get_progress", task), &prog)
+			return prog > lo && prog < hi
+		})
+		a.call("task.cancel", task)
+		if st, info := waitTask(t, a, task); st != "cancelled" {
+			t.Fatalf("%s: a cancelled migration: %s %v", what, st, info)
+		}
+		waitUntil(t, 30*time.Second, "the migration to be undone", func() bool { return len(vmWhere(a, vm).Ops) == 0 })
+		if s := vmWhere(a, vm); s.Power != "Running" || s.On != hosts[0] {
+			t.Fatalf("%s: after the cancel: %+v", what, s)
+		}
+		if _, v := vmDisk(a, vm); v != vdi {
+			t.Fatalf("%s: the VBD is on %s after the cancel", what, v)
+		}
+		waitUntil(t, 30*time.Second, "pool B to drop its QEMU, VM and VDI", func() bool {
+			_, err := b.c.Call(ctx, b.at, "VM.get_by_uuid", b.s, uuid)
+			return len(qemuOf(uuid)) == 1 && srVDIs(b, srB) == before && pooltest.Code(err) == xerr.UUIDInvalid
+		})
+		ticks.wait(t, 0, ticks.count(0)+3, time.Minute) // the guest counts on where it was
+	}
+	cancelAt("the mirror", 0.12, 0.5)
+	cancelAt("the memory", 0.505, 0.9)
+	a.call("VM.remove_from_other_config", vm, "migration_bandwidth")
+	newVM := a.str("VM.migrate_send", migrateSendArgs(vm, destMap(b, hosts[1]), vdiMap, map[string]string{}, map[string]string{})...)
+	if s := vmWhere(b, newVM); s.Power != "Running" || s.On != hosts[1] {
+		t.Fatalf("on pool B after the move: %+v", s)
+	}
+	if _, err := ticks.follow(p.Hosts[1].DataDir, uuid, 1); err != nil {
+		t.Fatal(err)
+	}
+	ticks.wait(t, 1, 3, time.Minute)
+	ticks.check(t)
+}
+
+// A halted VM moves to another pool as xapi allows: its records and its
+// disk's bytes (copied, as nothing writes it) arrive, it stays halted
+// there, and it starts there.
+func TestCrossPoolMigrateHalted(t *testing.T) {
+	if _, err := exec.LookPath("qemu-nbd"); err != nil {
+		t.Skip("no qemu-nbd (the exports)")
+	}
+	ctx := testCtx(t)
+	_, rs, hosts := twoPools(t, ctx, pooltest.Options{})
+	a, b := rs[0], rs[1]
+	srA, srB := a.localSR(hosts[0]), b.localSR(hosts[1])
+	vm := sharedVM(a, srA, "xpool-halted", nil)
+	_, vdi := vmDisk(a, vm)
+	sum := writePattern(t, a, a.at, vdi, 4<<20)
+	uuid := a.str("VM.get_uuid", vm)
+	before := srVDIs(b, srB)
+	newVM := a.str("VM.migrate_send", migrateSendArgs(vm, destMap(b, hosts[1]), map[string]string{vdi: srB},
+		map[string]string{}, map[string]string{})...)
+	if s := vmWhere(b, newVM); s.Power != "Halted" || len(s.Ops) != 0 || b.str("VM.get_uuid", newVM) != uuid {
+		t.Fatalf("on pool B after the move: %+v", s)
+	}
+	_, nv := vmDisk(b, newVM)
+	if b.str("VDI.get_SR", nv) != srB || srVDIs(b, srB) != before+1 {
+		t.Fatalf("the new VDI %s is not pool B's local SR's", nv)
+	}
+	if got := readDisk(t, b, b.at, nv); len(got) != 4<<20 || sha256.Sum256(got) != sum {
+		t.Fatalf("the moved disk differs: %d bytes", len(got))
+	}
+	for _, q := range [][2]string{{"VM.get_uuid", vm}, {"VDI.get_uuid", vdi}} {
+		if _, err := a.c.Call(ctx, a.at, q[0], a.s, q[1]); pooltest.Code(err) != xerr.HandleInvalid {
+			t.Fatalf("%s on pool A after the move: %v", q[0], err)
+		}
+	}
+	b.call("VM.start", newVM, false, false)
+	if s := vmWhere(b, newVM); s.Power != "Running" || s.On != hosts[1] {
+		t.Fatalf("started on pool B: %+v", s)
+	}
+}
