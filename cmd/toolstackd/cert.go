@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"toolstackd/internal/certs"
 )
@@ -17,7 +18,7 @@ func (o options) poolTLS() (*tls.Config, error) {
 	if o.listenHTTPS == "" {
 		return nil, nil
 	}
-	certPath, keyPath, err := ensureCertificate(o.dataDir)
+	certPath, keyPath, err := ensureCertificate(o.dataDir, o.ownIPs())
 	if err != nil {
 		return nil, fmt.Errorf("certificate: %w", err)
 	}
@@ -31,10 +32,28 @@ func (o options) poolTLS() (*tls.Config, error) {
 		ServerName: certs.PoolServerName}, nil
 }
 
+// ownIPs are the specific addresses this host serves its API on or is
+// reached at (--listen, --listen-https, --advertise), for its
+// certificate's subject alternative names: a client that checks the
+// certificate of https://<address> finds it there.
+func (o options) ownIPs() []net.IP {
+	var ips []net.IP
+	for _, a := range []string{o.listen, o.listenHTTPS, o.advertise} {
+		h, _, err := net.SplitHostPort(a)
+		if err != nil {
+			continue
+		}
+		if ip := net.ParseIP(h); ip != nil && !ip.IsUnspecified() && !slices.ContainsFunc(ips, ip.Equal) {
+			ips = append(ips, ip)
+		}
+	}
+	return ips
+}
+
 // ensureCertificate makes a self-signed server certificate under the data
-// dir the first time it is needed and returns the certificate and key
-// paths.
-func ensureCertificate(dir string) (string, string, error) {
+// dir the first time it is needed, naming the host, localhost and ips,
+// and returns the certificate and key paths.
+func ensureCertificate(dir string, ips []net.IP) (string, string, error) {
 	certPath, keyPath := filepath.Join(dir, "server.crt"), filepath.Join(dir, "server.key")
 	if _, err := os.Stat(certPath); err == nil {
 		if _, err := os.Stat(keyPath); err == nil {
@@ -42,8 +61,13 @@ func ensureCertificate(dir string) (string, string, error) {
 		}
 	}
 	host, _ := os.Hostname()
-	certPEM, keyPEM, err := certs.SelfSigned(certs.Identity{Name: host, DNS: []string{host, "localhost"},
-		IPs: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}}, 10)
+	all := []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}
+	for _, ip := range ips {
+		if !slices.ContainsFunc(all, ip.Equal) {
+			all = append(all, ip)
+		}
+	}
+	certPEM, keyPEM, err := certs.SelfSigned(certs.Identity{Name: host, DNS: []string{host, "localhost"}, IPs: all}, 10)
 	if err != nil {
 		return "", "", err
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"fmt"
 	"net"
 	"net/http"
@@ -19,7 +20,7 @@ import (
 // host serves HTTPS and opens the store.
 func openCertStore(o options) (*certs.Store, error) {
 	if o.listenHTTPS != "" {
-		if _, _, err := ensureCertificate(o.dataDir); err != nil {
+		if _, _, err := ensureCertificate(o.dataDir, o.ownIPs()); err != nil {
 			return nil, fmt.Errorf("certificate: %w", err)
 		}
 	}
@@ -63,4 +64,14 @@ func portOf(addr string) string {
 		return addr
 	}
 	return port
+}
+
+// clientTLS is the TLS configuration for connections to servers outside
+// the pool (another pool's hosts): the system's roots and the pool's CA
+// certificates; nil before the certificate store is open.
+func (o *options) clientTLS() *tls.Config {
+	if o.certStore == nil {
+		return nil
+	}
+	return o.certStore.ClientTLS()
 }

@@ -288,7 +288,7 @@ func (h *host) registerModules(o options, hostRef string, first bool) error {
 	disks := &storageDisks{s: stor}
 	h.xm, err = xenops.Register(h.srv, h.router, xenops.Config{Backend: o.backend, DataDir: o.dataDir, HostRef: hostRef, Log: h.log,
 		ListenAddr: o.listen, Disks: disks, HostMemory: int64(o.hostMemory), Journal: o.journal,
-		QEMU: h.withTaps(o, qemuConfig(o)), HooksDir: o.hooksDir, Networks: h.networks()})
+		QEMU: h.withTaps(o, qemuConfig(o)), HooksDir: o.hooksDir, Networks: h.networks(), ClientTLS: o.clientTLS})
 	if err != nil {
 		return fmt.Errorf("xenops: %w", err)
 	}
@@ -300,7 +300,7 @@ func (h *host) registerModules(o options, hostRef string, first bool) error {
 	sysstatus.Register(h.srv, h.router, sysstatus.Config{DataDir: o.dataDir, ConfigFile: o.config, HostRef: hostRef,
 		Log: h.log, Settings: o.settings})
 	// The xe CLI: POST /cli, the thin-CLI protocol.
-	cli.New(h.srv, cli.Options{Log: h.log}).Routes(h.router)
+	cli.New(h.srv, cli.Options{Log: h.log, ClientTLS: o.clientTLS}).Routes(h.router)
 	// Server certificates and the pool's CA certificates.
 	certs.Register(h.srv, certs.Config{Store: o.certStore, HostRef: hostRef, Log: h.log})
 	// rrdd: data sources, round-robin archives, /rrd_updates.

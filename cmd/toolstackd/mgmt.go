@@ -280,7 +280,11 @@ func (mg *management) resume(h *host) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), resumeTimeout)
 		defer cancel()
-		if _, _, err := mg.MoveTo(ctx, ip, false); err != nil {
+		// The pool has this address already (it is remembered only once
+		// the pool took it): telling it again is a courtesy, and a pool
+		// that cannot be told now (its coordinator moving at that very
+		// moment) must not cost the host its listener there.
+		if _, _, err := mg.MoveTo(ctx, ip, true); err != nil {
 			mg.log.Warn("could not serve on the remembered management address", "address", ip, "err", err)
 			return
 		}

@@ -4,6 +4,7 @@ import (
 	"crypto/x509"
 	"log/slog"
 	"net"
+	"slices"
 	"time"
 
 	"toolstackd/internal/api"
@@ -286,7 +287,7 @@ func (m *messages) identity(r db.Reader) Identity {
 				id.DNS = append([]string{name}, id.DNS...)
 			}
 		}
-		if ip := net.ParseIP(h.String(dm.Host.Address)); ip != nil && !ip.IsLoopback() {
+		if ip := net.ParseIP(h.String(dm.Host.Address)); ip != nil && !slices.ContainsFunc(id.IPs, ip.Equal) {
 			id.IPs = append([]net.IP{ip}, id.IPs...)
 		}
 	}

@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"io"
 	"maps"
@@ -164,8 +165,13 @@ func (c *Ctx) migrateToPool() error {
 	}
 	c.out.msg("Performing a storage live migration. Your VM's VDIs will be migrated with the VM.")
 	d := &net.Dialer{Timeout: 10 * time.Second}
+	var tlsConfig *tls.Config
+	if c.s.opts.ClientTLS != nil {
+		tlsConfig = c.s.opts.ClientTLS()
+	}
 	r := &remoteXE{ctx: c.ctx, u: u, hc: &http.Client{Timeout: remoteTimeout,
-		Transport: &http.Transport{DialContext: d.DialContext, TLSHandshakeTimeout: 10 * time.Second, MaxIdleConnsPerHost: 2}}}
+		Transport: &http.Transport{DialContext: d.DialContext, TLSHandshakeTimeout: 10 * time.Second, MaxIdleConnsPerHost: 2,
+			TLSClientConfig: tlsConfig}}}
 	defer r.hc.CloseIdleConnections()
 	s, err := r.str("session.login_with_password", user, pw, "1.3", "xe")
 	if err != nil {

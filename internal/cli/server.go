@@ -15,6 +15,7 @@ package cli
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -46,6 +47,10 @@ type Options struct {
 	Heartbeat time.Duration
 	// Log receives a line per command, with secrets left out.
 	Log *slog.Logger
+	// ClientTLS, when set, checks another pool's coordinator over https
+	// (xe vm-migrate remote-master=): the roots its certificate must
+	// lead to. Nil: the system's roots.
+	ClientTLS func() *tls.Config
 }
 
 // DefaultOptions are xapi's limits.

@@ -2,6 +2,7 @@ package xenops
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"net"
 	"strconv"
@@ -27,8 +28,9 @@ import (
 // The destination host's address is its host.address in the other pool;
 // where the URLs name no port, this host's own API port is assumed (the
 // dest map's URLs name none, as xapi's hosts all listen on 80 and 443).
-// The migration stream is plain http for now: with an https master the
-// checks work but the move fails (CANNOT_CONTACT_HOST).
+// With an https master the calls and the stream go over TLS, the other
+// pool's hosts checked against the system's roots and the CA
+// certificates installed in this pool (Config.ClientTLS).
 // The steps:
 //
 //  1. checks (VM.assert_can_migrate does the same): the session is
@@ -72,6 +74,14 @@ func (m *Manager) crossPort() string {
 		return port
 	}
 	return ""
+}
+
+// clientTLS is the TLS configuration for the other pool's hosts.
+func (m *Manager) clientTLS() *tls.Config {
+	if m.cfg.ClientTLS != nil {
+		return m.cfg.ClientTLS()
+	}
+	return nil
 }
 
 // inThisPool reports whether dest names a host of this pool.
@@ -118,7 +128,7 @@ func (m *Manager) checkCrossPool(ctx context.Context, r db.Reader, vm *db.Row, d
 	if pcis := strs(r.Value(vm, dm.VM.AttachedPCIs)); len(pcis) > 0 {
 		return nil, xerr.New(xerr.VMHasPCIAttached, vm.Ref)
 	}
-	rp, err := newRemotePool(dest, m.crossPort())
+	rp, err := newRemotePool(dest, m.crossPort(), m.clientTLS())
 	if err != nil {
 		return nil, err
 	}

@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -38,12 +40,15 @@ type remotePool struct {
 	host    string   // the destination host's ref there (dest["host"])
 	port    string   // the port to assume where an address names none
 	hc      *http.Client
+	// tls checks the other pool's hosts over https (nil: the system's
+	// roots).
+	tls *tls.Config
 }
 
 // newRemotePool reads a dest map naming a host of another pool. port is
 // the API port to assume when the master URL names none (pools whose
 // hosts all listen on one port, as xapi's do on 80 and 443).
-func newRemotePool(dest map[string]string, port string) (*remotePool, error) {
+func newRemotePool(dest map[string]string, port string, tlsConfig *tls.Config) (*remotePool, error) {
 	if dest["session_id"] == "" || dest["host"] == "" || dest["master"] == "" {
 		return nil, xerr.New(xerr.InvalidValue, "dest", "the dest map needs host, session_id and master (host.migrate_receive's answer)")
 	}
@@ -56,8 +61,8 @@ func newRemotePool(dest map[string]string, port string) (*remotePool, error) {
 	}
 	d := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
 	tr := &http.Transport{DialContext: d.DialContext, MaxIdleConnsPerHost: 2, IdleConnTimeout: 30 * time.Second,
-		ResponseHeaderTimeout: remoteCallTimeout, TLSHandshakeTimeout: 10 * time.Second}
-	return &remotePool{master: u, session: dest["session_id"], host: dest["host"], port: port,
+		ResponseHeaderTimeout: remoteCallTimeout, TLSHandshakeTimeout: 10 * time.Second, TLSClientConfig: tlsConfig}
+	return &remotePool{master: u, session: dest["session_id"], host: dest["host"], port: port, tls: tlsConfig,
 		hc: &http.Client{Transport: tr, Timeout: remoteCallTimeout}}, nil
 }
 
@@ -83,7 +88,7 @@ func (rp *remotePool) call(ctx context.Context, method string, params ...any) (j
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := rp.hc.Do(req)
 	if err != nil {
-		return nil, xerr.New(xerr.CannotContactHost, rp.host)
+		return nil, transportErr(rp.host, err)
 	}
 	defer func() { _ = resp.Body.Close() }()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxRemoteReply))
@@ -146,15 +151,27 @@ func (rp *remotePool) hostAddr(ctx context.Context) (string, error) {
 // remote session: the HTTP request is upgraded in place. ctx bounds the
 // handshake only.
 func (rp *remotePool) dialMigrate(ctx context.Context, addr string) (net.Conn, error) {
-	if rp.master.Scheme != "http" {
-		return nil, errors.New("cross-pool migration streams go over http only")
-	}
 	hctx, cancel := context.WithTimeout(ctx, migrateMsgTimeout)
 	defer cancel()
 	var d net.Dialer
 	conn, err := d.DialContext(hctx, "tcp", addr)
 	if err != nil {
 		return nil, err
+	}
+	if rp.master.Scheme == "https" {
+		// The stream goes over TLS as the calls do, the host checked by
+		// the same roots.
+		cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+		if rp.tls != nil {
+			cfg = rp.tls.Clone()
+		}
+		cfg.ServerName, _, _ = net.SplitHostPort(addr)
+		tc := tls.Client(conn, cfg)
+		if err := tc.HandshakeContext(hctx); err != nil {
+			_ = conn.Close()
+			return nil, err
+		}
+		conn = tc
 	}
 	stop := context.AfterFunc(hctx, func() { _ = conn.SetDeadline(time.Now()) })
 	defer stop()
@@ -204,4 +221,18 @@ func clipRemote(s string) string {
 		return s[:200]
 	}
 	return s
+}
+
+// transportErr is the XenAPI error for a failed connection to the other
+// pool: SSL_VERIFY_ERROR when its certificate is not trusted here (as
+// xapi names it), CANNOT_CONTACT_HOST otherwise.
+func transportErr(host string, err error) error {
+	var unknown x509.UnknownAuthorityError
+	var invalid x509.CertificateInvalidError
+	var name x509.HostnameError
+	var verify *tls.CertificateVerificationError
+	if errors.As(err, &unknown) || errors.As(err, &invalid) || errors.As(err, &name) || errors.As(err, &verify) {
+		return xerr.New(xerr.SSLVerifyError, err.Error())
+	}
+	return xerr.New(xerr.CannotContactHost, host)
 }

@@ -24,6 +24,7 @@ package xenops
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -54,6 +55,10 @@ import (
 
 // Config sets up the manager.
 type Config struct {
+	// ClientTLS, when set, is the TLS configuration for connections to
+	// another pool's hosts (cross-pool migration over https): the
+	// roots their certificates are checked by. Nil: the system's roots.
+	ClientTLS func() *tls.Config
 	// Backend is "qemu", "simulator" or "qemu+simulator" (mixed: a VM
 	// whose platform has toolstackd-simulated=true on the simulator).
 	Backend string

@@ -494,3 +494,55 @@ func TestCrossPoolMigrateHalted(t *testing.T) {
 		t.Fatalf("started on pool B: %+v", s)
 	}
 }
+
+// Over https: the other pool's hosts are checked by the system's roots
+// and the CA certificates installed in this pool. Pool B's host
+// certificate is not trusted by pool A until A installs it
+// (pool.install_ca_certificate): before, the move is refused and the VM
+// stays on A; after, it moves, calls and stream over TLS.
+func TestCrossPoolMigrateTLS(t *testing.T) {
+	if _, err := exec.LookPath("qemu-nbd"); err != nil {
+		t.Skip("no qemu-nbd (the destination's export)")
+	}
+	if !pooltest.DaemonHasFlag(t, "--listen-https") {
+		t.Skip("toolstackd has no --listen-https")
+	}
+	ctx := testCtx(t)
+	ips := []string{pooltest.HostIP(0).String(), pooltest.HostIP(1).String()}
+	port := testdaemon.FreePort(t, ips...)
+	args := map[int][]string{}
+	for i, ip := range ips {
+		args[i] = []string{"--listen-https", testdaemon.Addr(ip, port)}
+	}
+	_, rs, hosts := twoPools(t, ctx, pooltest.Options{HostArgs: args})
+	a, b := rs[0], rs[1]
+	srA, srB := a.localSR(hosts[0]), b.localSR(hosts[1])
+	vm, vdi, vif, _ := crossVM(t, a, srA, mgmtNetwork(a, hosts[0]))
+	uuid := a.str("VM.get_uuid", vm)
+	dest := destMap(b, hosts[1])
+	dest["master"] = "https://" + testdaemon.Addr(ips[1], port) + "/"
+	vdiMap := map[string]string{vdi: srB}
+	vifMap := map[string]string{vif: mgmtNetwork(b, hosts[1])}
+
+	if _, err := a.c.Call(ctx, a.at, "VM.migrate_send", append([]any{a.s}, migrateSendArgs(vm, dest, vdiMap, vifMap, map[string]string{})...)...); pooltest.Code(err) != xerr.SSLVerifyError {
+		t.Fatalf("VM.migrate_send to a pool whose certificate this pool does not trust: %v, want SSL_VERIFY_ERROR", err)
+	} else {
+		t.Logf("before pool B's certificate is trusted: %v", err)
+	}
+	if s := vmWhere(a, vm); s.Power != "Running" || s.On != hosts[0] {
+		t.Fatalf("on pool A after the refused move: %+v", s)
+	}
+	if _, err := b.c.Call(ctx, b.at, "VM.get_by_uuid", b.s, uuid); pooltest.Code(err) != xerr.UUIDInvalid {
+		t.Fatalf("pool B has the VM after the refused move: %v", err)
+	}
+
+	a.call("pool.install_ca_certificate", "pool-b.pem", b.str("host.get_server_certificate", hosts[1]))
+	newVM := a.str("VM.migrate_send", migrateSendArgs(vm, dest, vdiMap, vifMap, map[string]string{})...)
+	if s := vmWhere(b, newVM); s.Power != "Running" || s.On != hosts[1] {
+		t.Fatalf("on pool B after the move over https: %+v", s)
+	}
+	if _, err := a.c.Call(ctx, a.at, "VM.get_by_uuid", a.s, uuid); pooltest.Code(err) != xerr.UUIDInvalid {
+		t.Fatalf("VM.get_by_uuid on pool A after the move: %v", err)
+	}
+	b.call("VM.hard_shutdown", newVM)
+}
