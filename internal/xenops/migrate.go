@@ -59,7 +59,8 @@ import (
 // committed, so it adopts the domain; otherwise it waits a little for
 // the commit to reach its replica, then removes the domain. It does not
 // wait for a go that is held up once its replica shows the commit; a
-// memory stream that stops moving ends the migration; and a destination
+// memory stream that stops moving for 25 s ends the migration, on
+// either side (stallReader, stallWriter); and a destination
 // whose daemon died after the state arrived settles the kept domain the
 // same way at its next start (migrate_recover.go). So the guest runs on
 // one host at a time, and a move the database acknowledged is never
@@ -425,9 +426,12 @@ func (s *outStream) close() {
 // guest runs here still.
 func (m *Manager) sendMemory(o *opCtx, mig backend.Migrator, mc *migConn, mopts backend.MigrateOptions, lo float64) (cw *chunkWriter, took time.Duration, err error) {
 	cw = &chunkWriter{w: mc.w}
-	var stream io.Writer = cw
+	// A destination that stops taking the stream ends the move after
+	// migrateStall; the backend can interrupt it (SetWriteDeadline).
+	stall := &stallWriter{ctx: o.ctx, w: cw, c: mc.c, d: migrateStall}
+	var stream io.Writer = stall
 	if mopts.Bandwidth > 0 {
-		stream = &rateWriter{ctx: o.ctx, w: cw, rate: mopts.Bandwidth, start: time.Now()}
+		stream = &rateWriter{ctx: o.ctx, w: stall, rate: mopts.Bandwidth, start: time.Now()}
 	}
 	t0 := time.Now()
 	err = mig.SendLive(o.ctx, o.uuid, stream, mopts, func(f float64) { o.prog.Progress(lo + (0.9-lo)*min(max(f, 0), 1)) })

@@ -320,6 +320,59 @@ func (s *stallReader) SetReadDeadline(t time.Time) error {
 	return s.c.SetReadDeadline(t)
 }
 
+// stallWriter is the memory stream as the source's backend writes it
+// (the other half of stallReader): a write that cannot hand its bytes on
+// within d fails (the connection's write deadline), so that a
+// destination cut off ends the migration, the guest running here as
+// before, instead of holding it until TCP gives up. Writes also end with
+// ctx (the task cancelled). SetWriteDeadline, which backend.InterruptIO
+// calls when the backend gives up, ends writes for good.
+type stallWriter struct {
+	ctx context.Context
+	w   io.Writer
+	c   net.Conn
+	d   time.Duration
+
+	mu          sync.Mutex
+	interrupted bool
+}
+
+func (s *stallWriter) Write(p []byte) (int, error) {
+	if err := s.ctx.Err(); err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	if s.interrupted {
+		s.mu.Unlock()
+		return 0, os.ErrDeadlineExceeded
+	}
+	_ = s.c.SetWriteDeadline(time.Now().Add(s.d))
+	s.mu.Unlock()
+	n, err := s.w.Write(p)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		s.mu.Lock()
+		if !s.interrupted && s.ctx.Err() == nil {
+			err = errSendStalled
+		}
+		s.mu.Unlock()
+	}
+	return n, err
+}
+
+// SetWriteDeadline with a time past interrupts the stream
+// (backend.InterruptIO).
+func (s *stallWriter) SetWriteDeadline(t time.Time) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !t.IsZero() && !t.After(time.Now()) {
+		s.interrupted = true
+	}
+	return s.c.SetWriteDeadline(t)
+}
+
+// errSendStalled is a memory stream the destination stopped taking.
+var errSendStalled = errors.New("the migration stream stalled: the destination took no data for " + migrateStall.String())
+
 // errStalled is a memory stream that stopped moving.
 var errStalled = errors.New("the migration stream stalled: no data from the source for " + migrateStall.String())
 

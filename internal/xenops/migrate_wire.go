@@ -287,6 +287,15 @@ type rateWriter struct {
 	sent  int64
 }
 
+// SetWriteDeadline passes an interruption on to the stream under the
+// limit (backend.InterruptIO).
+func (rw *rateWriter) SetWriteDeadline(t time.Time) error {
+	if d, ok := rw.w.(interface{ SetWriteDeadline(time.Time) error }); ok {
+		return d.SetWriteDeadline(t)
+	}
+	return nil
+}
+
 func (rw *rateWriter) Write(p []byte) (int, error) {
 	done := 0
 	piece := int(max(rw.rate/10, 1))
