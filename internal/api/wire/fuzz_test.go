@@ -30,6 +30,9 @@ func sendable(v any) bool {
 	switch x := v.(type) {
 	case time.Time:
 		return x.Year() >= 0 && x.Year() <= 9999 && x.Nanosecond() == 0
+	case InvalidDateTime:
+		// Kept for a handler to refuse (FIELD_TYPE_ERROR), never sent.
+		return false
 	case []any:
 		for _, el := range x {
 			if !sendable(el) {
