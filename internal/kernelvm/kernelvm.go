@@ -37,6 +37,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path"
@@ -431,7 +432,7 @@ func writeInitrd(to, busybox string, k *kernel, order []string, spec Spec) error
 			libs[l] = true
 		}
 	}
-	for _, l := range slices.Sorted(mapKeys(libs)) {
+	for _, l := range slices.Sorted(maps.Keys(libs)) {
 		errs = append(errs, add(strings.TrimPrefix(l, "/"), l, 0o755))
 	}
 	w.Close()
@@ -440,16 +441,6 @@ func writeInitrd(to, busybox string, k *kernel, order []string, spec Spec) error
 		return err
 	}
 	return f.Close()
-}
-
-func mapKeys(m map[string]bool) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
 }
 
 // sharedLibraries are the libraries ldd lists for a program (none for a

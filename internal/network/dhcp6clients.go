@@ -113,19 +113,7 @@ func (m *Manager) syncDHCP6() {
 		default:
 		}
 	}
-	refs := make([]string, 0, len(want))
-	for ref := range want {
-		refs = append(refs, ref)
-	}
-	slices.Sort(refs)
-	for _, ref := range refs {
-		if _, ok := d.by[ref]; ok {
-			continue
-		}
-		if len(d.by) >= maxDHCPClients {
-			m.log.Warn("network: too many DHCPv6 clients: PIF left without one", "pif", ref, "max", maxDHCPClients)
-			continue
-		}
+	for _, ref := range d.missing(want, m.log, "DHCPv6") {
 		ctx, cancel := context.WithCancel(d.ctx)
 		c := &dhcp6Client{dev: want[ref], cancel: cancel, done: make(chan struct{}), bound: make(chan struct{})}
 		if p := d.latest[c.dev]; p != nil {

@@ -26,6 +26,8 @@ package network
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"maps"
 	"net"
 	"slices"
 	"strings"
@@ -71,6 +73,24 @@ type clientSet[C any] struct {
 func newClientSet[C any]() clientSet[C] {
 	ctx, cancel := context.WithCancel(context.Background())
 	return clientSet[C]{ctx: ctx, cancel: cancel, by: map[string]*C{}}
+}
+
+// missing is the PIFs of want that have no client yet, in ref order, as
+// many as maxDHCPClients leaves room for; the rest are logged and left
+// without one. Under mu.
+func (s *clientSet[C]) missing(want map[string]string, log *slog.Logger, kind string) []string {
+	var out []string
+	for _, ref := range slices.Sorted(maps.Keys(want)) {
+		if _, ok := s.by[ref]; ok {
+			continue
+		}
+		if len(s.by)+len(out) >= maxDHCPClients {
+			log.Warn("network: too many "+kind+" clients: PIF left without one", "pif", ref, "max", maxDHCPClients)
+			continue
+		}
+		out = append(out, ref)
+	}
+	return out
 }
 
 // stopAll stops every client and takes no more, and waits for them.
@@ -157,19 +177,7 @@ func (m *Manager) syncDHCP() {
 			stopped = append(stopped, c)
 		}
 	}
-	refs := make([]string, 0, len(want))
-	for ref := range want {
-		refs = append(refs, ref)
-	}
-	slices.Sort(refs)
-	for _, ref := range refs {
-		if _, ok := d.by[ref]; ok {
-			continue
-		}
-		if len(d.by) >= maxDHCPClients {
-			m.log.Warn("network: too many DHCP clients: PIF left without one", "pif", ref, "max", maxDHCPClients)
-			continue
-		}
+	for _, ref := range d.missing(want, m.log, "DHCP") {
 		ctx, cancel := context.WithCancel(d.ctx)
 		c := &dhcpClient{dev: want[ref], cancel: cancel, done: make(chan struct{}), bound: make(chan struct{})}
 		d.by[ref] = c
