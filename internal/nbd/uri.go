@@ -145,19 +145,31 @@ func parseTCP(pu *url.URL, export string) (URI, error) {
 
 // checkHost accepts an IP address (IPv6 in brackets in the URI, with an
 // optional zone) or a host name of letters, digits, '-', '_' and '.'.
+// A zone (an interface name) is written with the host name's letters
+// too: netip takes any zone, even one with spaces, that no URI carries.
 func checkHost(h string) error {
 	if strings.Contains(h, ":") {
-		if _, err := netip.ParseAddr(h); err != nil {
+		a, err := netip.ParseAddr(h)
+		if err != nil || (strings.Contains(h, "%") && !hostChars(a.Zone())) {
 			return fmt.Errorf("bad IPv6 address %q", h)
 		}
 		return nil
 	}
-	for _, r := range h {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
-			return fmt.Errorf("bad host name %q", h)
-		}
+	if !hostChars(h) {
+		return fmt.Errorf("bad host name %q", h)
 	}
 	return nil
+}
+
+// hostChars reports whether s is not empty and made of letters, digits,
+// '-', '_' and '.'.
+func hostChars(s string) bool {
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
+			return false
+		}
+	}
+	return s != ""
 }
 
 func checkText(what, s string) error {

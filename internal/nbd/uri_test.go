@@ -44,6 +44,7 @@ func TestParseURIRejects(t *testing.T) {
 		"nbd://h:0/x":                          "bad port",
 		"nbd://h:65536/x":                      "bad port",
 		"nbd://h:/x":                           "empty port",
+		"nbd://[::%25%20]/x":                   "bad IPv6 address",
 		"nbd://u@h/x":                          "user information",
 		"nbd://h/x#frag":                       "fragment",
 		"nbd:h/x":                              "scheme://",
