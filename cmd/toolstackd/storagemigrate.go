@@ -20,3 +20,15 @@ func (d *storageDisks) ExportVDI(ctx context.Context, vdi string) (*storage.Expo
 func (d *storageDisks) ExportVDIReadOnly(ctx context.Context, vdi string) (*storage.Export, error) {
 	return d.s.ExportReadOnly(ctx, vdi)
 }
+
+// DiffExtents lists where a VDI differs from an older snapshot of it
+// (xenops.DiskMover): storage.DiffExtents.
+func (d *storageDisks) DiffExtents(ctx context.Context, vdi, base string) ([]storage.Extent, error) {
+	return d.s.DiffExtents(ctx, vdi, base)
+}
+
+// IsOverlayOf reports whether a VDI reads as its snapshot base with its
+// own top image over it (xenops.DiskMover): storage.IsOverlayOf.
+func (d *storageDisks) IsOverlayOf(ctx context.Context, vdi, base string) (bool, error) {
+	return d.s.IsOverlayOf(ctx, vdi, base)
+}

@@ -206,17 +206,9 @@ func (d *dhcp6Clients) loop(ctx context.Context, ref string, c *dhcp6Client) {
 		if err != nil {
 			log.Warn("network: DHCPv6 client", "err", err)
 		}
-		if time.Since(began) > time.Minute {
-			pause = time.Second
-		}
-		t := time.NewTimer(pause)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !clientRestart(ctx, began, &pause) {
 			return
-		case <-t.C:
 		}
-		pause = min(2*pause, 30*time.Second)
 	}
 }
 

@@ -285,18 +285,28 @@ func (d *dhcpClients) loop(ctx context.Context, ref string, c *dhcpClient) {
 		if err != nil {
 			log.Warn("network: DHCP client", "err", err)
 		}
-		if time.Since(began) > time.Minute {
-			pause = time.Second
-		}
-		t := time.NewTimer(pause)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !clientRestart(ctx, began, &pause) {
 			return
-		case <-t.C:
 		}
-		pause = min(2*pause, 30*time.Second)
 	}
+}
+
+// clientRestart waits before a DHCP client runs again: pause, doubled
+// each time up to 30 s, back to 1 s after a client that ran for a
+// minute. It reports false when ctx ended first.
+func clientRestart(ctx context.Context, began time.Time, pause *time.Duration) bool {
+	if time.Since(began) > time.Minute {
+		*pause = time.Second
+	}
+	t := time.NewTimer(*pause)
+	select {
+	case <-ctx.Done():
+		t.Stop()
+		return false
+	case <-t.C:
+	}
+	*pause = min(2**pause, 30*time.Second)
+	return true
 }
 
 // ipPIFs are this host's PIFs with an address of their primary family,

@@ -1279,25 +1279,40 @@ func chain(path, format string) ([]string, []string, error) {
 	return paths, formats, nil
 }
 
+// volImage is a volume's image file and its backing chain (chain's paths).
+type volImage struct {
+	path, format string
+	chain        []string
+}
+
+// imagePair reads the images of volumes key and baseKey.
+func (s *fileSR) imagePair(key, baseKey string) (k, b volImage, err error) {
+	for _, x := range []struct {
+		key string
+		to  *volImage
+	}{{key, &k}, {baseKey, &b}} {
+		p, f, err := s.pathOf(x.key)
+		if err != nil {
+			return k, b, err
+		}
+		c, _, err := chain(p, f)
+		if err != nil {
+			return k, b, err
+		}
+		*x.to = volImage{path: p, format: f, chain: c}
+	}
+	return k, b, nil
+}
+
 // ChangedExtents finds where key differs from baseKey using their shared
 // backing chain: what was written on either side since they parted.
 func (s *fileSR) ChangedExtents(ctx context.Context, key, baseKey string) ([]Extent, error) {
-	p, f, err := s.pathOf(key)
+	k, b, err := s.imagePair(key, baseKey)
 	if err != nil {
 		return nil, err
 	}
-	bp, bf, err := s.pathOf(baseKey)
-	if err != nil {
-		return nil, err
-	}
-	ck, _, err := chain(p, f)
-	if err != nil {
-		return nil, err
-	}
-	cb, _, err := chain(bp, bf)
-	if err != nil {
-		return nil, err
-	}
+	p, f, ck := k.path, k.format, k.chain
+	bp, bf, cb := b.path, b.format, b.chain
 	ik, ib := -1, -1
 	for i, x := range ck {
 		if j := slicesIndex(cb, x); j >= 0 {

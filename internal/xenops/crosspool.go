@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"net"
+	"slices"
 	"strconv"
 	"time"
 
@@ -35,36 +36,69 @@ import (
 //
 //  1. checks (VM.assert_can_migrate does the same): the session is
 //     valid there; every disk is in vdi_map, to an SR of that pool;
-//     every VIF is in vif_map, to a network of that pool; the
-//     destination host has room for the VM's memory;
+//     every VIF is in vif_map, to a network of that pool, or has the MAC
+//     of one that is (xapi's infer_vif_map, for the snapshots' VIFs
+//     too); the destination host has room for the VM's memory;
 //  2. the header carries the VM's records (xapi's metadata import with
-//     restore: the VM keeps its uuid); the destination creates the VM
-//     (halted, marked migrate_send), a VDI per disk on its mapped SR,
-//     the VBDs and the VIFs, as the remote session, then builds the
-//     incoming domain on the new VDIs and serves each as an NBD export;
-//  3. the source mirrors each disk into its export through a
-//     storage.Relay whose connections are more /migrate streams, then
-//     sends the memory, the mirrors completing at the switchover, as in
-//     a storage migration inside the pool (storagemigrate.go);
+//     restore: the VM keeps its uuid) and its snapshots' (xapi's
+//     send_snapshots: each keeps its uuid, is_a_snapshot, snapshot_of
+//     the VM, snapshot_time and the parent links among them); the
+//     destination creates the VM (halted, marked migrate_send), the
+//     snapshots, a VDI per disk on its mapped SR, the VBDs and the VIFs,
+//     as the remote session, and serves the VDIs that are copied
+//     (storage's export);
+//  3. the source copies what nothing writes (a read-only disk of the
+//     VM, as xapi's vdi_filter has it, the snapshots' disks and the
+//     checkpoints' memory images: storagecopy.go's copy; a disk and its
+//     snapshots as a chain, storagechain.go, the destination replacing
+//     the VDI it made for a disk with a base by a clone of the base's)
+//     and says copied, upon which the destination ends those exports,
+//     builds the incoming domain on the new VDIs and serves each as an
+//     NBD export ("mirrors"); the source mirrors each other disk into
+//     its export through a storage.Relay whose connections are more
+//     /migrate streams, then sends the memory, the mirrors completing
+//     at the switchover, as in a storage migration inside the pool
+//     (storagemigrate.go);
 //  4. the commit: the source says go once the state is in (from then it
 //     never resumes the guest); the destination records the VM running
-//     on its host and says done. Without done the source asks the remote
-//     pool where the VM is;
-//  5. the source destroys its stopped domain, then its VM record (with
-//     the VBDs and VIFs) and the old VDIs, as xapi does after a
-//     cross-pool move. VM.migrate_send returns the VM's ref in the other
-//     pool.
+//     on its host, the VDIs that were read-only read-only again and the
+//     snapshots' VDIs snapshots (is_a_snapshot, snapshot_of the new copy
+//     of their VDI, snapshot_time), and says done. Without done the
+//     source asks the remote pool where the VM is;
+//  5. the source destroys its stopped domain, then its snapshots' and
+//     VM's records (with the VBDs and VIFs) and the old VDIs, as xapi
+//     does after a cross-pool move. VM.migrate_send returns the VM's ref
+//     in the other pool.
+//
+// A snapshot's disk goes to the SR vdi_map gives its VDI, else to that of
+// its snapshot_of, else to the other pool's default SR (VDI_NOT_IN_MAP
+// when it has none), as xapi's migrate_send' resolves it. A checkpoint's
+// memory image (xapi's suspends_vdis) goes to the SR vdi_map gives it,
+// else the other pool's suspend image SR, its destination host's, its
+// default SR (VDI_NOT_IN_MAP when none); it arrives as a suspend VDI
+// (sm_config:vmhint the checkpoint) the checkpoint is suspended on. CDs
+// are never copied: xapi (find_cds_to_eject, with vdi_filter
+// leaving CDs out of the disks) ejects the VM's CDs with a disc before a
+// move to another pool (VBD.eject, unless the VM is suspended; the
+// source pool's SR is never the destination's, so every such CD is
+// "moving"), does not put the disc back should the move fail, and the
+// other pool's import makes every CD whose VDI did not come along an
+// empty drive. So here: the VM's CDs are ejected on its queue before
+// the stream opens, an ISO VDI in vdi_map is ignored, and the VM and
+// its snapshots arrive with their CD drives empty (the drives
+// themselves arrive, so the incoming domain has the devices the guest
+// has).
 //
 // Before the commit, any failure or cancel leaves the VM running here,
 // and the destination destroys its domain, the VDIs it made and the VM
-// record (the source also asks the remote pool to destroy a VM of that
-// uuid left behind, as xapi does). A halted VM goes the same way
-// without a domain: the destination serves each new VDI through
-// storage's export and the source copies its VDIs into them
+// and snapshot records (the source also asks the remote pool to destroy
+// a VM of that uuid left behind, as xapi does). A halted or suspended
+// VM goes the same way without a domain: the destination serves each
+// new VDI through storage's export and the source copies its VDIs (and
+// its snapshots', and a suspended VM's memory image) into them
 // (storagecopy.go's copy, over /migrate streams); go then keeps the
-// imported VM, halted. Not done yet: VMs with snapshots, read-only
-// disks of a running VM, CDs with a disc and options copy=true; each is
-// refused with OPERATION_NOT_ALLOWED.
+// imported VM, halted or suspended. options copy=true is refused
+// with OPERATION_NOT_ALLOWED.
 
 // crossPort is the API port assumed for the other pool's hosts when the
 // dest map's URL names none (host.migrate_receive's URLs name none, as
@@ -93,8 +127,14 @@ func inThisPool(r db.Reader, dest map[string]string) bool {
 // crossPlan is a checked cross-pool migration.
 type crossPlan struct {
 	rp    *remotePool
-	moves []diskMove // VDI: the source's; SR: the remote SR
+	moves []diskMove // VDI: the source's; SR: the remote SR; in the header's order of disks
 	imp   *crossImport
+	snaps []string // the VM's snapshots, removed here with it
+	eject []string // the VM's CD drives with a disc, ejected before the move
+	// source names this move to the other pool (the header's Source):
+	// the VM it makes there carries it in its current_operations until
+	// the move ends, so that a clean-up destroys only that VM.
+	source string
 }
 
 // crossFields is a record's fields a create takes, as database text;
@@ -119,34 +159,49 @@ func (m *Manager) checkCrossPool(ctx context.Context, r db.Reader, vm *db.Row, d
 		return nil, xerr.New(xerr.OperationNotAllowed, "copy=true to another pool is not supported")
 	}
 	power := vm.String(dm.VM.PowerState)
-	if power != psRunning && power != psPaused && power != psHalted {
+	if power != psRunning && power != psPaused && power != psHalted && power != psSuspended {
 		return nil, xerr.New(xerr.VMBadPowerState, vm.Ref, powerName(psRunning), powerName(power))
-	}
-	if len(strs(r.Value(vm, dm.VM.Snapshots))) > 0 {
-		return nil, xerr.New(xerr.OperationNotAllowed, "a VM with snapshots cannot be migrated to another pool yet")
 	}
 	if pcis := strs(r.Value(vm, dm.VM.AttachedPCIs)); len(pcis) > 0 {
 		return nil, xerr.New(xerr.VMHasPCIAttached, vm.Ref)
+	}
+	var snaps []*db.Row
+	for _, s := range strs(r.Value(vm, dm.VM.Snapshots)) {
+		row, ok := r.Get(dm.VM.Class, s)
+		if !ok {
+			continue
+		}
+		snaps = append(snaps, row)
 	}
 	rp, err := newRemotePool(dest, m.crossPort(), m.clientTLS())
 	if err != nil {
 		return nil, err
 	}
-	cp := &crossPlan{rp: rp, imp: &crossImport{VM: crossFields(r, dm.VM.Class, vm)}}
+	cp := &crossPlan{rp: rp, imp: &crossImport{VM: crossFields(r, dm.VM.Class, vm)}, source: newToken()}
 	fail := func(err error) (*crossPlan, error) { rp.close(); return nil, err }
 	// The session first: every later answer depends on it.
 	if _, err := rp.call(ctx, "host.get_uuid", rp.host); err != nil {
 		return fail(err)
 	}
+	cs := &crossSRs{rp: rp, known: map[string]bool{}}
+	moved := map[string]int{} // a source VDI -> 1 + its number among the disks
+	// The VM's disks: each in vdi_map (VDI_NOT_IN_MAP), mirrored, or
+	// copied when nothing writes it (a halted VM's, a read-only one, as
+	// xapi's vdi_filter has it). CDs are xapi's find_cds_to_eject: the
+	// VM's are ejected before the move and arrive empty.
 	for _, vbd := range strs(r.Value(vm, dm.VM.VBDs)) {
 		row, ok := r.Get(dm.VBD.Class, vbd)
-		if !ok || row.Get(dm.VBD.Empty) == true {
+		if !ok {
+			continue
+		}
+		if row.Get(dm.VBD.Empty) == true || row.String(dm.VBD.Type) == string(dm.VBDTypeCD) {
+			cp.imp.Drives = append(cp.imp.Drives, crossFields(r, dm.VBD.Class, row))
+			if row.Get(dm.VBD.Empty) != true {
+				cp.eject = append(cp.eject, vbd)
+			}
 			continue
 		}
 		vdi := row.String(dm.VBD.VDI)
-		if row.String(dm.VBD.Type) == string(dm.VBDTypeCD) {
-			return fail(xerr.New(xerr.OperationNotAllowed, "eject the VM's CDs before a migration to another pool"))
-		}
 		sr, mapped := vdiMap[dm.VDIRef(vdi)]
 		if !mapped {
 			return fail(xerr.New(xerr.VDINotInMap, vdi))
@@ -155,39 +210,83 @@ func (m *Manager) checkCrossPool(ctx context.Context, r db.Reader, vm *db.Row, d
 		if !ok {
 			return fail(xerr.New(xerr.VDIMissing, schema.NullRef, vdi))
 		}
-		if power != psHalted && (row.String(dm.VBD.Mode) == string(dm.VBDModeRO) || vrow.Get(dm.VDI.ReadOnly) == true) {
-			return fail(xerr.New(xerr.OperationNotAllowed, "a read-only disk of a running VM cannot be migrated to another pool yet"))
-		}
 		if vrow.String(dm.VDI.OnBoot) == string(dm.OnBootReset) {
 			return fail(xerr.New(xerr.VDIOnBootModeIncompatibleWithOperation))
 		}
-		if _, err := rp.call(ctx, "SR.get_uuid", string(sr)); err != nil {
+		if err := cs.check(ctx, string(sr)); err != nil {
 			return fail(err)
 		}
-		vf := crossFields(r, dm.VDI.Class, vrow)
-		vf["SR"] = string(sr)
-		cp.moves = append(cp.moves, diskMove{VBD: vbd, VDI: vdi, SR: string(sr), Copy: power == psHalted})
-		cp.imp.Disks = append(cp.imp.Disks, crossDisk{VBD: crossFields(r, dm.VBD.Class, row), VDI: vf, Source: vbd})
+		ro := row.String(dm.VBD.Mode) == string(dm.VBDModeRO) || vrow.Get(dm.VDI.ReadOnly) == true
+		d := crossDiskOf(r, row, vrow, string(sr), !liveState(power) || ro)
+		cp.moves = append(cp.moves, diskMove{VBD: vbd, VDI: vdi, SR: string(sr), Copy: d.Copy})
+		cp.imp.Disks = append(cp.imp.Disks, d)
+		moved[vdi] = len(cp.moves)
 	}
-	for _, vif := range strs(r.Value(vm, dm.VM.VIFs)) {
-		row, ok := r.Get(dm.VIF.Class, vif)
-		if !ok {
-			continue
+	nics, err := crossNICs(ctx, r, vm, vifMap, cs)
+	if err != nil {
+		return fail(err)
+	}
+	cp.imp.NICs = nics
+	if cp.imp.Suspend, err = m.crossSuspend(ctx, r, vm, vdiMap, cs, cp); err != nil {
+		return fail(err)
+	}
+	// The snapshots (xapi's vdis_of_snapshots): their records go with the
+	// VM, their disks are copied to the SR vdi_map gives the VDI, else
+	// its snapshot_of, else the other pool's default SR (VDI_NOT_IN_MAP
+	// when it has none); their CDs arrive empty.
+	for _, srow := range snaps {
+		s := crossSnapshot{UUID: srow.UUID(), VM: crossFields(r, dm.VM.Class, srow),
+			Time: schema.FormatDB(dm.VM.SnapshotTime.Type, srow.Get(dm.VM.SnapshotTime))}
+		if p, ok := r.Get(dm.VM.Class, srow.String(dm.VM.Parent)); ok && p.String(dm.VM.SnapshotOf) == vm.Ref {
+			s.Parent = p.UUID()
 		}
-		net, mapped := vifMap[dm.VIFRef(vif)]
-		if !mapped {
-			return fail(xerr.New(xerr.VIFNotInMap, vif))
+		for _, vbd := range strs(r.Value(srow, dm.VM.VBDs)) {
+			row, ok := r.Get(dm.VBD.Class, vbd)
+			if !ok {
+				continue
+			}
+			if row.Get(dm.VBD.Empty) == true || row.String(dm.VBD.Type) == string(dm.VBDTypeCD) {
+				s.Drives = append(s.Drives, crossFields(r, dm.VBD.Class, row))
+				continue
+			}
+			vrow, ok := r.Get(dm.VDI.Class, row.String(dm.VBD.VDI))
+			if !ok {
+				continue // a disk without its VDI is left out, as xapi's import does
+			}
+			sr, mapped := vdiMap[dm.VDIRef(vrow.Ref)]
+			if !mapped {
+				sr, mapped = vdiMap[dm.VDIRef(vrow.String(dm.VDI.SnapshotOf))]
+			}
+			sr, err := cs.mapTo(ctx, vrow.Ref, sr, mapped, cs.defaultSR)
+			if err != nil {
+				return fail(err)
+			}
+			d := crossDiskOf(r, row, vrow, string(sr), true)
+			d.SnapshotOf = moved[vrow.String(dm.VDI.SnapshotOf)]
+			if vrow.Get(dm.VDI.IsASnapshot) == true {
+				d.SnapshotTime = schema.FormatDB(dm.VDI.SnapshotTime.Type, vrow.Get(dm.VDI.SnapshotTime))
+			}
+			cp.moves = append(cp.moves, diskMove{VBD: vbd, VDI: vrow.Ref, SR: string(sr), Copy: true})
+			s.Disks = append(s.Disks, d)
+			moved[vrow.Ref] = len(cp.moves)
 		}
-		if _, err := rp.call(ctx, "network.get_uuid", string(net)); err != nil {
+		if s.Suspend, err = m.crossSuspend(ctx, r, srow, vdiMap, cs, cp); err != nil {
 			return fail(err)
 		}
-		nf := crossFields(r, dm.VIF.Class, row)
-		nf["network"] = string(net)
-		cp.imp.NICs = append(cp.imp.NICs, nf)
+		nics, err := crossNICs(ctx, r, srow, vifMap, cs)
+		if err != nil {
+			return fail(err)
+		}
+		s.NICs = nics
+		cp.imp.Snapshots = append(cp.imp.Snapshots, s)
+		cp.snaps = append(cp.snaps, srow.Ref)
+	}
+	if p, ok := r.Get(dm.VM.Class, vm.String(dm.VM.Parent)); ok && p.String(dm.VM.SnapshotOf) == vm.Ref {
+		cp.imp.Parent = p.UUID()
 	}
 	need, _ := vm.Get(dm.VM.MemoryStaticMax).(int64)
-	if power == psHalted {
-		return cp, nil // a halted VM needs no memory there
+	if !liveState(power) {
+		return cp, nil // a halted or suspended VM needs no memory there yet
 	}
 	if metrics, err := rp.str(ctx, "host.get_metrics", rp.host); err == nil {
 		raw, err := rp.call(ctx, "host_metrics.get_memory_free", metrics)
@@ -201,6 +300,162 @@ func (m *Manager) checkCrossPool(ctx context.Context, r db.Reader, vm *db.Row, d
 	return cp, nil
 }
 
+// crossSRs checks the other pool's SRs a migration maps disks to, each
+// once.
+type crossSRs struct {
+	rp    *remotePool
+	known map[string]bool
+	def   *string // the other pool's default SR, once asked
+}
+
+// check asks the other pool whether it has sr (HANDLE_INVALID if not).
+func (cs *crossSRs) check(ctx context.Context, sr string) error {
+	if cs.known[sr] {
+		return nil
+	}
+	if _, err := cs.rp.call(ctx, "SR.get_uuid", sr); err != nil {
+		return err
+	}
+	cs.known[sr] = true
+	return nil
+}
+
+// crossSuspend is the header's part for the memory image of vm (a
+// suspended VM or a checkpoint; nil for another), added to the plan's
+// moves: xapi's suspends_vdis, to the SR vdi_map names, else the other
+// pool's suspend image SR, its host's, its default SR (VDI_NOT_IN_MAP
+// when it has none). This host must see the image's SR
+// (SUSPEND_IMAGE_NOT_ACCESSIBLE).
+func (m *Manager) crossSuspend(ctx context.Context, r db.Reader, vm *db.Row, vdiMap map[dm.VDIRef]dm.SRRef,
+	cs *crossSRs, cp *crossPlan) (*crossDisk, error) {
+	if vm.String(dm.VM.PowerState) != psSuspended {
+		return nil, nil
+	}
+	vrow, ok := r.Get(dm.VDI.Class, vm.String(dm.VM.SuspendVDI))
+	if !ok || !hostSeesSR(r, m.host, vrow.String(dm.VDI.SR)) {
+		return nil, xerr.New(xerr.SuspendImageNotAccessible, vm.String(dm.VM.SuspendVDI))
+	}
+	sr, mapped := vdiMap[dm.VDIRef(vrow.Ref)]
+	sr, err := cs.mapTo(ctx, vrow.Ref, sr, mapped, cs.suspendSR)
+	if err != nil {
+		return nil, err
+	}
+	vf := crossFields(r, dm.VDI.Class, vrow)
+	vf["SR"] = string(sr)
+	cp.moves = append(cp.moves, diskMove{VDI: vrow.Ref, SR: string(sr), Copy: true, Suspend: vm.Ref})
+	return &crossDisk{VDI: vf, Copy: true}, nil
+}
+
+// mapTo is the other pool's SR VDI vdi goes to: sr when vdi_map maps
+// it, else what fallback names (VDI_NOT_IN_MAP when it names none);
+// checked there.
+func (cs *crossSRs) mapTo(ctx context.Context, vdi string, sr dm.SRRef, mapped bool,
+	fallback func(context.Context) (string, error)) (dm.SRRef, error) {
+	if !mapped {
+		def, err := fallback(ctx)
+		if err != nil {
+			return "", err
+		}
+		if !schema.IsRef(def) || def == schema.NullRef {
+			return "", xerr.New(xerr.VDINotInMap, vdi)
+		}
+		sr = dm.SRRef(def)
+	}
+	return sr, cs.check(ctx, string(sr))
+}
+
+// suspendSR is where the other pool keeps a suspend image nothing maps:
+// its pool's suspend image SR, else the destination host's, else its
+// default SR (the null ref when it has none of them).
+func (cs *crossSRs) suspendSR(ctx context.Context) (string, error) {
+	raw, err := cs.rp.call(ctx, "pool.get_all")
+	var pools []string
+	if err == nil && (json.Unmarshal(raw, &pools) != nil || len(pools) == 0) {
+		err = xerr.New(xerr.InternalError, "the other pool has no pool object")
+	}
+	if err != nil {
+		return "", err
+	}
+	sr, err := cs.rp.str(ctx, "pool.get_suspend_image_SR", pools[0])
+	if err == nil && (sr == "" || sr == schema.NullRef) {
+		sr, err = cs.rp.str(ctx, "host.get_suspend_image_sr", cs.rp.host)
+	}
+	if err != nil {
+		return "", err
+	}
+	if sr != "" && sr != schema.NullRef {
+		return sr, nil
+	}
+	return cs.defaultSR(ctx)
+}
+
+// defaultSR is the other pool's default SR (the null ref when it has
+// none).
+func (cs *crossSRs) defaultSR(ctx context.Context) (string, error) {
+	if cs.def != nil {
+		return *cs.def, nil
+	}
+	raw, err := cs.rp.call(ctx, "pool.get_all")
+	if err != nil {
+		return "", err
+	}
+	var pools []string
+	if err := json.Unmarshal(raw, &pools); err != nil || len(pools) == 0 {
+		return "", xerr.New(xerr.InternalError, "the other pool has no pool object")
+	}
+	def, err := cs.rp.str(ctx, "pool.get_default_SR", pools[0])
+	if err != nil {
+		return "", err
+	}
+	cs.def = &def
+	return def, nil
+}
+
+// crossDiskOf is a disk's part of the header: its VBD, and its VDI to be
+// made on the other pool's sr.
+func crossDiskOf(r db.Reader, vbd, vdi *db.Row, sr string, copied bool) crossDisk {
+	vf := crossFields(r, dm.VDI.Class, vdi)
+	vf["SR"] = sr
+	return crossDisk{VBD: crossFields(r, dm.VBD.Class, vbd), VDI: vf, Source: vbd.Ref, Copy: copied,
+		ReadOnly: vdi.Get(dm.VDI.ReadOnly) == true}
+}
+
+// crossNICs is the header's VIFs of vm (the VM or one of its snapshots),
+// each with the other pool's network: vif_map's, else that of a mapped
+// VIF with the same MAC (xapi's infer_vif_map), else VIF_NOT_IN_MAP.
+func crossNICs(ctx context.Context, r db.Reader, vm *db.Row, vifMap map[dm.VIFRef]dm.NetworkRef, cs *crossSRs) ([]map[string]string, error) {
+	var out []map[string]string
+	for _, vif := range strs(r.Value(vm, dm.VM.VIFs)) {
+		row, ok := r.Get(dm.VIF.Class, vif)
+		if !ok {
+			continue
+		}
+		net, mapped := vifMap[dm.VIFRef(vif)]
+		if !mapped {
+			mac := row.String(dm.VIF.MAC)
+			for v, n := range vifMap {
+				if o, ok := r.Get(dm.VIF.Class, string(v)); ok && mac != "" && o.String(dm.VIF.MAC) == mac {
+					net, mapped = n, true
+					break
+				}
+			}
+		}
+		if !mapped {
+			return nil, xerr.New(xerr.VIFNotInMap, vif)
+		}
+		if !cs.known["network:"+string(net)] {
+			if _, err := cs.rp.call(ctx, "network.get_uuid", string(net)); err != nil {
+				return nil, err
+			}
+			cs.known["network:"+string(net)] = true
+		}
+		nf := crossFields(r, dm.VIF.Class, row)
+		nf["network"] = string(net)
+		out = append(out, nf)
+	}
+	return out, nil
+}
+
 // vmMigrateSendRemote is VM.migrate_send to another pool.
 func (m *Manager) vmMigrateSendRemote(c *api.Call, a dm.VMMigrateSendArgs, row *db.Row) (dm.VMRef, error) {
 	snap := c.Snapshot()
@@ -208,7 +463,7 @@ func (m *Manager) vmMigrateSendRemote(c *api.Call, a dm.VMMigrateSendArgs, row *
 	if err := v.checkOp(dm.VMOperationsMigrateSend, false); err != nil {
 		return "", err
 	}
-	if r := row.String(dm.VM.ResidentOn); r != m.host && row.String(dm.VM.PowerState) != psHalted {
+	if r := row.String(dm.VM.ResidentOn); r != m.host && liveState(row.String(dm.VM.PowerState)) {
 		return "", xerr.New(xerr.VMNotResidentHere, row.Ref, m.host)
 	}
 	cp, err := m.checkCrossPool(c.Ctx, snap, row, a.Dest, a.VDIMap, a.VIFMap, a.Options)
@@ -224,8 +479,8 @@ func (m *Manager) vmMigrateSendRemote(c *api.Call, a dm.VMMigrateSendArgs, row *
 	var newVM string
 	err = m.withVMOp(c, row.Ref, dm.VMOperationsMigrateSend, m.recheck(dm.VMOperationsMigrateSend, func(o *opCtx) error {
 		var err error
-		if row.String(dm.VM.PowerState) == psHalted {
-			newVM, err = m.crossCopyOut(o, cp, a.Options)
+		if power := row.String(dm.VM.PowerState); !liveState(power) {
+			newVM, err = m.crossCopyOut(o, cp, power, a.Options)
 		} else {
 			newVM, err = m.crossOut(o, cp, a.Options)
 		}
@@ -234,7 +489,7 @@ func (m *Manager) vmMigrateSendRemote(c *api.Call, a dm.VMMigrateSendArgs, row *
 	if err != nil {
 		return "", err
 	}
-	m.forgetMovedVM(c.Ctx, row.Ref, oldVDIs(cp.moves))
+	m.forgetMovedVM(c.Ctx, row.Ref, cp.snaps, oldVDIs(cp.moves))
 	return dm.VMRef(newVM), nil
 }
 
@@ -263,23 +518,43 @@ func (m *Manager) crossOut(o *opCtx, cp *crossPlan, options map[string]string) (
 	}
 	defer xs.close()
 	mc := xs.mc
-	failed := func(err error) (string, error) { return "", m.crossFailed(o, rp, err) }
+	failed := func(err error) (string, error) { return "", m.crossFailed(o, cp, err) }
 	newVM := xs.ready.NewVM
 	o.prog.Progress(0.1)
 	mopts := migrateOptions(row)
 	memLo := 0.1
 	var mirrorTime time.Duration
+	// What nothing writes (read-only disks, the snapshots') is copied
+	// first; the destination then ends those exports and builds its
+	// domain.
+	tm := time.Now()
+	th := xs.hdr.migrateHeader
+	th.VM = newVM
+	lo := 0.15
+	if slices.ContainsFunc(xs.moves, func(mv diskMove) bool { return mv.Copy }) {
+		if err := m.copyChain(o, rp.host, th, xs.moves, mc, xs.dial, 0.1, 0.2); err != nil {
+			return failed(err)
+		}
+		if err := mc.send(migrateMsg{Step: stepCopied}, migrateMsgTimeout); err != nil {
+			return failed(err)
+		}
+		lo = 0.2
+	}
+	built, err := mc.recvMsg(stepMirrors, migratePrepTimeout)
+	if err == nil {
+		err = takeTokens(xs.moves, built.Disks)
+	}
+	if err != nil {
+		return failed(err)
+	}
 	if len(xs.moves) > 0 {
-		tm := time.Now()
-		th := xs.hdr.migrateHeader
-		th.VM = newVM
 		sm, err := m.startMirrors(o, rp.host, info, xs.moves, th, xs.dial, mopts.Bandwidth)
 		if err != nil {
 			return failed(err)
 		}
 		defer sm.cancel(o.ctx)
-		o.prog.Progress(0.15) // the mirrors run
-		if err := sm.wait(o, 0.15, 0.5); err != nil {
+		o.prog.Progress(lo) // the mirrors run
+		if err := sm.wait(o, lo, 0.5); err != nil {
 			return failed(err)
 		}
 		mirrorTime = time.Since(tm)
@@ -352,14 +627,42 @@ func (m *Manager) remoteHas(ctx context.Context, rp *remotePool, newVM string) (
 }
 
 // cleanRemote destroys a VM of uuid the other pool may hold after a
-// failed migration, as xapi does (the destination removes it itself
-// when it sees the failure; this is the second try).
-func (m *Manager) cleanRemote(ctx context.Context, rp *remotePool, uuid string) {
+// failed migration, and the snapshots of it with the uuids in snaps, as
+// xapi does (the destination removes them itself when it sees the
+// failure; this is the second try). Only the VM this move made there
+// goes, the one marked with its source token: a VM of that uuid the
+// other pool had already (the reason it refused the move) is left alone,
+// with its snapshots.
+func (m *Manager) cleanRemote(ctx context.Context, rp *remotePool, uuid, source string, snaps []string) {
 	bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), remoteCallTimeout)
 	defer cancel()
 	ref, err := rp.str(bg, "VM.get_by_uuid", uuid)
 	if err != nil {
 		return
+	}
+	var ops map[string]string
+	if raw, err := rp.call(bg, "VM.get_current_operations", ref); err != nil || json.Unmarshal(raw, &ops) != nil {
+		return
+	}
+	if _, ours := ops[migrateInKey(source)]; !ours {
+		return
+	}
+	for _, su := range snaps {
+		ref, err := rp.str(bg, "VM.get_by_uuid", su)
+		if err != nil {
+			continue
+		}
+		// Only a snapshot of the VM that was arriving.
+		of, err := rp.str(bg, "VM.get_snapshot_of", ref)
+		if err != nil {
+			continue
+		}
+		if u, err := rp.str(bg, "VM.get_uuid", of); err != nil || u != uuid {
+			continue
+		}
+		if _, err := rp.call(bg, "VM.destroy", ref); err != nil && !xerr.HasCode(err, xerr.HandleInvalid) {
+			m.log.Warn("cannot destroy a snapshot left in the other pool", "vm", su, "err", err)
+		}
 	}
 	if p, err := rp.str(bg, "VM.get_power_state", ref); err == nil && p == psHalted {
 		if _, err := rp.call(bg, "VM.destroy", ref); err != nil && !xerr.HasCode(err, xerr.HandleInvalid) &&
@@ -370,9 +673,10 @@ func (m *Manager) cleanRemote(ctx context.Context, rp *remotePool, uuid string) 
 }
 
 // forgetMovedVM removes a VM that moved to another pool from this one:
-// its record (halted first, with its VBDs, VIFs and metrics, as VM.destroy
-// does) and then its old VDIs.
-func (m *Manager) forgetMovedVM(ctx context.Context, vm string, vdis []string) {
+// its snapshots (with their VBDs and VIFs), its record (halted first,
+// with its VBDs, VIFs and metrics, as VM.destroy does) and then the old
+// VDIs.
+func (m *Manager) forgetMovedVM(ctx context.Context, vm string, snaps, vdis []string) {
 	bg := context.WithoutCancel(ctx)
 	if _, err := m.db.Update(func(tx *db.Tx) error {
 		row, ok := tx.Get(dm.VM.Class, vm)
@@ -404,20 +708,22 @@ func (m *Manager) forgetMovedVM(ctx context.Context, vm string, vdis []string) {
 	}
 	defer end()
 	snap := m.db.Snapshot()
-	if row, ok := snap.Get(dm.VM.Class, vm); ok {
-		for _, vbd := range strs(snap.Value(row, dm.VM.VBDs)) {
-			if _, err := caller.InvokeArgs(bg, "VBD.destroy", []any{vbd}); err != nil {
-				m.log.Warn("cannot destroy a moved VM's VBD", "vbd", vbd, "err", err)
+	for _, ref := range append(slices.Clone(snaps), vm) {
+		if row, ok := snap.Get(dm.VM.Class, ref); ok {
+			for _, vbd := range strs(snap.Value(row, dm.VM.VBDs)) {
+				if _, err := caller.InvokeArgs(bg, "VBD.destroy", []any{vbd}); err != nil {
+					m.log.Warn("cannot destroy a moved VM's VBD", "vbd", vbd, "err", err)
+				}
+			}
+			for _, vif := range strs(snap.Value(row, dm.VM.VIFs)) {
+				if _, err := caller.InvokeArgs(bg, "VIF.destroy", []any{vif}); err != nil {
+					m.log.Warn("cannot destroy a moved VM's VIF", "vif", vif, "err", err)
+				}
 			}
 		}
-		for _, vif := range strs(snap.Value(row, dm.VM.VIFs)) {
-			if _, err := caller.InvokeArgs(bg, "VIF.destroy", []any{vif}); err != nil {
-				m.log.Warn("cannot destroy a moved VM's VIF", "vif", vif, "err", err)
-			}
+		if _, err := caller.InvokeArgs(bg, "VM.destroy", []any{ref}); err != nil {
+			m.log.Error("cannot destroy a VM that moved to another pool", "vm", ref, "err", err)
 		}
-	}
-	if _, err := caller.InvokeArgs(bg, "VM.destroy", []any{vm}); err != nil {
-		m.log.Error("cannot destroy a VM that moved to another pool", "vm", vm, "err", err)
 	}
 	m.destroyVDIs(bg, vdis, "a cross-pool migration moved away from")
 }
@@ -452,6 +758,12 @@ type crossStream struct {
 // waits for ready: the new VM there, and a VDI and export per disk. A
 // failure is crossFailed's.
 func (m *Manager) crossOpen(o *opCtx, cp *crossPlan, power string, options map[string]string) (*crossStream, error) {
+	// The VM's CDs are ejected first (xapi's eject_cds), and its disks
+	// and snapshots given their bases (a chain: storagechain.go).
+	if err := m.ejectCDs(o, cp.eject); err != nil {
+		return nil, err
+	}
+	m.chainCross(o.ctx, cp)
 	rp := cp.rp
 	addr, err := rp.hostAddr(o.ctx)
 	if err != nil {
@@ -462,9 +774,9 @@ func (m *Manager) crossOpen(o *opCtx, cp *crossPlan, power string, options map[s
 		return nil, err
 	}
 	xs := &crossStream{outStream: out, hdr: crossHeader{migrateHeader: migrateHeader{Version: migrateVersion,
-		VM: o.vm, UUID: o.uuid, Source: newToken(), Dest: rp.host, Power: power, Options: options}, Import: cp.imp}}
+		VM: o.vm, UUID: o.uuid, Source: cp.source, Dest: rp.host, Power: power, Options: options}, Import: cp.imp}}
 	failed := func(err error) (*crossStream, error) {
-		err = m.crossFailed(o, rp, err)
+		err = m.crossFailed(o, cp, err)
 		out.close()
 		return nil, err
 	}
@@ -487,37 +799,68 @@ func (m *Manager) crossOpen(o *opCtx, cp *crossPlan, power string, options map[s
 	return xs, nil
 }
 
+// chainCross gives the plan's disks their Bases (storagechain.go): a
+// disk and its snapshots go to the other pool as a chain, as inside one.
+func (m *Manager) chainCross(ctx context.Context, cp *crossPlan) {
+	cp.moves = m.chainMoves(ctx, m.db.Snapshot(), cp.moves)
+	cp.imp.setBases(cp.moves)
+}
+
+// takeTokens reads the destination's mirrors message: a token for each
+// mirrored disk.
+func takeTokens(moves, got []diskMove) error {
+	if len(got) != len(moves) {
+		return xerr.New(xerr.InternalError, "migration: the destination answered for other disks")
+	}
+	for i := range moves {
+		if moves[i].Copy {
+			continue
+		}
+		if got[i].Token == "" || got[i].New == "" {
+			return xerr.New(xerr.InternalError, "migration: the destination answered for other disks")
+		}
+		moves[i].New, moves[i].Token = got[i].New, got[i].Token
+	}
+	return nil
+}
+
 // crossFailed is the error of a cross-pool migration that failed before
 // its commit (the task's cancellation when that ended it), once the
 // other pool is asked to destroy a VM left behind.
-func (m *Manager) crossFailed(o *opCtx, rp *remotePool, err error) error {
+func (m *Manager) crossFailed(o *opCtx, cp *crossPlan, err error) error {
+	rp := cp.rp
 	if o.ctx.Err() != nil {
 		err = cancelledErr(o.task)
 	}
-	m.cleanRemote(o.ctx, rp, o.uuid)
+	m.cleanRemote(o.ctx, rp, o.uuid, cp.source, snapshotUUIDs(cp.imp))
 	return m.migrateFailed(o, rp.host, err)
 }
 
 // crossCopyOut sends a halted VM to the other pool: its records, then
 // its disks copied into the new VDIs there; it returns the VM's ref
 // there.
-func (m *Manager) crossCopyOut(o *opCtx, cp *crossPlan, options map[string]string) (string, error) {
+func (m *Manager) crossCopyOut(o *opCtx, cp *crossPlan, power string, options map[string]string) (string, error) {
 	rp := cp.rp
 	if _, ok := m.disks.(DiskMover); !ok && len(cp.moves) > 0 {
 		return "", xerr.New(xerr.VMMigrateFailed, o.vm, m.host, rp.host, "this host's storage cannot serve copies")
 	}
-	xs, err := m.crossOpen(o, cp, psHalted, options)
+	xs, err := m.crossOpen(o, cp, power, options)
 	if err != nil {
 		return "", err
 	}
 	defer xs.close()
 	mc := xs.mc
-	failed := func(err error) (string, error) { return "", m.crossFailed(o, rp, err) }
+	failed := func(err error) (string, error) { return "", m.crossFailed(o, cp, err) }
 	o.prog.Progress(0.05)
 	th := xs.hdr.migrateHeader
 	th.VM = xs.ready.NewVM
-	if err := m.copyMovedDisks(o, rp.host, th, xs.moves, xs.dial, 0.05, 0.95); err != nil {
+	if err := m.copyChain(o, rp.host, th, xs.moves, mc, xs.dial, 0.05, 0.95); err != nil {
 		return failed(err)
+	}
+	if slices.ContainsFunc(xs.moves, func(mv diskMove) bool { return mv.Copy }) {
+		if err := mc.send(migrateMsg{Step: stepCopied}, migrateMsgTimeout); err != nil {
+			return failed(err)
+		}
 	}
 	if !xs.unhook() {
 		return failed(context.Canceled)
@@ -535,6 +878,46 @@ func (m *Manager) crossCopyOut(o *opCtx, cp *crossPlan, options map[string]strin
 	}
 	m.log.Info("halted VM moved to another pool", "vm", o.uuid, "dest", rp.host, "disks", len(cp.moves))
 	return xs.ready.NewVM, nil
+}
+
+// ejectCDs ejects the VM's CDs in vbds before it moves to another pool,
+// as xapi's migrate_send does (they arrive empty there, and stay ejected
+// here should the move fail): the medium taken out of a running domain,
+// storage's hold let go, the VBD empty.
+func (m *Manager) ejectCDs(o *opCtx, vbds []string) error {
+	for _, ref := range vbds {
+		row, ok := m.db.Snapshot().Get(dm.VBD.Class, ref)
+		if !ok || row.Get(dm.VBD.Empty) == true {
+			continue
+		}
+		if d, ok := m.attachedDisk(o.uuid, ref); ok && d.VDI != "" {
+			old := d.VDI
+			d.VDI, d.Path, d.Format = "", "", ""
+			if err := m.be.ChangeMedium(o.ctx, o.uuid, d); err != nil {
+				if o.ctx.Err() != nil {
+					return cancelledErr(o.task)
+				}
+				return err
+			}
+			m.detachAll(o.ctx, o.uuid, []backend.Disk{{VDI: old}})
+		}
+		if _, err := m.db.Update(func(tx *db.Tx) error {
+			if _, ok := tx.Get(dm.VBD.Class, ref); !ok {
+				return nil
+			}
+			if err := tx.Set(dm.VBD.VDI, ref, schema.NullRef); err != nil {
+				return err
+			}
+			if err := tx.Set(dm.VBD.Empty, ref, true); err != nil {
+				return err
+			}
+			return refreshDev(tx, dm.VBD.Class, ref)
+		}); err != nil {
+			return err
+		}
+		m.log.Info("CD ejected for a move to another pool", "vm", o.uuid, "vbd", ref)
+	}
+	return nil
 }
 
 // remoteKept asks the other pool whether a halted VM it imported is

@@ -2,6 +2,7 @@ package xenops
 
 import (
 	"context"
+	"time"
 
 	"toolstackd/internal/db"
 
@@ -22,6 +23,9 @@ func (m *Manager) Fence(ctx context.Context, protect func(uuid string) bool) (le
 			continue
 		}
 		m.log.Warn("HA: killing a protected VM's domain", "vm", info.UUID, "domid", info.Domid)
+		// Marked first: the domain's end must not be recorded as this
+		// VM's stop (checkState) from what may be a stale replica.
+		m.fenced.Store(info.UUID, time.Now())
 		if err := m.be.Destroy(context.WithoutCancel(ctx), info.UUID); err != nil {
 			m.log.Error("HA: cannot kill a protected VM's domain", "vm", info.UUID, "err", err)
 		} else {
@@ -32,6 +36,31 @@ func (m *Manager) Fence(ctx context.Context, protect func(uuid string) bool) (le
 		}
 	}
 	return left
+}
+
+// fencedHold is how long a VM whose domain HA fenced here is left as
+// its record has it: a host that comes back from a stop (SIGSTOP, a
+// hang) reads a replica that may still place the VM here while the
+// coordinator has restarted it elsewhere; recording it Halted from that
+// replica would undo the restart. Once the hold is over (the replica
+// caught up) the VM is looked at again: still placed here, it is
+// recorded Halted, and HA restarts it as any protected VM that stopped.
+const fencedHold = 15 * time.Second
+
+// heldByFence reports whether the VM of uuid is within its fenced hold;
+// when it is, it is looked at again once the hold is over.
+func (m *Manager) heldByFence(uuid string) bool {
+	v, ok := m.fenced.Load(uuid)
+	if !ok {
+		return false
+	}
+	left := fencedHold - time.Since(v.(time.Time))
+	if left <= 0 {
+		m.fenced.CompareAndDelete(uuid, v)
+		return false
+	}
+	time.AfterFunc(left, func() { m.notify(uuid) })
+	return true
 }
 
 // journal records a domain's start or stop in Config.Journal, if set.

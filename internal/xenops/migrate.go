@@ -405,6 +405,18 @@ func (m *Manager) openPeer(o *opCtx, pp *MigrationPeers, hdr migrateHeader) (*ou
 	return out, ready, nil
 }
 
+// openMoving opens the stream of a move of o's VM, in power state power,
+// to dest, with its disks in moves (given their Bases: a disk and its
+// snapshots go as a chain, storagechain.go): the header sent (its Disks
+// are the moves from here on) and the destination's ready read.
+func (m *Manager) openMoving(o *opCtx, pp *MigrationPeers, dest, power string, options map[string]string,
+	moves []diskMove) (migrateHeader, *outStream, migrateMsg, error) {
+	hdr := migrateHeader{Version: migrateVersion, VM: o.vm, UUID: o.uuid, Source: m.host, Dest: dest, Power: power,
+		Task: o.task, Options: options, Disks: m.chainMoves(o.ctx, m.db.Snapshot(), moves)}
+	out, ready, err := m.openPeer(o, pp, hdr)
+	return hdr, out, ready, err
+}
+
 // abort tells the destination to drop a move that was not committed
 // (best effort, within a second, whether or not the task was cancelled).
 func (s *outStream) abort() {
@@ -496,12 +508,11 @@ func (m *Manager) migrateOutMoving(o *opCtx, dest string, options map[string]str
 
 	// Until the commit, cancelling the task breaks the stream: every wait
 	// below ends, and the destination cleans up.
-	hdr := migrateHeader{Version: migrateVersion, VM: o.vm, UUID: o.uuid, Source: m.host, Dest: dest, Power: power,
-		Task: o.task, Options: options, Disks: moves}
-	out, ready, err := m.openPeer(o, pp, hdr)
+	hdr, out, ready, err := m.openMoving(o, pp, dest, power, options, moves)
 	if err != nil {
 		return err
 	}
+	moves = hdr.Disks
 	defer out.close()
 	mc := out.mc
 	prep := time.Since(t0)
@@ -513,17 +524,25 @@ func (m *Manager) migrateOutMoving(o *opCtx, dest string, options map[string]str
 		// The disks first: mirrored while the guest runs, completed at
 		// the switchover.
 		tm := time.Now()
-		if err := m.takeReady(o.ctx, moves, ready.Disks); err != nil {
+		if err := m.takeReady(o.ctx, moves, ready.Disks, false); err != nil {
 			return m.migrateFailed(o, dest, err)
 		}
-		// What nothing writes (the snapshots' disks) is copied first.
-		if err := m.copyMovedDisks(o, dest, hdr, moves, out.dial, 0.1, 0.2); err != nil {
+		// What nothing writes (the snapshots' disks) is copied first;
+		// then the destination builds its domain on the new disks.
+		if err := m.copyChain(o, dest, hdr, moves, mc, out.dial, 0.1, 0.2); err != nil {
 			return m.migrateFailed(o, dest, err)
 		}
 		if slices.ContainsFunc(moves, func(mv diskMove) bool { return mv.Copy }) {
 			if err := mc.send(migrateMsg{Step: stepCopied}, migrateMsgTimeout); err != nil {
 				return m.migrateFailed(o, dest, err)
 			}
+		}
+		built, err := mc.recvMsg(stepMirrors, migratePrepTimeout)
+		if err == nil {
+			err = m.takeReady(o.ctx, moves, built.Disks, true)
+		}
+		if err != nil {
+			return m.migrateFailed(o, dest, err)
 		}
 		sm, err := m.startMirrors(o, dest, info, moves, hdr, out.dial, mopts.Bandwidth)
 		if err != nil {
@@ -663,6 +682,9 @@ func (m *Manager) commitMove(o *opCtx, dest string, domid int64, moves []diskMov
 			return err
 		}
 		if err := m.noteFreeMemory(tx); err != nil {
+			return err
+		}
+		if err := fixSuspendSR(tx, row, dest); err != nil {
 			return err
 		}
 		if err := repointVBDs(tx, moves); err != nil {

@@ -51,8 +51,8 @@ func (m *Manager) ServeMigration(ctx context.Context, conn net.Conn) {
 	m.trackOp(ref, key, "pool_migrate_in", cancel)
 	defer m.untrackOp(ref, key)
 	j := &job{ctx: jctx, name: "VM.pool_migrate (incoming)", run: func(ctx context.Context) error {
-		if h.Power == psHalted {
-			return m.copyIn(ctx, mc, h, ref) // a halted VM's disks (storagecopy.go)
+		if !liveState(h.Power) {
+			return m.copyIn(ctx, mc, h, ref) // a halted or suspended VM's disks (storagecopy.go)
 		}
 		return m.migrateIn(ctx, mc, h, ref)
 	}}
@@ -79,7 +79,7 @@ func (m *Manager) acceptMigration(h migrateHeader) (string, error) {
 	if !ok || row.UUID() != h.UUID {
 		return "", xerr.New(xerr.HandleInvalid, "VM", h.VM)
 	}
-	if h.Power == psHalted {
+	if h.Power == psHalted || h.Power == psSuspended {
 		return m.acceptCopy(row, h)
 	}
 	if src := row.String(dm.VM.ResidentOn); src != h.Source || src == m.host {
@@ -133,6 +133,19 @@ func (m *Manager) migrateIn(ctx context.Context, mc *migConn, h migrateHeader, r
 	if err != nil {
 		return fail(err)
 	}
+	var exports *incomingExports
+	if len(moves) > 0 {
+		// A storage migration: the copies first, served before the
+		// domain is built (storage attaches their VDIs read-write before
+		// the domain attaches them; the disks with a base are clones of
+		// copies: storagecopy.go, storagechain.go).
+		exports, err = m.receiveCopies(ctx, mc, h, moves, migrateMsg{Step: stepReady, Disks: moves},
+			func(ie *incomingExports, i int) error { return m.cloneMoved(ctx, ie, moves, i, &newVDIs) })
+		defer exports.close(ctx)
+		if err != nil {
+			return fail(err)
+		}
+	}
 	// The reservation ends when the domain counts as complete (adopted),
 	// or with the migration: never both at once.
 	p, release, err := m.planIncoming(ref, movedSet(moves))
@@ -146,32 +159,20 @@ func (m *Manager) migrateIn(ctx context.Context, mc *migConn, h migrateHeader, r
 			m.undoIncoming(o, &made)
 		}
 	}()
-	// The copies' exports first: storage attaches their VDIs read-write
-	// before the domain attaches them (storagecopy.go).
-	exports, err := m.exportCopies(ctx, h, moves)
-	if err != nil {
-		return fail(err)
-	}
-	defer exports.close(ctx)
+	defer exports.close(ctx) // before the domain goes (once)
 	// A broken stream ends the build as well.
 	if err := m.buildDomain(o, p, &made); err != nil {
 		return fail(err)
 	}
-	if err := exports.exportMirrors(ctx, h, p, moves); err != nil {
-		return fail(err)
-	}
-	if err := mc.send(migrateMsg{Step: stepReady, Disks: moves}, migrateMsgTimeout); err != nil {
-		return err
-	}
-	if slices.ContainsFunc(moves, func(mv diskMove) bool { return mv.Copy }) {
-		// The source copies before anything else: the copies' exports
-		// end before the memory comes (the incoming domain takes its
-		// disks at the switchover). No deadline of our own: a source
-		// that fails breaks the stream.
-		if _, err := mc.recvMsg(stepCopied, 0); err != nil {
+	next := migrateMsg{Step: stepReady}
+	if len(moves) > 0 {
+		if err := exports.exportMirrors(ctx, h, p, moves); err != nil {
 			return fail(err)
 		}
-		exports.closeCopies()
+		next = migrateMsg{Step: stepMirrors, Disks: moves}
+	}
+	if err := mc.send(next, migrateMsgTimeout); err != nil {
+		return err
 	}
 	m.log.Info("receiving a migrating VM", "vm", h.UUID, "source", h.Source)
 	t0 := time.Now()

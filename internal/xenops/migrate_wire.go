@@ -31,7 +31,7 @@ const (
 )
 
 // migrateVersion is the protocol version the header carries.
-const migrateVersion = 1
+const migrateVersion = 2
 
 // migrateHeader opens a migration: the sender's first message.
 type migrateHeader struct {
@@ -57,19 +57,23 @@ type migrateMsg struct {
 	Domid  int64    `json:"domid,omitempty"`
 	Code   string   `json:"code,omitempty"`
 	Params []string `json:"params,omitempty"`
-	// Disks, in ready, are the header's with the destination's VDIs and
-	// export tokens.
+	// Disks, in ready, clone and mirrors, are the header's with the
+	// destination's VDIs and export tokens.
 	Disks []diskMove `json:"disks,omitempty"`
+	// Disk, in clone, is 1 + the number of the disk among the header's.
+	Disk int `json:"disk,omitempty"`
 }
 
 // Steps.
 const (
-	stepReady    = "ready"    // receiver: the incoming domain waits
+	stepReady    = "ready"    // receiver: the incoming domain, or a storage migration's copies, wait
 	stepReceived = "received" // receiver: the state is in, the domain paused
 	stepGo       = "go"       // sender: the move is recorded; run it
 	stepAbort    = "abort"    // sender: the move is not recorded; drop it
 	stepDone     = "done"     // receiver: adopted (after the RRD)
 	stepCopied   = "copied"   // sender: a storage migration's copies are done
+	stepClone    = "clone"    // sender: make a copy's VDI from its base; receiver: made
+	stepMirrors  = "mirrors"  // receiver: the incoming domain waits for the mirrors
 	stepFailed   = "failed"   // either: Code and Params say why
 )
 

@@ -2,19 +2,23 @@ package xenops
 
 import (
 	"context"
+	"maps"
 	"net"
+	"slices"
 	"time"
 
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/nbd"
+	"toolstackd/internal/schema"
 	"toolstackd/internal/storage"
 	"toolstackd/internal/xerr"
 )
 
 // Copies in a storage migration (see storagemigrate.go): the disks
-// nothing writes while they move, a halted VM's, a running VM's
-// read-only ones and its snapshots', go as copies rather than mirrors.
+// nothing writes while they move, a halted or suspended VM's (and its
+// memory image), a running VM's read-only ones, its snapshots' and its
+// checkpoints' memory images, go as copies rather than mirrors.
 // Storage serves the VDI on each side (a qemu-nbd of its own:
 // storage.ExportReadOnly on the source's old VDI, shared with a guest
 // that has it open; storage.Export on the destination's new one, made
@@ -24,10 +28,11 @@ import (
 // migration streams to the destination, as a mirror's are. Runs of
 // zeroes are not written (the new VDI reads as zeroes).
 //
-// A halted VM moves with VM.migrate_send as xapi's does: the call runs
-// on a host that sees the VM's SRs; the migration stream's header says
-// Halted; the destination makes the new VDIs and serves them (ready),
-// the source copies, then commits (the VBDs repointed, one replicated
+// A halted or suspended VM moves with VM.migrate_send as xapi's does:
+// the call runs on a host that sees the VM's SRs; the migration
+// stream's header says Halted or Suspended; the destination makes the new VDIs and serves them (ready),
+// the source copies (asking for the clones that copies with a Base
+// start from) and says copied, then commits (the VBDs repointed, one replicated
 // write), says go, and destroys the old VDIs once the destination has
 // let the new ones go (done). Before the commit a failure or
 // cancellation destroys the new VDIs; a destination that loses the
@@ -42,35 +47,75 @@ type DiskMover interface {
 	// ExportVDIReadOnly serves it read-only, sharing it with a running
 	// guest that has it open.
 	ExportVDIReadOnly(ctx context.Context, vdi string) (*storage.Export, error)
+	// DiffExtents lists where vdi differs from base, an older snapshot
+	// in its history on the same SR (storage.ErrNoSharedHistory where
+	// the SR cannot tell: copy it whole).
+	DiffExtents(ctx context.Context, vdi, base string) ([]storage.Extent, error)
+	// IsOverlayOf reports whether vdi reads as base with its own top
+	// image over it.
+	IsOverlayOf(ctx context.Context, vdi, base string) (bool, error)
 }
 
 // copyPiece is what one read of a copy moves.
 const copyPiece = 4 << 20
 
-// ownVBD reports whether vbd belongs to VM vm or, for a copy, to one of
-// its snapshots.
-func ownVBD(r db.Reader, vm string, vbd *db.Row, copied bool) bool {
+// ownMove reports whether mv is a disk of VM vm or, for a copy, of one
+// of its snapshots, or the suspend image of one of its checkpoints.
+func ownMove(r db.Reader, vm string, mv diskMove) bool {
+	if mv.Suspend != "" {
+		owner, ok := r.Get(dm.VM.Class, mv.Suspend)
+		return ok && mv.Copy && mv.VBD == "" && mv.Base == "" && (mv.Suspend == vm || owner.String(dm.VM.SnapshotOf) == vm) &&
+			owner.String(dm.VM.SuspendVDI) == mv.VDI
+	}
+	vbd, ok := r.Get(dm.VBD.Class, mv.VBD)
+	if !ok || vbd.String(dm.VBD.VDI) != mv.VDI {
+		return false
+	}
 	owner := vbd.String(dm.VBD.VM)
 	if owner == vm {
 		return true
 	}
-	if !copied {
+	if !mv.Copy {
 		return false
 	}
 	snap, ok := r.Get(dm.VM.Class, owner)
 	return ok && snap.String(dm.VM.SnapshotOf) == vm
 }
 
+// fixSuspendSR clears the suspend_SR of a VM moving to dest when dest
+// does not see it (xapi's intra_pool_fix_suspend_sr: a host-local SR
+// left behind).
+func fixSuspendSR(tx *db.Tx, vm *db.Row, dest string) error {
+	sr := vm.String(dm.VM.SuspendSR)
+	if sr == "" || sr == schema.NullRef || hostSeesSR(tx, dest, sr) {
+		return nil
+	}
+	return tx.Set(dm.VM.SuspendSR, vm.Ref, schema.NullRef)
+}
+
+// suspendVMHint is the sm_config key of a suspend image VDI naming the
+// VM it is for (xapi's).
+const suspendVMHint = "vmhint"
+
 // snapshotMoves adds to moves the disks of vm's snapshots that go with
 // it: those vdi_map names, or whose snapshot_of it names, on another SR
 // than theirs. A snapshot's disk that stays must be on an SR the
 // destination sees (VDI_NOT_IN_MAP otherwise, as xapi has it when no SR
-// is left to map it to).
+// is left to map it to). So do the suspend images of its checkpoints on
+// SRs the destination does not see (xapi's suspends_vdis): to the SR
+// vdi_map names, else the pool's suspend image SR, else the
+// destination's, else the pool's default SR, the first the destination
+// sees (VDI_NOT_IN_MAP when none).
 func snapshotMoves(r db.Reader, vm *db.Row, dest string, vdiMap map[dm.VDIRef]dm.SRRef, moves []diskMove) ([]diskMove, error) {
 	for _, s := range strs(r.Value(vm, dm.VM.Snapshots)) {
 		snap, ok := r.Get(dm.VM.Class, s)
 		if !ok {
 			continue
+		}
+		if mv, ok, err := suspendMove(r, snap, dest, vdiMap); err != nil {
+			return nil, err
+		} else if ok {
+			moves = append(moves, mv)
 		}
 		for _, vbd := range strs(r.Value(snap, dm.VM.VBDs)) {
 			row, ok := r.Get(dm.VBD.Class, vbd)
@@ -101,25 +146,57 @@ func snapshotMoves(r db.Reader, vm *db.Row, dest string, vdiMap map[dm.VDIRef]dm
 	return moves, nil
 }
 
-// copyMovedDisks copies the moves marked Copy to dest's exports, through
-// migration streams from dial, progress going from lo to hi.
-func (m *Manager) copyMovedDisks(o *opCtx, dest string, hdr migrateHeader, moves []diskMove,
-	dial func(context.Context) (net.Conn, error), lo, hi float64) error {
-	var copies []diskMove
-	for _, mv := range moves {
-		if mv.Copy {
-			copies = append(copies, mv)
+// suspendMove is the move of checkpoint snap's suspend image, if it must
+// move for dest to see it.
+func suspendMove(r db.Reader, snap *db.Row, dest string, vdiMap map[dm.VDIRef]dm.SRRef) (diskMove, bool, error) {
+	if snap.String(dm.VM.PowerState) != psSuspended {
+		return diskMove{}, false, nil
+	}
+	vdi, ok := r.Get(dm.VDI.Class, snap.String(dm.VM.SuspendVDI))
+	if !ok || hostSeesSR(r, dest, vdi.String(dm.VDI.SR)) {
+		return diskMove{}, false, nil
+	}
+	cands := []string{string(vdiMap[dm.VDIRef(vdi.Ref)])}
+	for _, p := range r.All(dm.Pool.Class) {
+		cands = append(cands, p.String(dm.Pool.SuspendImageSR))
+	}
+	if h, ok := r.Get(dm.Host.Class, dest); ok {
+		cands = append(cands, h.String(dm.Host.SuspendImageSR))
+	}
+	for _, p := range r.All(dm.Pool.Class) {
+		cands = append(cands, p.String(dm.Pool.DefaultSR))
+	}
+	for _, sr := range cands {
+		if _, ok := r.Get(dm.SR.Class, sr); ok && hostSeesSR(r, dest, sr) {
+			return diskMove{VDI: vdi.Ref, SR: sr, Copy: true, Suspend: snap.Ref}, true, nil
 		}
 	}
-	if len(copies) == 0 {
-		return nil
+	return diskMove{}, false, xerr.New(xerr.VDINotInMap, vdi.Ref)
+}
+
+// copyChain copies the moves marked Copy to dest's exports, through
+// migration streams from dial, progress going from lo to hi, each after
+// its Base (copyOrder): for a move with a Base it asks the destination
+// over mc for the clone it starts from, and writes only what differs
+// from that base.
+func (m *Manager) copyChain(o *opCtx, dest string, hdr migrateHeader, moves []diskMove, mc *migConn,
+	dial func(context.Context) (net.Conn, error), lo, hi float64) error {
+	copies, err := copyOrder(moves)
+	if err != nil || len(copies) == 0 {
+		return err
 	}
 	mover, ok := m.disks.(DiskMover)
 	if !ok {
 		return xerr.New(xerr.VMMigrateFailed, o.vm, m.host, dest, "this host's storage cannot serve copies")
 	}
 	n := float64(len(copies))
-	for i, mv := range copies {
+	for k, i := range copies {
+		if moves[i].Base != "" {
+			if err := askClone(mc, moves, i); err != nil {
+				return err
+			}
+		}
+		mv := moves[i]
 		err := func() error {
 			src, err := mover.ExportVDIReadOnly(o.ctx, mv.VDI)
 			if err != nil {
@@ -131,8 +208,12 @@ func (m *Manager) copyMovedDisks(o *opCtx, dest string, hdr migrateHeader, moves
 				return err
 			}
 			defer func() { _ = relay.Close() }()
-			base := lo + (hi-lo)*float64(i)/n
-			return copyNBD(o.ctx, src.URI(), relay.URI(), func(f float64) { o.prog.Progress(base + (hi-lo)/n*f) })
+			base := lo + (hi-lo)*float64(k)/n
+			progress := func(f float64) { o.prog.Progress(base + (hi-lo)/n*f) }
+			if mv.Base != "" {
+				return copyExtents(o.ctx, src.URI(), relay.URI(), mv.diff, progress)
+			}
+			return copyNBD(o.ctx, src.URI(), relay.URI(), progress)
 		}()
 		if err != nil {
 			return err
@@ -141,9 +222,9 @@ func (m *Manager) copyMovedDisks(o *opCtx, dest string, hdr migrateHeader, moves
 	return nil
 }
 
-// copyNBD copies export from into export to (at least as large),
-// skipping runs of zeroes; progress gets the share done.
-func copyNBD(ctx context.Context, from, to nbd.URI, progress func(float64)) error {
+// withNBDPair connects to exports from and to and runs fn on them, then
+// flushes to. A peer that stops answering is cut when ctx ends.
+func withNBDPair(ctx context.Context, from, to nbd.URI, fn func(src, dst *nbd.Client) error) error {
 	dctx, cancel := context.WithTimeout(ctx, migrateMsgTimeout)
 	src, err := nbd.Dial(dctx, from)
 	if err == nil {
@@ -158,33 +239,43 @@ func copyNBD(ctx context.Context, from, to nbd.URI, progress func(float64)) erro
 		return err
 	}
 	defer func() { _ = dst.Close() }()
-	size := src.Size()
-	if dst.Size() < size {
-		return xerr.New(xerr.VDITooSmall, "", "")
-	}
-	// A peer that stops answering is cut when ctx ends.
 	stop := context.AfterFunc(ctx, func() { _ = src.Close(); _ = dst.Close() })
 	defer stop()
-	buf := make([]byte, copyPiece)
-	for off := int64(0); off < size; {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		p := buf[:min(int64(len(buf)), size-off)]
-		if _, err := src.ReadAt(p, off); err != nil {
-			return err
-		}
-		if !allZero(p) {
-			if _, err := dst.WriteAt(p, off); err != nil {
-				return err
-			}
-		}
-		off += int64(len(p))
-		if progress != nil {
-			progress(float64(off) / float64(size))
-		}
+	if err := fn(src, dst); err != nil {
+		return err
 	}
 	return dst.Flush()
+}
+
+// copyNBD copies export from into export to (at least as large),
+// skipping runs of zeroes; progress gets the share done.
+func copyNBD(ctx context.Context, from, to nbd.URI, progress func(float64)) error {
+	return withNBDPair(ctx, from, to, func(src, dst *nbd.Client) error {
+		size := src.Size()
+		if dst.Size() < size {
+			return xerr.New(xerr.VDITooSmall, "", "")
+		}
+		buf := make([]byte, copyPiece)
+		for off := int64(0); off < size; {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			p := buf[:min(int64(len(buf)), size-off)]
+			if _, err := src.ReadAt(p, off); err != nil {
+				return err
+			}
+			if !allZero(p) {
+				if _, err := dst.WriteAt(p, off); err != nil {
+					return err
+				}
+			}
+			off += int64(len(p))
+			if progress != nil {
+				progress(float64(off) / float64(size))
+			}
+		}
+		return nil
+	})
 }
 
 func allZero(p []byte) bool {
@@ -196,9 +287,10 @@ func allZero(p []byte) bool {
 	return true
 }
 
-// copyOut moves a halted VM's disks (VM.migrate_send of a halted VM):
-// the source's side, on the VM's queue.
-func (m *Manager) copyOut(o *opCtx, dest string, options map[string]string, moves []diskMove) error {
+// copyOut moves a halted or suspended VM's disks (VM.migrate_send of a
+// VM in power state power, with a suspended one's memory image): the
+// source's side, on the VM's queue.
+func (m *Manager) copyOut(o *opCtx, dest, power string, options map[string]string, moves []diskMove) error {
 	pp := m.mig.peers.Load()
 	if pp == nil {
 		return xerr.New(xerr.VMMigrateFailed, o.vm, m.host, dest, "this host has no pool to migrate in")
@@ -206,19 +298,25 @@ func (m *Manager) copyOut(o *opCtx, dest string, options map[string]string, move
 	if len(moves) == 0 {
 		return nil // nothing moves: the VM is where it was (halted VMs live nowhere)
 	}
-	hdr := migrateHeader{Version: migrateVersion, VM: o.vm, UUID: o.uuid, Source: m.host, Dest: dest, Power: psHalted,
-		Task: o.task, Options: options, Disks: moves}
-	out, ready, err := m.openPeer(o, pp, hdr)
+	hdr, out, ready, err := m.openMoving(o, pp, dest, power, options, moves)
 	if err != nil {
 		return err
 	}
+	moves = hdr.Disks
 	defer out.close()
 	mc := out.mc
 	o.prog.Progress(0.05)
-	if err := m.takeReady(o.ctx, moves, ready.Disks); err != nil {
+	if err := m.takeReady(o.ctx, moves, ready.Disks, false); err != nil {
 		return m.migrateFailed(o, dest, err)
 	}
-	if err := m.copyMovedDisks(o, dest, hdr, moves, out.dial, 0.05, 0.95); err != nil {
+	if err := m.copyChain(o, dest, hdr, moves, mc, out.dial, 0.05, 0.95); err != nil {
+		return m.migrateFailed(o, dest, err)
+	}
+	if err := mc.send(migrateMsg{Step: stepCopied}, migrateMsgTimeout); err != nil { // every move is a copy
+		return m.migrateFailed(o, dest, err)
+	}
+	// The commit reads the clones the destination made.
+	if err := m.awaitVDIs(o.ctx, slices.Collect(maps.Values(movedSet(moves)))); err != nil {
 		return m.migrateFailed(o, dest, err)
 	}
 	if !out.unhook() {
@@ -230,8 +328,11 @@ func (m *Manager) copyOut(o *opCtx, dest string, options map[string]string, move
 		if !ok {
 			return xerr.New(xerr.HandleInvalid, "VM", o.vm)
 		}
-		if p := row.String(dm.VM.PowerState); p != psHalted {
-			return xerr.New(xerr.VMBadPowerState, o.vm, powerName(psHalted), powerName(p))
+		if p := row.String(dm.VM.PowerState); p != power {
+			return xerr.New(xerr.VMBadPowerState, o.vm, powerName(power), powerName(p))
+		}
+		if err := fixSuspendSR(tx, row, dest); err != nil {
+			return err
 		}
 		if err := repointVBDs(tx, moves); err != nil {
 			return err
@@ -249,16 +350,16 @@ func (m *Manager) copyOut(o *opCtx, dest string, options map[string]string, move
 		}
 	}
 	m.destroyVDIs(o.ctx, oldVDIs(moves), "a storage migration moved away from")
-	m.log.Info("halted VM's disks moved", "vm", o.uuid, "dest", dest, "disks", len(moves))
+	m.log.Info("a VM's disks moved without a domain", "vm", o.uuid, "dest", dest, "disks", len(moves))
 	return nil
 }
 
-// acceptCopy checks the header of a halted VM's disk move: the VM is
-// halted and marked migrate_send, and the disks are its or its
-// snapshots'.
+// acceptCopy checks the header of a halted or suspended VM's disk move:
+// the VM is in h.Power and marked migrate_send, and the disks are its
+// or its snapshots' (or their memory images).
 func (m *Manager) acceptCopy(row *db.Row, h migrateHeader) (string, error) {
-	if p := row.String(dm.VM.PowerState); p != psHalted {
-		return "", xerr.New(xerr.VMBadPowerState, row.Ref, powerName(psHalted), powerName(p))
+	if p := row.String(dm.VM.PowerState); p != h.Power {
+		return "", xerr.New(xerr.VMBadPowerState, row.Ref, powerName(h.Power), powerName(p))
 	}
 	cur, _ := row.Get(dm.VM.CurrentOperations).(map[string]string)
 	marked := false
@@ -270,7 +371,7 @@ func (m *Manager) acceptCopy(row *db.Row, h migrateHeader) (string, error) {
 	}
 	for _, mv := range h.Disks {
 		if !mv.Copy {
-			return "", xerr.New(xerr.InternalError, "migration: a halted VM's disks are copied")
+			return "", xerr.New(xerr.InternalError, "migration: the disks of a VM without a domain are copied")
 		}
 	}
 	if err := m.checkMoves(m.db.Snapshot(), row.Ref, h.Disks); err != nil {
@@ -296,18 +397,17 @@ func (m *Manager) copyIn(ctx context.Context, mc *migConn, h migrateHeader, ref 
 	if err != nil {
 		return fail(err)
 	}
-	exports, err := m.exportCopies(ctx, h, moves)
+	// The copies take as long as they take: no deadline of our own; a
+	// source that fails breaks the stream. Those with a base start from
+	// a clone made when the source asks.
+	exports, err := m.receiveCopies(ctx, mc, h, moves, migrateMsg{Step: stepReady, Disks: moves},
+		func(ie *incomingExports, i int) error { return m.cloneMoved(ctx, ie, moves, i, &newVDIs) })
+	defer exports.close(ctx)
 	if err != nil {
 		return fail(err)
 	}
-	defer exports.close(ctx)
-	if err := mc.send(migrateMsg{Step: stepReady, Disks: moves}, migrateMsgTimeout); err != nil {
-		return err
-	}
-	// The copies take as long as they take: no deadline of our own; a
-	// source that fails breaks the stream.
-	msg, err := mc.recvMsg(stepGo, 0)
 	exports.close(ctx)
+	msg, err := mc.recvMsg(stepGo, 0)
 	switch {
 	case err == nil:
 	case msg.Step == stepAbort:

@@ -46,10 +46,12 @@ import (
 // storage migrations from one host at once (TOO_MANY_STORAGE_MIGRATES).
 // The disks of the VM's snapshots that vdi_map names (by their own VDI
 // or their snapshot_of) go along as copies (storagecopy.go); one left on
-// an SR the destination cannot see is VDI_NOT_IN_MAP. A halted VM's
-// disks are copied (xapi allows VM.migrate_send of a halted VM); a
-// suspended VM is refused (VM_BAD_POWER_STATE: its memory image would
-// have to move too).
+// an SR the destination cannot see is VDI_NOT_IN_MAP; so do the memory
+// images of its checkpoints on an SR the destination does not see
+// (suspendMove). A halted or suspended VM's disks are copied (xapi
+// allows VM.migrate_send of both), a suspended one's memory image with
+// them; the VM's suspend_SR, if the destination does not see it, is
+// cleared (xapi's intra_pool_fix_suspend_sr).
 //
 // The flow (a running VM; the protocol of migrate.go, with the disks in
 // the header and the ready step):
@@ -57,48 +59,59 @@ import (
 //  1. header: the source names the disks that move (VBD, VDI, target SR);
 //  2. the destination creates a VDI for each on its target SR (same
 //     virtual size, through storage's VDI.create as an internal
-//     session), plans the incoming domain on those VDIs in place of the
-//     old ones (planMoving) and builds it; the incoming domain serves
-//     each new disk as a writable NBD export on a Unix socket of this
-//     host (backend.DiskExporter: QEMU's own NBD server,
-//     nbd-server-start and block-export-add, as libvirt has it; the
-//     emulator that will run the guest is the one process holding the
-//     image, so QEMU 7.2's image locking has nothing to refuse, where a
-//     qemu-nbd of its own would hold the write lock the incoming QEMU
-//     needs at the switchover); ready carries the new VDIs and a token
-//     per export;
-//  3. the source opens a storage.Relay per disk: a Unix socket of its own
-//     that its backend's mirror connects to, each connection carried to
-//     the destination as another migration stream whose header names the
-//     token (Manager.ServeMigration hands it to the export). No port is
-//     opened; the bytes travel the pool's authenticated connection;
-//  4. the source copies what nothing writes (read-only disks, the
-//     snapshots' disks: storagecopy.go) and says copied, upon which the
-//     destination ends those exports; then it mirrors each other disk
-//     (backend.DiskMirrorer, a full mirror: what the guest reads, its
-//     chain flattened) and waits for every mirror to be in sync, the
-//     task's progress following;
-//  5. the memory goes as for VM.pool_migrate, with
+//     session; a disk with a Base is a clone made later:
+//     storagechain.go), serves the copies' new VDIs (storage.Export)
+//     and says ready with the VDIs and a token per export;
+//  3. the source opens a storage.Relay per copy: a Unix socket of its
+//     own, each connection carried to the destination as another
+//     migration stream whose header names the token
+//     (Manager.ServeMigration hands it to the export). No port is
+//     opened; the bytes travel the pool's authenticated connection. It
+//     copies what nothing writes (read-only disks, the snapshots' disks,
+//     oldest first, each with a Base asked for with "clone" and sent as
+//     what differs from it: storagecopy.go, storagechain.go) and says
+//     copied, upon which the destination ends those exports;
+//  4. the destination clones the mirrored disks' Bases, plans the
+//     incoming domain on the new VDIs in place of the old ones
+//     (planMoving) and builds it; the incoming domain serves each new
+//     disk as a writable NBD export on a Unix socket of this host
+//     (backend.DiskExporter: QEMU's own NBD server, nbd-server-start and
+//     block-export-add, as libvirt has it; the emulator that will run
+//     the guest is the one process holding the image, so QEMU 7.2's
+//     image locking has nothing to refuse, where a qemu-nbd of its own
+//     would hold the write lock the incoming QEMU needs at the
+//     switchover); "mirrors" carries a token per export;
+//  5. the source mirrors each other disk through relays as in 3
+//     (backend.DiskMirrorer: a full mirror, what the guest reads, its
+//     chain flattened; or, for a disk with a Base, its top image alone
+//     onto the clone of its newest snapshot's copy) and waits for every
+//     mirror to be in sync, the task's progress following;
+//  6. the memory goes as for VM.pool_migrate, with
 //     MigrateOptions.BeforeSwitchover completing the mirrors without a
 //     pivot once the guest is stopped for the switchover (QEMU's
 //     pause-before-switchover): the targets then hold what the disks
 //     hold; the destination stops its exports once the state is in;
-//  6. the commit point (one replicated write) moves resident_on and
-//     points the VBDs at the new VDIs; after it the source destroys its
-//     stopped domain and then the old VDIs (VDI.destroy), as xapi does.
+//  7. the commit point (one replicated write) moves resident_on, points
+//     the VBDs at the new VDIs and gives those the old ones' names and
+//     snapshot fields; after it the source destroys its stopped domain
+//     and then the old VDIs (VDI.destroy), as xapi does.
 //
-// Before the commit, any failure or a cancelled task (during the mirrors
-// or the memory) cancels the mirrors, leaves the VM running on the source
-// with its old disks, and the destination destroys its domain and the
-// VDIs it created. xapi mirrors only a disk's leaf and copies its parents
-// apart; here the leaf is mirrored whole (its chain flattened into one
-// image on the destination), and each snapshot's disk is copied whole
-// as well: the same data arrives, but the destination keeps no sharing
-// between a VDI and its snapshots (each is a full image), so it takes
-// more space there than the source's chain did. A read-only disk of a
-// running VM is copied, not mirrored (as xapi's vdi_filter has it; the
-// incoming QEMU opens it read-only, so it could not be a mirror's
-// target). A VDI on an SR the destination sees stays where it is.
+// Before the commit, any failure or a cancelled task (during the copies,
+// the mirrors or the memory) cancels the mirrors, leaves the VM running
+// on the source with its old disks, and the destination destroys its
+// domain and the VDIs it made. A disk and its snapshots arrive sharing
+// their history as they did on the source (storagechain.go), as xapi's
+// storage migration has them; a disk whose history the source SR cannot
+// read (another driver, or a snapshot written since) goes whole. A
+// read-only disk of a running VM is copied, not mirrored (as xapi's
+// vdi_filter has it; the incoming QEMU opens it read-only, so it could
+// not be a mirror's target). A VDI on an SR the destination sees stays
+// where it is.
+
+// liveState reports whether a VM in power state p has a domain (running
+// or paused): it moves live; a halted or suspended one has only its
+// disks (and memory image) copied.
+func liveState(p string) bool { return p == psRunning || p == psPaused }
 
 // maxStorageMigrates is xapi's bound on the storage migrations a host
 // sends at once.
@@ -118,6 +131,24 @@ type diskMove struct {
 	// Copy: the VDI is copied while nothing writes it (a halted VM's
 	// disk, a snapshot's) rather than mirrored from the running domain.
 	Copy bool `json:"copy,omitempty"`
+	// Base is the VBD of an earlier copy this disk starts from on the
+	// destination (storagechain.go): its new VDI is a clone of that
+	// one's, and only what differs is sent.
+	Base string `json:"base,omitempty"`
+	// Suspend names the checkpoint (a snapshot of the VM with its
+	// memory) whose suspend image VDI is this move's, copied with no VBD.
+	Suspend string `json:"suspend,omitempty"`
+	// diff, on the source, is what a copy with a Base writes.
+	diff []storage.Extent
+}
+
+// key names a move among a migration's: its VBD, or the checkpoint whose
+// suspend image it is.
+func (mv diskMove) key() string {
+	if mv.Suspend != "" {
+		return "suspend/" + mv.Suspend
+	}
+	return mv.VBD
 }
 
 // storageState is the manager's part of storage migrations: the exports
@@ -269,7 +300,7 @@ func (m *Manager) storageMoves(r db.Reader, vm *db.Row, dest string, vdiMap map[
 		// read-only disk (as xapi's vdi_filter has it: the incoming
 		// domain opens it read-only, so it cannot be a mirror's target).
 		ro := row.String(dm.VBD.Mode) == string(dm.VBDModeRO) || vrow.Get(dm.VDI.ReadOnly) == true
-		moves = append(moves, diskMove{VBD: vbd, VDI: vdi, SR: string(sr), Copy: ro || vm.String(dm.VM.PowerState) == psHalted})
+		moves = append(moves, diskMove{VBD: vbd, VDI: vdi, SR: string(sr), Copy: ro || !liveState(vm.String(dm.VM.PowerState))})
 	}
 	for vif, net := range vifMap {
 		row, ok := r.Get(dm.VIF.Class, string(vif))
@@ -280,6 +311,12 @@ func (m *Manager) storageMoves(r db.Reader, vm *db.Row, dest string, vdiMap map[
 	moves, err := snapshotMoves(r, vm, dest, vdiMap, moves)
 	if err != nil {
 		return nil, err
+	}
+	// A suspended VM's own memory image, as its checkpoints'.
+	if mv, ok, err := suspendMove(r, vm, dest, vdiMap); err != nil {
+		return nil, err
+	} else if ok {
+		moves = append(moves, mv)
 	}
 	return moves, m.assertCanMigrateMoving(r, vm, dest, moves)
 }
@@ -304,14 +341,14 @@ func (m *Manager) vmMigrateSend(c *api.Call, a dm.VMMigrateSendArgs) (dm.VMRef, 
 		return "", err
 	}
 	power := row.String(dm.VM.PowerState)
-	if power != psRunning && power != psPaused && power != psHalted {
+	if power != psRunning && power != psPaused && power != psHalted && power != psSuspended {
 		return "", xerr.New(xerr.VMBadPowerState, row.Ref, powerName(psRunning), powerName(power))
 	}
 	moves, err := m.storageMoves(snap, row, dest, a.VDIMap, a.VIFMap, a.Options)
 	if err != nil {
 		return "", err
 	}
-	if r := row.String(dm.VM.ResidentOn); power != psHalted && r != m.host {
+	if r := row.String(dm.VM.ResidentOn); liveState(power) && r != m.host {
 		return "", xerr.New(xerr.VMNotResidentHere, row.Ref, m.host)
 	}
 	if len(moves) > 0 {
@@ -323,15 +360,15 @@ func (m *Manager) vmMigrateSend(c *api.Call, a dm.VMMigrateSendArgs) (dm.VMRef, 
 	}
 	err = m.withVMOp(c, row.Ref, dm.VMOperationsMigrateSend, m.recheck(dm.VMOperationsMigrateSend, func(o *opCtx) error {
 		defer followForwarded(c, o)()
-		if power == psHalted {
-			return m.copyOut(o, dest, a.Options, moves)
+		if !liveState(power) {
+			return m.copyOut(o, dest, power, a.Options, moves)
 		}
 		return m.migrateOutMoving(o, dest, a.Options, moves)
 	}))
 	if err != nil {
 		return "", err
 	}
-	if power != psHalted {
+	if liveState(power) {
 		m.noteMigrated(c.Ctx, row, m.host, dest)
 	}
 	return a.VM, nil
@@ -431,6 +468,9 @@ func (m *Manager) startMirrors(o *opCtx, dest string, info backend.DomainInfo, m
 		}
 		sm.relays = append(sm.relays, relay)
 		t := backend.MirrorTarget{URI: relay.URI().String(), Sync: backend.MirrorFull, Bandwidth: bandwidth}
+		if mv.Base != "" {
+			t.Sync = backend.MirrorTop // onto a clone of its newest snapshot's copy
+		}
 		// A mirror a dead daemon left (its relay gone) is cleared first:
 		// the VM's queue runs one operation at a time, so none is ours.
 		if err := dmr.CancelMirror(o.ctx, o.uuid, dev); err != nil {
@@ -508,45 +548,51 @@ func (sm *sourceMirrors) close() {
 	sm.relays = nil
 }
 
-// takeReady reads the destination's VDIs and tokens from its ready
-// message into moves and waits until this host's replica has the VDIs.
-func (m *Manager) takeReady(ctx context.Context, moves []diskMove, got []diskMove) error {
+// takeReady reads the destination's VDIs and tokens from a ready or
+// mirrors message into moves and waits until this host's replica has
+// the VDIs. In ready (mirrors false) the destination has made every VDI
+// but those with a Base and serves the copies among them; in mirrors,
+// every VDI is made and every mirrored one served.
+func (m *Manager) takeReady(ctx context.Context, moves []diskMove, got []diskMove, mirrors bool) error {
 	if len(got) != len(moves) {
 		return xerr.New(xerr.InternalError, "migration: the destination answered for other disks")
 	}
-	for i := range moves {
-		if got[i].VBD != moves[i].VBD || got[i].VDI != moves[i].VDI || got[i].New == "" || got[i].Token == "" {
+	var refs []string
+	for i, mv := range moves {
+		g := got[i]
+		wantNew := mirrors || mv.Base == ""
+		wantToken := (mirrors && !mv.Copy) || (!mirrors && mv.Copy && mv.Base == "")
+		if g.VBD != mv.VBD || g.VDI != mv.VDI || (wantNew && g.New == "") || (wantToken && g.Token == "") {
 			return xerr.New(xerr.InternalError, "migration: the destination answered for other disks")
 		}
-		moves[i].New, moves[i].Token = got[i].New, got[i].Token
-	}
-	deadline := time.NewTimer(storageReadyTimeout)
-	defer deadline.Stop()
-	for {
-		snap := m.db.Snapshot()
-		all := true
-		for _, mv := range moves {
-			if _, ok := snap.Get(dm.VDI.Class, mv.New); !ok {
-				all = false
-			}
+		if wantNew {
+			moves[i].New = g.New
+			refs = append(refs, g.New)
 		}
-		if all {
-			return nil
-		}
-		select {
-		case <-snap.Done():
-		case <-deadline.C:
-			return xerr.New(xerr.InternalError, "migration: the destination's new VDIs did not reach this host")
-		case <-ctx.Done():
-			return ctx.Err()
+		if wantToken {
+			moves[i].Token = g.Token
 		}
 	}
+	return m.awaitVDIs(ctx, refs)
 }
 
-// repointVBDs is the storage half of the commit: the VBDs use the new
-// VDIs (which keep the old ones' read_only).
+// repointVBDs is the storage half of the commit: the VBDs (and the
+// checkpoints' suspend_VDI) use the new VDIs (which keep the old ones'
+// read_only, names and snapshot fields).
 func repointVBDs(tx *db.Tx, moves []diskMove) error {
+	if err := carryVDIFields(tx, moves); err != nil {
+		return err
+	}
 	for _, mv := range moves {
+		if mv.Suspend != "" {
+			if _, ok := tx.Get(dm.VM.Class, mv.Suspend); !ok {
+				return xerr.New(xerr.HandleInvalid, "VM", mv.Suspend)
+			}
+			if err := tx.Set(dm.VM.SuspendVDI, mv.Suspend, mv.New); err != nil {
+				return err
+			}
+			continue
+		}
 		old, ok := tx.Get(dm.VDI.Class, mv.VDI)
 		if !ok {
 			return xerr.New(xerr.HandleInvalid, "VDI", mv.VDI)
@@ -596,20 +642,22 @@ func (m *Manager) destroyVDIs(ctx context.Context, vdis []string, why string) {
 func (m *Manager) checkMoves(r db.Reader, vm string, moves []diskMove) error {
 	seen := map[string]bool{}
 	for _, mv := range moves {
-		vbd, ok := r.Get(dm.VBD.Class, mv.VBD)
-		if !ok || !ownVBD(r, vm, vbd, mv.Copy) || vbd.String(dm.VBD.VDI) != mv.VDI || seen[mv.VBD] {
+		if seen[mv.key()] || !ownMove(r, vm, mv) {
 			return xerr.New(xerr.InternalError, "migration: the disks to move are not the VM's")
 		}
 		if _, ok := m.disks.(DiskMover); mv.Copy && !ok {
 			return xerr.New(xerr.VMMigrateFailed, vm, "", m.host, "this host's storage cannot receive copies")
 		}
-		seen[mv.VBD] = true
+		seen[mv.key()] = true
 		if _, ok := r.Get(dm.SR.Class, mv.SR); !ok {
 			return xerr.New(xerr.HandleInvalid, "SR", mv.SR)
 		}
 		if !hostSeesSR(r, m.host, mv.SR) {
 			return xerr.New(xerr.VMRequiresSR, vm, mv.SR)
 		}
+	}
+	if err := checkBases(moves); err != nil {
+		return err
 	}
 	if slices.ContainsFunc(moves, func(mv diskMove) bool { return !mv.Copy }) {
 		if _, ok := m.be.(backend.DiskExporter); !ok {
@@ -620,7 +668,8 @@ func (m *Manager) checkMoves(r db.Reader, vm string, moves []diskMove) error {
 }
 
 // createMovedVDIs makes the destination's VDIs, like the old ones, on
-// their target SRs; it returns what it made even on error (for undo).
+// their target SRs, but for the moves with a Base (cloneMoved makes
+// those); it returns what it made even on error (for undo).
 func (m *Manager) createMovedVDIs(ctx context.Context, moves []diskMove) ([]string, error) {
 	if len(moves) == 0 {
 		return nil, nil
@@ -633,6 +682,9 @@ func (m *Manager) createMovedVDIs(ctx context.Context, moves []diskMove) ([]stri
 	var made []string
 	snap := m.db.Snapshot()
 	for i, mv := range moves {
+		if mv.Base != "" {
+			continue
+		}
 		old, ok := snap.Get(dm.VDI.Class, mv.VDI)
 		if !ok {
 			return made, xerr.New(xerr.HandleInvalid, "VDI", mv.VDI)
@@ -642,6 +694,11 @@ func (m *Manager) createMovedVDIs(ctx context.Context, moves []diskMove) ([]stri
 			"virtual_size": old.Get(dm.VDI.VirtualSize), "type": old.String(dm.VDI.Type), "sharable": old.Get(dm.VDI.Sharable) == true,
 			"read_only": false, "other_config": old.Get(dm.VDI.OtherConfig), "xenstore_data": map[string]string{},
 			"sm_config": map[string]string{}, "tags": old.Get(dm.VDI.Tags),
+		}
+		if mv.Suspend != "" {
+			// A suspend image names the VM it is for (xapi's vmhint).
+			smc, _ := old.Get(dm.VDI.SMConfig).(map[string]string)
+			rec["sm_config"] = map[string]string{suspendVMHint: smc[suspendVMHint]}
 		}
 		for k, v := range rec {
 			if v == nil {
@@ -665,27 +722,7 @@ func (m *Manager) createMovedVDIs(ctx context.Context, moves []diskMove) ([]stri
 		moves[i].New = ref
 	}
 	// The plan reads this host's replica: wait for the VDIs there.
-	deadline := time.NewTimer(storageReadyTimeout)
-	defer deadline.Stop()
-	for {
-		snap := m.db.Snapshot()
-		all := true
-		for _, ref := range made {
-			if _, ok := snap.Get(dm.VDI.Class, ref); !ok {
-				all = false
-			}
-		}
-		if all {
-			return made, nil
-		}
-		select {
-		case <-snap.Done():
-		case <-deadline.C:
-			return made, xerr.New(xerr.InternalError, "the new VDIs did not reach this host's replica")
-		case <-ctx.Done():
-			return made, ctx.Err()
-		}
-	}
+	return made, m.awaitVDIs(ctx, made)
 }
 
 // incomingExports are the exports an incoming storage migration serves.
@@ -707,20 +744,37 @@ type incomingExports struct {
 func (m *Manager) exportCopies(ctx context.Context, h migrateHeader, moves []diskMove) (*incomingExports, error) {
 	ie := &incomingExports{m: m, uuid: h.UUID}
 	for i, mv := range moves {
-		if !mv.Copy {
-			continue
+		if !mv.Copy || mv.Base != "" {
+			continue // a copy with a Base is served once cloned (serveCopyPhase)
 		}
-		e, err := m.disks.(DiskMover).ExportVDI(ctx, mv.New) // checkMoves checked it
-		if err != nil {
+		if err := ie.exportCopy(ctx, h, moves, i); err != nil {
 			ie.close(ctx)
 			return nil, err
 		}
-		tok := newToken()
-		m.stor.tunnels.Store(tok, &tunnelEnd{source: h.Source, vm: h.VM, e: e})
-		ie.copies = append(ie.copies, tok)
-		moves[i].Token = tok
 	}
 	return ie, nil
+}
+
+// exportCopy serves the new VDI of moves[i], a copy, and fills its
+// token.
+func (ie *incomingExports) exportCopy(ctx context.Context, h migrateHeader, moves []diskMove, i int) error {
+	m := ie.m
+	e, err := m.disks.(DiskMover).ExportVDI(ctx, moves[i].New) // checkMoves checked it
+	if err != nil {
+		return err
+	}
+	tok := newToken()
+	m.stor.tunnels.Store(tok, &tunnelEnd{source: h.Source, vm: h.VM, e: e})
+	ie.copies = append(ie.copies, tok)
+	moves[i].Token = tok
+	return nil
+}
+
+// closeTunnel ends the export of token, if it still runs.
+func (ie *incomingExports) closeTunnel(tok string) {
+	if v, ok := ie.m.stor.tunnels.LoadAndDelete(tok); ok {
+		_ = v.(*tunnelEnd).e.Close()
+	}
 }
 
 func (ie *incomingExports) exportMirrors(ctx context.Context, h migrateHeader, p *bootPlan, moves []diskMove) error {
@@ -760,9 +814,7 @@ func (ie *incomingExports) exportMirrors(ctx context.Context, h migrateHeader, p
 // read-write).
 func (ie *incomingExports) closeCopies() {
 	for _, tok := range ie.copies {
-		if v, ok := ie.m.stor.tunnels.LoadAndDelete(tok); ok {
-			_ = v.(*tunnelEnd).e.Close()
-		}
+		ie.closeTunnel(tok)
 	}
 }
 
@@ -774,9 +826,7 @@ func (ie *incomingExports) close(ctx context.Context) {
 	ie.once.Do(func() {
 		ie.closeCopies()
 		for _, tok := range ie.tokens {
-			if v, ok := ie.m.stor.tunnels.LoadAndDelete(tok); ok {
-				_ = v.(*tunnelEnd).e.Close()
-			}
+			ie.closeTunnel(tok)
 		}
 		ex, ok := ie.m.be.(backend.DiskExporter)
 		if !ok {
@@ -829,7 +879,7 @@ func (m *Manager) assertCanMigrateMoving(r db.Reader, vm *db.Row, dest string, m
 	if !ok {
 		return xerr.New(xerr.HandleInvalid, "host", dest)
 	}
-	if dest == vm.String(dm.VM.ResidentOn) && vm.String(dm.VM.PowerState) != psHalted {
+	if dest == vm.String(dm.VM.ResidentOn) && liveState(vm.String(dm.VM.PowerState)) {
 		return xerr.New(xerr.OperationNotAllowed, "the VM already runs on this host (a migration to the same host is not supported)")
 	}
 	if live, known := forwarding.MetricsLive(r, host); !live || !known {
@@ -865,7 +915,7 @@ func (m *Manager) assertCanMigrateMoving(r db.Reader, vm *db.Row, dest string, m
 		}
 	}
 	need, _ := vm.Get(dm.VM.MemoryStaticMax).(int64)
-	if metrics, ok := r.Get(dm.HostMetrics.Class, host.String(dm.Host.Metrics)); ok && vm.String(dm.VM.PowerState) != psHalted {
+	if metrics, ok := r.Get(dm.HostMetrics.Class, host.String(dm.Host.Metrics)); ok && liveState(vm.String(dm.VM.PowerState)) {
 		free, _ := metrics.Get(dm.HostMetrics.MemoryFree).(int64)
 		if need > free {
 			return xerr.New(xerr.HostNotEnoughFreeMemory, strconv.FormatInt(need, 10), strconv.FormatInt(max(free, 0), 10))

@@ -9,6 +9,7 @@ import (
 	"toolstackd/internal/api"
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
+	"toolstackd/internal/storage"
 	"toolstackd/internal/xenops/backend"
 	"toolstackd/internal/xerr"
 )
@@ -28,14 +29,20 @@ import (
 //     (VM_BAD_POWER_STATE, VM_NOT_RESIDENT_HERE); the SR is plugged on
 //     this host (VM_REQUIRES_SR). Ours besides (OPERATION_NOT_ALLOWED):
 //     the VBD is a read-write disk (xapi copies CDs and read-only disks
-//     rather than mirroring them), plugged, and the VDI has no
-//     snapshots (xapi would move them too; here they would be left
-//     pointing at a VDI that is gone). A VDI already on the SR is
-//     returned as it is, as xapi leaves such a VDI where it is.
-//  2. a new VDI on the SR through storage (VDI.create as the caller:
-//     the same virtual size, type and sharing, with the old one's name,
-//     description, other_config, xenstore_data and tags), attached for
-//     the VM as its disks are (DiskResolver.Attach);
+//     rather than mirroring them) and plugged. A VDI already on the SR
+//     is returned as it is, as xapi leaves such a VDI where it is.
+//  2. the VDI's snapshots move with it, as xapi's storage migration
+//     moves a disk's snapshots: copied to the SR oldest first as a
+//     chain (storagechain.go: the oldest whole into a new VDI, each
+//     later one as what changed since, written into a clone of the one
+//     before), through storage's exports on this host;
+//     then a new VDI on the SR through storage (VDI.create as the
+//     caller: the same virtual size, type and sharing, with the old
+//     one's name, description, other_config, xenstore_data and tags; or,
+//     where the disk reads as its newest snapshot with its own top over
+//     it, a clone of that snapshot's copy, which the mirror then fills
+//     with the top alone), attached for the VM as its disks are
+//     (DiskResolver.Attach);
 //  3. the mirror (backend.DiskMirrorer): the domain's disk is copied
 //     into the new VDI while the guest writes to both, the task's
 //     progress following the copy; the target is the image as storage
@@ -45,11 +52,13 @@ import (
 //  4. the pivot (CompleteMirror with pivot): from now on the domain
 //     reads and writes the new VDI and the backend records it as the
 //     disk (a restarted daemon sees it so);
-//  5. the record: VBD.VDI names the new VDI (one database write); the
-//     old VDI is detached and destroyed (VDI.destroy as the caller).
+//  5. the record: VBD.VDI names the new VDI, the snapshots' VBDs their
+//     copies, which take the old VDIs' names and snapshot fields (one
+//     database write); the old VDIs are detached and destroyed
+//     (VDI.destroy as the caller).
 //
 // Before the pivot, a failure or task.cancel cancels the mirror and
-// destroys the new VDI: the guest runs on the old one as if nothing
+// destroys the new VDIs: the guest runs on the old one as if nothing
 // happened. From the pivot on the move is done; an old VDI that cannot
 // be destroyed is logged and left (the call still returns the new VDI).
 //
@@ -164,8 +173,6 @@ func (m *Manager) checkVDIMove(r db.Reader, vdi *db.Row, sr string) (vdiMove, er
 		return vdiMove{}, xerr.New(xerr.OperationNotAllowed, "VDI.pool_migrate moves disks; VBD "+vbd.Ref+" is a CD drive")
 	case dm.VBDMode(vbd.String(dm.VBD.Mode)) != dm.VBDModeRW:
 		return vdiMove{}, xerr.New(xerr.OperationNotAllowed, "VDI.pool_migrate mirrors disks the VM writes; VBD "+vbd.Ref+" is read-only")
-	case len(strs(r.Value(vdi, dm.VDI.Snapshots))) > 0:
-		return vdiMove{}, xerr.New(xerr.OperationNotAllowed, "VDI "+vdi.Ref+" has snapshots; VDI.pool_migrate moves VDIs without them")
 	case vbd.Get(dm.VBD.CurrentlyAttached) != true:
 		return vdiMove{}, xerr.New(xerr.OperationNotAllowed, "VBD "+vbd.Ref+" is not plugged; VDI.pool_migrate mirrors a disk the VM uses")
 	}
@@ -246,11 +253,34 @@ func (m *Manager) moveVDI(o *opCtx, c *api.Call, mv vdiMove, unmark func()) (str
 	if rec["tags"] == nil {
 		rec["tags"] = []string{}
 	}
-	newRef, err := m.createVDI(o.ctx, c, rec)
+	pivoted := false
+	var made []string // the snapshots' copies
+	defer func() {
+		if !pivoted {
+			for _, v := range made {
+				m.destroyVDI(bg, c, v)
+			}
+		}
+	}()
+	chain, err := m.copyVDISnapshots(o, c, mv, &made)
 	if err != nil {
 		return "", failed(err)
 	}
-	pivoted := false
+	var newRef string
+	tg := backend.MirrorTarget{}
+	if j := baseOf(chain, chain[0]); j >= 0 {
+		newRef, err = m.cloneSized(o.ctx, callerInvoker(m, c), chain[j].New, mv.virtual)
+		tg.Sync = backend.MirrorTop
+	} else {
+		newRef, err = m.createVDI(o.ctx, c, rec)
+	}
+	if err != nil {
+		if newRef != "" {
+			m.destroyVDI(bg, c, newRef)
+		}
+		return "", failed(err)
+	}
+	chain[0].New = newRef
 	attached := false
 	defer func() {
 		if pivoted {
@@ -268,7 +298,7 @@ func (m *Manager) moveVDI(o *opCtx, c *api.Call, mv vdiMove, unmark func()) (str
 		return "", failed(err)
 	}
 	attached = true
-	tg := backend.MirrorTarget{VDI: newRef}
+	tg.VDI = newRef
 	if vm, ok := m.db.Snapshot().Get(dm.VM.Class, mv.vm); ok {
 		tg.Bandwidth = migrateOptions(vm).Bandwidth
 	}
@@ -293,7 +323,11 @@ func (m *Manager) moveVDI(o *opCtx, c *api.Call, mv vdiMove, unmark func()) (str
 			m.log.Error("VDI.pool_migrate: cancelling the mirror", "vm", o.uuid, "device", disk.Device, "err", cerr)
 		}
 	}()
-	if err := mir.WaitMirrorReady(o.ctx, o.uuid, disk.Device, func(p float64) { o.prog.Progress(0.02 + 0.93*p) }); err != nil {
+	lo := 0.02 // after the snapshots' copies (copyVDISnapshots: up to 0.31)
+	if len(chain) > 1 {
+		lo = 0.32
+	}
+	if err := mir.WaitMirrorReady(o.ctx, o.uuid, disk.Device, func(p float64) { o.prog.Progress(lo + (0.95-lo)*p) }); err != nil {
 		return "", failed(err)
 	}
 	if o.ctx.Err() != nil {
@@ -315,6 +349,20 @@ func (m *Manager) moveVDI(o *opCtx, c *api.Call, mv vdiMove, unmark func()) (str
 		if _, ok := tx.Get(dm.VBD.Class, mv.vbd); !ok {
 			return xerr.New(xerr.HandleInvalid, "VBD", mv.vbd)
 		}
+		if err := carryVDIFields(tx, chain); err != nil {
+			return err
+		}
+		for _, s := range chain[1:] {
+			old, ok := tx.Get(dm.VDI.Class, s.VDI)
+			if !ok {
+				return xerr.New(xerr.HandleInvalid, "VDI", s.VDI)
+			}
+			for _, vbd := range strs(tx.Value(old, dm.VDI.VBDs)) {
+				if err := tx.Set(dm.VBD.VDI, vbd, s.New); err != nil {
+					return err
+				}
+			}
+		}
 		return tx.Set(dm.VBD.VDI, mv.vbd, newRef)
 	}); err != nil {
 		m.log.Error("VDI.pool_migrate: the domain uses the new VDI but the VBD cannot be recorded", "vbd", mv.vbd, "vdi", newRef, "err", err)
@@ -326,8 +374,10 @@ func (m *Manager) moveVDI(o *opCtx, c *api.Call, mv vdiMove, unmark func()) (str
 	}
 	unmark()
 	if c.Session != nil && c.Session.Ref != "" {
-		if _, _, err := m.srv.Invoke(pctx, c.Session.Ref, "VDI.destroy", mv.vdi); err != nil {
-			m.log.Warn("VDI.pool_migrate: the old VDI is left", "vdi", mv.vdi, "err", err)
+		for _, x := range chain {
+			if _, _, err := m.srv.Invoke(pctx, c.Session.Ref, "VDI.destroy", x.VDI); err != nil {
+				m.log.Warn("VDI.pool_migrate: an old VDI is left", "vdi", x.VDI, "err", err)
+			}
 		}
 	}
 	o.prog.Progress(1)
@@ -340,4 +390,83 @@ func mapOf(v any) map[string]string {
 		return mm
 	}
 	return map[string]string{}
+}
+
+// copyVDISnapshots copies mv's VDI's snapshots to mv's SR as a chain
+// (step 2), each after its Base (copyOrder), and returns the moves: the
+// VDI itself first, with its Base where it can be mirrored by its top
+// alone onto a clone of the newest copy, then its snapshots. made gets
+// each VDI made.
+func (m *Manager) copyVDISnapshots(o *opCtx, c *api.Call, mv vdiMove, made *[]string) ([]diskMove, error) {
+	snap := m.db.Snapshot()
+	leaf := diskMove{VBD: mv.vbd, VDI: mv.vdi, SR: mv.sr}
+	moves := []diskMove{leaf}
+	for _, s := range strs(snap.Value(mv.vdiRecord, dm.VDI.Snapshots)) {
+		// Keyed by the VDI: a snapshot's disk need not have a VBD.
+		moves = append(moves, diskMove{VBD: s, VDI: s, SR: mv.sr, Copy: true})
+	}
+	if len(moves) == 1 {
+		return moves, nil
+	}
+	mover, ok := m.disks.(DiskMover)
+	if !ok {
+		return nil, xerr.New(xerr.OperationNotAllowed, "this host's storage cannot copy the VDI's snapshots")
+	}
+	moves = m.chainMoves(o.ctx, snap, moves)
+	n := float64(len(moves) - 1)
+	order, err := copyOrder(moves)
+	if err != nil {
+		return nil, err
+	}
+	for k, i := range order {
+		x := moves[i]
+		old, ok := snap.Get(dm.VDI.Class, x.VDI)
+		if !ok {
+			return nil, xerr.New(xerr.HandleInvalid, "VDI", x.VDI)
+		}
+		size, _ := old.Get(dm.VDI.VirtualSize).(int64)
+		var err error
+		if j := baseOf(moves, x); j >= 0 {
+			moves[i].New, err = m.cloneSized(o.ctx, callerInvoker(m, c), moves[j].New, size)
+		} else {
+			moves[i].New, err = m.createVDI(o.ctx, c, map[string]any{
+				"SR": mv.sr, "name_label": old.String(dm.VDI.NameLabel), "name_description": old.String(dm.VDI.NameDescription),
+				"virtual_size": size, "type": old.String(dm.VDI.Type), "sharable": false, "read_only": false,
+				"other_config": mapOf(old.Get(dm.VDI.OtherConfig)), "xenstore_data": map[string]string{},
+				"sm_config": map[string]string{}, "tags": []string{},
+			})
+		}
+		if moves[i].New != "" {
+			*made = append(*made, moves[i].New)
+		}
+		if err != nil {
+			return nil, err
+		}
+		lo := 0.01 + 0.3*float64(k)/n
+		progress := func(f float64) { o.prog.Progress(lo + 0.3/n*f) }
+		if err := copyLocal(o.ctx, mover, x.VDI, moves[i].New, x.Base != "", x.diff, progress); err != nil {
+			return nil, err
+		}
+	}
+	return moves, nil
+}
+
+// copyLocal copies VDI from into VDI to, both on this host, through
+// storage's exports: only the extents diff into a clone of from's base
+// (based), else everything but runs of zeroes.
+func copyLocal(ctx context.Context, mover DiskMover, from, to string, based bool, diff []storage.Extent, progress func(float64)) error {
+	src, err := mover.ExportVDIReadOnly(ctx, from)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = src.Close() }()
+	dst, err := mover.ExportVDI(ctx, to)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = dst.Close() }()
+	if based {
+		return copyExtents(ctx, src.URI(), dst.URI(), diff, progress)
+	}
+	return copyNBD(ctx, src.URI(), dst.URI(), progress)
 }

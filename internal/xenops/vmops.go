@@ -658,6 +658,17 @@ func (m *Manager) checkState(ctx context.Context, ref string) error {
 	here := row.String(dm.VM.ResidentOn) == m.host
 	live := (power == psRunning || power == psPaused) && here
 	info, ok := m.be.Info(uuid)
+	if ok && (info.State == backend.DomainRunning || info.State == backend.DomainPaused) {
+		m.fenced.Delete(uuid) // it runs here again: no longer fenced
+	} else if m.heldByFence(uuid) {
+		// HA killed this domain (fence.go): its end is not the VM's stop,
+		// and the record is the coordinator's to move.
+		m.log.Info("HA fenced this VM's domain here: its record is left to the coordinator for now", "vm", uuid)
+		if ok && info.State == backend.DomainGone {
+			m.cleanupDomain(ctx, info)
+		}
+		return nil
+	}
 	if !ok {
 		if live {
 			m.log.Warn("VM has no domain any more: Halted", "vm", uuid)

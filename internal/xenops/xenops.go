@@ -116,14 +116,17 @@ type Config struct {
 
 // Manager is the VM lifecycle service.
 type Manager struct {
-	srv   *api.Server
-	db    *db.DB
-	cfg   Config
-	log   *slog.Logger
-	be    backend.Backend
-	disks DiskResolver
-	q     *queues
-	host  string
+	// fenced holds, by VM uuid, when HA fenced the VM's domain here
+	// (fence.go): its record is the coordinator's to move for a while.
+	fenced sync.Map
+	srv    *api.Server
+	db     *db.DB
+	cfg    Config
+	log    *slog.Logger
+	be     backend.Backend
+	disks  DiskResolver
+	q      *queues
+	host   string
 
 	bg     context.Context
 	cancel context.CancelFunc

@@ -495,6 +495,54 @@ func TestCrossPoolMigrateHalted(t *testing.T) {
 	}
 }
 
+// A suspended VM moves to another pool as xapi allows: its disk and its
+// memory image are copied (the image to the other pool's suspend image
+// SR, else its default SR), it arrives suspended on a suspend VDI made
+// for it (vmhint), and resumes there from the image that moved.
+func TestCrossPoolMigrateSuspended(t *testing.T) {
+	if _, err := exec.LookPath("qemu-nbd"); err != nil {
+		t.Skip("no qemu-nbd (the exports)")
+	}
+	ctx := testCtx(t)
+	_, rs, hosts := twoPools(t, ctx, pooltest.Options{})
+	a, b := rs[0], rs[1]
+	srA, srB := a.localSR(hosts[0]), b.localSR(hosts[1])
+	vm := sharedVM(a, srA, "xpool-suspended", nil)
+	_, vdi := vmDisk(a, vm)
+	sum := writePattern(t, a, a.at, vdi, 4<<20)
+	uuid := a.str("VM.get_uuid", vm)
+	a.call("VM.start", vm, false, false)
+	a.call("VM.suspend", vm)
+	sv := a.str("VM.get_suspend_VDI", vm)
+	image := readDisk(t, a, a.at, sv)
+	newVM := a.str("VM.migrate_send", migrateSendArgs(vm, destMap(b, hosts[1]), map[string]string{vdi: srB},
+		map[string]string{}, map[string]string{})...)
+	if s := vmWhere(b, newVM); s.Power != "Suspended" || len(s.Ops) != 0 || b.str("VM.get_uuid", newVM) != uuid {
+		t.Fatalf("on pool B after the move: %+v", s)
+	}
+	_, nv := vmDisk(b, newVM)
+	if got := readDisk(t, b, b.at, nv); sha256.Sum256(got) != sum {
+		t.Fatal("the moved disk differs")
+	}
+	nsv := b.str("VM.get_suspend_VDI", newVM)
+	if b.str("VDI.get_type", nsv) != "suspend" {
+		t.Fatalf("the VM's memory image on pool B: %s", b.call("VDI.get_record", nsv))
+	}
+	if got := readDisk(t, b, b.at, nsv); sha256.Sum256(got) != sha256.Sum256(image) {
+		t.Fatal("the memory image differs on pool B")
+	}
+	for _, q := range [][2]string{{"VM.get_uuid", vm}, {"VDI.get_uuid", vdi}, {"VDI.get_uuid", sv}} {
+		if _, err := a.c.Call(ctx, a.at, q[0], a.s, q[1]); pooltest.Code(err) != xerr.HandleInvalid {
+			t.Fatalf("%s on pool A after the move: %v", q[0], err)
+		}
+	}
+	b.call("VM.resume", newVM, false, false)
+	if s := vmWhere(b, newVM); s.Power != "Running" || s.On != hosts[1] {
+		t.Fatalf("resumed on pool B: %+v", s)
+	}
+	b.call("VM.hard_shutdown", newVM)
+}
+
 // Over https: the other pool's hosts are checked by the system's roots
 // and the CA certificates installed in this pool. Pool B's host
 // certificate is not trusted by pool A until A installs it
@@ -543,6 +591,343 @@ func TestCrossPoolMigrateTLS(t *testing.T) {
 	}
 	if _, err := a.c.Call(ctx, a.at, "VM.get_by_uuid", a.s, uuid); pooltest.Code(err) != xerr.UUIDInvalid {
 		t.Fatalf("VM.get_by_uuid on pool A after the move: %v", err)
+	}
+	b.call("VM.hard_shutdown", newVM)
+}
+
+// A VM with a snapshot, a read-only disk and a CD with a disc moves to
+// another pool, on the simulator and on real QEMU (TCG). The snapshot
+// was taken between two different patterns written to the VM's disk.
+// Pool B has the VM and its snapshot (same uuids, is_a_snapshot,
+// snapshot_of, snapshot_time), the snapshot's disk copied to where the
+// VM's disk went (vdi_map names only the VM's disk: the snapshot's VDI
+// follows its snapshot_of) as a snapshot VDI of the VM's new disk, the
+// read-only disk copied, and both CD drives empty (xapi ejects the VM's
+// CDs for a move to another pool; the ISO VDI in vdi_map is ignored);
+// pool A has neither the VM nor the snapshot nor their disks, but still
+// the ISO.
+func TestCrossPoolMigrateSnapshotsReadOnlyCDSimulator(t *testing.T) {
+	if _, err := exec.LookPath("qemu-nbd"); err != nil {
+		t.Skip("no qemu-nbd (the exports)")
+	}
+	ctx := testCtx(t)
+	p, rs, hosts := twoPools(t, ctx, pooltest.Options{})
+	crossSnapshotsCase(t, ctx, p, rs, hosts, false)
+}
+
+func TestCrossPoolMigrateSnapshotsReadOnlyCDQEMU(t *testing.T) {
+	for _, bin := range []string{"qemu-nbd", "qemu-system-x86_64"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skip("no " + bin)
+		}
+	}
+	ctx := testCtx(t)
+	p, rs, hosts := twoPools(t, ctx, pooltest.Options{Daemon: testdaemon.Options{Backend: "qemu",
+		Env: []string{"TOOLSTACKD_QEMU_ACCEL=tcg"}}})
+	crossSnapshotsCase(t, ctx, p, rs, hosts, true)
+}
+
+// crossSnapshotsCase is the two tests' body; qemu: the VM's mirrored
+// disk's bytes can be compared (the simulator's mirror does not copy a
+// qcow2 image's data).
+func crossSnapshotsCase(t *testing.T, ctx context.Context, p *pooltest.Pool, rs [2]rpc, hosts [2]string, qemu bool) {
+	t.Helper()
+	a, b := rs[0], rs[1]
+	srA, srB := a.localSR(hosts[0]), b.localSR(hosts[1])
+	netA, netB := mgmtNetwork(a, hosts[0]), mgmtNetwork(b, hosts[1])
+	newVDI := func(name string) string {
+		return a.str("VDI.create", map[string]any{"name_label": name, "name_description": "", "SR": srA,
+			"virtual_size": 4 << 20, "type": "user", "sharable": false, "read_only": false, "other_config": map[string]string{},
+			"xenstore_data": map[string]string{}, "sm_config": map[string]string{}, "tags": []string{}})
+	}
+	vbd := func(vm, vdi, dev, mode, typ string) {
+		a.call("VBD.create", map[string]any{"VM": vm, "VDI": vdi, "userdevice": dev, "bootable": false, "mode": mode, "type": typ,
+			"empty": false, "other_config": map[string]string{}, "qos_algorithm_type": "", "qos_algorithm_params": map[string]string{}})
+	}
+	vm := sharedVM(a, srA, "xpool-snapshots", nil)
+	uuid := a.str("VM.get_uuid", vm)
+	if qemu {
+		t.Cleanup(func() { killQEMUs(uuid) })
+	}
+	_, vdi := vmDisk(a, vm)
+	iso := newVDI("xpool iso")
+	writePattern(t, a, a.at, iso, 4<<20)
+	vbd(vm, iso, "3", "RO", "CD")
+	vif := a.str("VIF.create", map[string]any{"device": "0", "network": netA, "VM": vm, "MAC": "02:00:00:18:18:01", "MTU": 1500,
+		"other_config": map[string]string{}, "qos_algorithm_type": "", "qos_algorithm_params": map[string]string{}})
+	sumThen := writePattern(t, a, a.at, vdi, 4<<20)
+	snap := a.str("VM.snapshot", vm, "before")
+	snapUUID := a.str("VM.get_uuid", snap)
+	snapTime := a.str("VM.get_snapshot_time", snap)
+	sumNow := writePattern(t, a, a.at, vdi, 4<<20)
+	if sumNow == sumThen {
+		t.Fatal("the two patterns are the same")
+	}
+	var svbds []string
+	if err := json.Unmarshal(a.call("VM.get_VBDs", snap), &svbds); err != nil {
+		t.Fatal(err)
+	}
+	svdi := ""
+	for _, v := range svbds {
+		if a.str("VBD.get_type", v) == "Disk" {
+			svdi = a.str("VBD.get_VDI", v)
+		}
+	}
+	if svdi == "" || a.str("VDI.get_snapshot_of", svdi) != vdi {
+		t.Fatalf("the snapshot's disk %q is not a snapshot of the VM's", svdi)
+	}
+	svdiTime := a.str("VDI.get_snapshot_time", svdi)
+	ro := newVDI("xpool read-only")
+	roSum := writePattern(t, a, a.at, ro, 4<<20)
+	vbd(vm, ro, "1", "RO", "Disk")
+	a.call("VM.start", vm, false, false)
+
+	before := srVDIs(b, srB)
+	dest := destMap(b, hosts[1])
+	vdiMap := map[string]string{vdi: srB, ro: srB, iso: srB}
+	vifMap := map[string]string{vif: netB}
+	a.call("VM.assert_can_migrate", assertArgs(vm, dest, vdiMap, vifMap)...)
+	t0 := time.Now()
+	newVM := a.str("VM.migrate_send", migrateSendArgs(vm, dest, vdiMap, vifMap, map[string]string{})...)
+	t.Logf("cross-pool move with a snapshot, a read-only disk and a CD (qemu %v): %v", qemu, time.Since(t0))
+
+	// Pool B: the VM, running, and three new VDIs (the ISO stayed).
+	if s := vmWhere(b, newVM); s.Power != "Running" || s.On != hosts[1] || len(s.Ops) != 0 || b.str("VM.get_uuid", newVM) != uuid {
+		t.Fatalf("on pool B after the move: %+v", s)
+	}
+	if n := srVDIs(b, srB); n != before+3 {
+		t.Fatalf("pool B's SR has %d VDIs, want %d", n, before+3)
+	}
+	type vbdRec struct {
+		VDI      string `json:"VDI"`
+		Empty    bool   `json:"empty"`
+		Type     string `json:"type"`
+		Mode     string `json:"mode"`
+		Device   string `json:"userdevice"`
+		Attached bool   `json:"currently_attached"`
+	}
+	vbdsOf := func(r rpc, vm string) map[string]vbdRec {
+		var refs []string
+		if err := json.Unmarshal(r.call("VM.get_VBDs", vm), &refs); err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]vbdRec{}
+		for _, v := range refs {
+			var rec vbdRec
+			if err := json.Unmarshal(r.call("VBD.get_record", v), &rec); err != nil {
+				t.Fatal(err)
+			}
+			out[rec.Device] = rec
+		}
+		return out
+	}
+	var nvifs []string
+	if err := json.Unmarshal(b.call("VM.get_VIFs", newVM), &nvifs); err != nil || len(nvifs) != 1 || b.str("VIF.get_network", nvifs[0]) != netB {
+		t.Fatalf("the VM's VIFs on pool B: %v %v", nvifs, err)
+	}
+	nvif := nvifs[0]
+	got := vbdsOf(b, newVM)
+	if len(got) != 3 || got["0"].Type != "Disk" || got["1"].Mode != "RO" || got["1"].Type != "Disk" {
+		t.Fatalf("the VM's VBDs on pool B: %+v", got)
+	}
+	if cd := got["3"]; cd.Type != "CD" || !cd.Empty || cd.VDI != "OpaqueRef:NULL" {
+		t.Fatalf("the VM's CD on pool B: %+v, want an empty drive", cd)
+	}
+	nv, nro := got["0"].VDI, got["1"].VDI
+	for _, v := range []string{nv, nro} {
+		if b.str("VDI.get_SR", v) != srB {
+			t.Fatalf("VDI %s is not on pool B's local SR", v)
+		}
+	}
+	if s := readDisk(t, b, b.at, nro); sha256.Sum256(s) != roSum {
+		t.Fatal("the read-only disk differs on pool B")
+	}
+	if qemu {
+		if pids := qemuOf(uuid); len(pids) != 1 {
+			t.Fatalf("QEMU processes of the VM after the move: %v", pids)
+		}
+		if !got["1"].Attached {
+			t.Fatal("the read-only disk is not attached on pool B")
+		}
+		if s := readDisk(t, b, b.at, nv); sha256.Sum256(s) != sumNow {
+			t.Fatal("the VM's disk differs on pool B")
+		}
+	}
+
+	// The snapshot: same uuid and time, a snapshot of the new VM.
+	var snaps []string
+	if err := json.Unmarshal(b.call("VM.get_snapshots", newVM), &snaps); err != nil || len(snaps) != 1 {
+		t.Fatalf("the VM's snapshots on pool B: %v %v", snaps, err)
+	}
+	nsnap := snaps[0]
+	if b.str("VM.get_uuid", nsnap) != snapUUID || string(b.call("VM.get_is_a_snapshot", nsnap)) != "true" ||
+		b.str("VM.get_snapshot_of", nsnap) != newVM || b.str("VM.get_snapshot_time", nsnap) != snapTime ||
+		b.str("VM.get_power_state", nsnap) != "Halted" {
+		t.Fatalf("the snapshot on pool B: %s", b.call("VM.get_record", nsnap))
+	}
+	if p := b.str("VM.get_parent", newVM); p != nsnap {
+		t.Fatalf("the VM's parent on pool B: %s, want its snapshot %s", p, nsnap)
+	}
+	sgot := vbdsOf(b, nsnap)
+	if cd := sgot["3"]; len(sgot) != 2 || cd.Type != "CD" || !cd.Empty {
+		t.Fatalf("the snapshot's VBDs on pool B: %+v", sgot)
+	}
+	nsv := sgot["0"].VDI
+	if b.str("VDI.get_SR", nsv) != srB || string(b.call("VDI.get_is_a_snapshot", nsv)) != "true" ||
+		b.str("VDI.get_snapshot_of", nsv) != nv || b.str("VDI.get_snapshot_time", nsv) != svdiTime {
+		t.Fatalf("the snapshot's VDI on pool B: %s", b.call("VDI.get_record", nsv))
+	}
+	if s := readDisk(t, b, b.at, nsv); sha256.Sum256(s) != sumThen {
+		t.Fatal("the snapshot's disk differs on pool B")
+	}
+	// The disk and its snapshot share their history again: the disk's
+	// image is a top over the snapshot's copy (storagechain.go).
+	sharesHistory(t, p.Hosts[1].DataDir, b.str("VDI.get_uuid", nv), b.str("VDI.get_uuid", nsv))
+	var svifs []string
+	if err := json.Unmarshal(b.call("VM.get_VIFs", nsnap), &svifs); err != nil || len(svifs) != 1 ||
+		b.str("VIF.get_network", svifs[0]) != netB {
+		t.Fatalf("the snapshot's VIFs on pool B: %v %v", svifs, err)
+	}
+
+	// Pool A: none of it, but the ISO.
+	for _, q := range [][2]string{{"VM.get_uuid", vm}, {"VM.get_uuid", snap}, {"VDI.get_uuid", vdi}, {"VDI.get_uuid", svdi},
+		{"VDI.get_uuid", ro}, {"VIF.get_uuid", vif}} {
+		if _, err := a.c.Call(ctx, a.at, q[0], a.s, q[1]); pooltest.Code(err) != xerr.HandleInvalid {
+			t.Fatalf("%s %s on pool A after the move: %v", q[0], q[1], err)
+		}
+	}
+	for _, u := range []string{uuid, snapUUID} {
+		if _, err := a.c.Call(ctx, a.at, "VM.get_by_uuid", a.s, u); pooltest.Code(err) != xerr.UUIDInvalid {
+			t.Fatalf("VM.get_by_uuid %s on pool A after the move: %v", u, err)
+		}
+	}
+	if a.str("VDI.get_SR", iso) != srA {
+		t.Fatal("the ISO VDI left pool A")
+	}
+
+	// And back, halted: every disk copied, the snapshot's following its
+	// snapshot_of again.
+	b.call("VM.hard_shutdown", newVM)
+	back := b.str("VM.migrate_send", migrateSendArgs(newVM, destMap(a, hosts[0]), map[string]string{nv: srA, nro: srA},
+		map[string]string{nvif: netA}, map[string]string{})...)
+	if s := vmWhere(a, back); s.Power != "Halted" || len(s.Ops) != 0 || a.str("VM.get_uuid", back) != uuid {
+		t.Fatalf("on pool A after the move back: %+v", s)
+	}
+	if err := json.Unmarshal(a.call("VM.get_snapshots", back), &snaps); err != nil || len(snaps) != 1 ||
+		a.str("VM.get_uuid", snaps[0]) != snapUUID {
+		t.Fatalf("the VM's snapshots on pool A after the move back: %v %v", snaps, err)
+	}
+	bgot, bsgot := vbdsOf(a, back), vbdsOf(a, snaps[0])
+	bvdi, bsvdi := bgot["0"].VDI, bsgot["0"].VDI
+	if len(bgot) != 3 || !bgot["3"].Empty || bgot["1"].Mode != "RO" || len(bsgot) != 2 || !bsgot["3"].Empty {
+		t.Fatalf("the VBDs on pool A after the move back: %+v and the snapshot's %+v", bgot, bsgot)
+	}
+	if string(a.call("VDI.get_is_a_snapshot", bsvdi)) != "true" || a.str("VDI.get_snapshot_of", bsvdi) != bvdi ||
+		a.str("VDI.get_SR", bsvdi) != srA || a.str("VDI.get_snapshot_time", bsvdi) != svdiTime {
+		t.Fatalf("the snapshot's VDI on pool A after the move back: %s", a.call("VDI.get_record", bsvdi))
+	}
+	if s := readDisk(t, a, a.at, bsvdi); sha256.Sum256(s) != sumThen {
+		t.Fatal("the snapshot's disk differs after the move back")
+	}
+	sharesHistory(t, p.Hosts[0].DataDir, a.str("VDI.get_uuid", bvdi), a.str("VDI.get_uuid", bsvdi))
+	if s := readDisk(t, a, a.at, bgot["1"].VDI); sha256.Sum256(s) != roSum {
+		t.Fatal("the read-only disk differs after the move back")
+	}
+	if s := readDisk(t, a, a.at, bvdi); qemu && sha256.Sum256(s) != sumNow {
+		t.Fatal("the VM's disk differs after the move back")
+	}
+	for _, q := range [][2]string{{"VM.get_uuid", newVM}, {"VM.get_uuid", nsnap}, {"VDI.get_uuid", nv}, {"VDI.get_uuid", nsv}} {
+		if _, err := b.c.Call(ctx, b.at, q[0], b.s, q[1]); pooltest.Code(err) != xerr.HandleInvalid {
+			t.Fatalf("%s %s on pool B after the move back: %v", q[0], q[1], err)
+		}
+	}
+}
+
+// A move of a VM with a snapshot and a CD cancelled while its disk is
+// mirrored (after the snapshot's disk was copied): pool A keeps the VM
+// running with its snapshot and disks; the CD stays ejected, as xapi
+// leaves it; pool B keeps neither VM nor snapshot nor any new VDI. Then
+// the VM, with a checkpoint besides, moves: its memory image with it.
+func TestCrossPoolMigrateSnapshotCancel(t *testing.T) {
+	if _, err := exec.LookPath("qemu-nbd"); err != nil {
+		t.Skip("no qemu-nbd (the exports)")
+	}
+	ctx := testCtx(t)
+	_, rs, hosts := twoPools(t, ctx, pooltest.Options{Daemon: testdaemon.Options{
+		Env: []string{"TOOLSTACKD_SIM_DELAYS=mirror-copy=8s"}}})
+	a, b := rs[0], rs[1]
+	srA, srB := a.localSR(hosts[0]), b.localSR(hosts[1])
+	vm := sharedVM(a, srA, "xpool-snapshot-cancel", nil)
+	uuid := a.str("VM.get_uuid", vm)
+	_, vdi := vmDisk(a, vm)
+	iso := a.str("VDI.create", map[string]any{"name_label": "iso", "name_description": "", "SR": srA,
+		"virtual_size": 1 << 20, "type": "user", "sharable": false, "read_only": false, "other_config": map[string]string{},
+		"xenstore_data": map[string]string{}, "sm_config": map[string]string{}, "tags": []string{}})
+	cd := a.str("VBD.create", map[string]any{"VM": vm, "VDI": iso, "userdevice": "3", "bootable": false, "mode": "RO", "type": "CD",
+		"empty": false, "other_config": map[string]string{}, "qos_algorithm_type": "", "qos_algorithm_params": map[string]string{}})
+	snap := a.str("VM.snapshot", vm, "kept")
+	snapUUID := a.str("VM.get_uuid", snap)
+	a.call("VM.start", vm, false, false)
+	before := srVDIs(b, srB)
+	task := a.str("Async.VM.migrate_send", migrateSendArgs(vm, destMap(b, hosts[1]), map[string]string{vdi: srB},
+		map[string]string{}, map[string]string{})...)
+	waitUntil(t, 60*time.Second, "the mirror", func() bool {
+		if st := a.str("task.get_status", task); st != "pending" {
+			t.Fatalf("the migration ended early: %s %s", st, a.call("task.get_error_info", task))
+		}
+		var prog float64
+		_ = json.Unmarshal(a.call("task.get_progress", task), &prog)
+		// The snapshot's disk copied, the VM's being mirrored: pool B
+		// has both new VDIs and the snapshot.
+		_, err := b.c.Call(ctx, b.at, "VM.get_by_uuid", b.s, snapUUID)
+		return prog > 0.2 && prog < 0.5 && srVDIs(b, srB) == before+2 && err == nil
+	})
+	a.call("task.cancel", task)
+	if st, info := waitTask(t, a, task); st != "cancelled" {
+		t.Fatalf("a cancelled migration: %s %v", st, info)
+	}
+	waitUntil(t, 30*time.Second, "the migration to be undone", func() bool { return len(vmWhere(a, vm).Ops) == 0 })
+	if s := vmWhere(a, vm); s.Power != "Running" || s.On != hosts[0] {
+		t.Fatalf("after the cancel: %+v", s)
+	}
+	var snaps []string
+	if err := json.Unmarshal(a.call("VM.get_snapshots", vm), &snaps); err != nil || len(snaps) != 1 || snaps[0] != snap {
+		t.Fatalf("the VM's snapshots on pool A after the cancel: %v %v", snaps, err)
+	}
+	if string(a.call("VBD.get_empty", cd)) != "true" || a.str("VDI.get_SR", iso) != srA {
+		t.Fatal("the CD is not left ejected (with its ISO on pool A) after the cancel")
+	}
+	waitUntil(t, 30*time.Second, "pool B to drop what it made", func() bool {
+		_, e1 := b.c.Call(ctx, b.at, "VM.get_by_uuid", b.s, uuid)
+		_, e2 := b.c.Call(ctx, b.at, "VM.get_by_uuid", b.s, snapUUID)
+		return pooltest.Code(e1) == xerr.UUIDInvalid && pooltest.Code(e2) == xerr.UUIDInvalid && srVDIs(b, srB) == before
+	})
+	// A checkpoint's memory goes with it (xapi's suspends_vdis, to the
+	// other pool's suspend image SR or default SR): on pool B the
+	// checkpoint is suspended on a copy of its image, and the VM reverts
+	// to it and resumes there.
+	cp := a.str("VM.checkpoint", vm, "with memory")
+	cpUUID := a.str("VM.get_uuid", cp)
+	image := readDisk(t, a, a.at, a.str("VM.get_suspend_VDI", cp))
+	newVM := a.str("VM.migrate_send", migrateSendArgs(vm, destMap(b, hosts[1]), map[string]string{vdi: srB},
+		map[string]string{}, map[string]string{})...)
+	ncp := b.str("VM.get_by_uuid", cpUUID)
+	nsv := b.str("VM.get_suspend_VDI", ncp)
+	if b.str("VM.get_power_state", ncp) != "Suspended" || b.str("VM.get_snapshot_of", ncp) != newVM ||
+		b.str("VDI.get_type", nsv) != "suspend" {
+		t.Fatalf("the checkpoint on pool B: %s", b.call("VM.get_record", ncp))
+	}
+	if got := readDisk(t, b, b.at, nsv); sha256.Sum256(got) != sha256.Sum256(image) {
+		t.Fatal("the checkpoint's memory image differs on pool B")
+	}
+	if _, err := a.c.Call(ctx, a.at, "VM.get_by_uuid", a.s, cpUUID); pooltest.Code(err) != xerr.UUIDInvalid {
+		t.Fatalf("the checkpoint on pool A after the move: %v", err)
+	}
+	b.call("VM.hard_shutdown", newVM)
+	b.call("VM.revert", ncp)
+	b.call("VM.resume", newVM, false, false)
+	if s := vmWhere(b, newVM); s.Power != "Running" || s.On != hosts[1] {
+		t.Fatalf("resumed from the moved checkpoint on pool B: %+v", s)
 	}
 	b.call("VM.hard_shutdown", newVM)
 }

@@ -380,24 +380,9 @@ func TestStorageMigrateQEMU(t *testing.T) {
 		Env: []string{"TOOLSTACKD_QEMU_ACCEL=tcg", "TOOLSTACKD_GUEST_KERNEL_DIRS=" + g.dir}}})
 	local := []string{r.localSR(hosts[0]), r.localSR(hosts[1])}
 	const size = 256 << 20
-	rec := testdaemon.VMRecord("qemu-sxm")
-	vm := r.str("VM.create", rec)
-	vdi := r.str("VDI.create", map[string]any{"name_label": "sxm disk", "name_description": "", "SR": local[0],
-		"virtual_size": size, "type": "user", "sharable": false, "read_only": false, "other_config": map[string]string{},
-		"xenstore_data": map[string]string{}, "sm_config": map[string]string{}, "tags": []string{}})
-	r.call("VBD.create", map[string]any{"VM": vm, "VDI": vdi, "userdevice": "0", "bootable": true, "mode": "RW", "type": "Disk",
-		"empty": false, "other_config": map[string]string{}, "qos_algorithm_type": "", "qos_algorithm_params": map[string]string{}})
+	vm, vdi := vmWithDisk(r, "qemu-sxm", "sxm disk", local[0], size)
 	sum := writePattern(t, r, p.Addr(0), vdi, size)
-	uuid := r.str("VM.get_uuid", vm)
-	g.setOn(r, vm)
-	t.Cleanup(func() { killQEMUs(uuid) })
-	r.call("VM.start_on", vm, hosts[0], false, false)
-	ticks := &tickLog{}
-	t.Cleanup(ticks.close)
-	if _, err := ticks.follow(p.Hosts[0].DataDir, uuid, 0); err != nil {
-		t.Fatal(err)
-	}
-	ticks.wait(t, 0, 3, 2*time.Minute) // the guest runs
+	uuid, ticks := startTicking(t, g, p, r, vm, hosts, 0)
 	// Rounds back and forth (TOOLSTACKD_SXM_ROUNDS, default 1), each
 	// after the baseline of the figure: the current image file copied on
 	// this machine with cp and with qemu-img convert (as storage copies
@@ -574,16 +559,7 @@ func TestStorageMigrateQEMUCancel(t *testing.T) {
 	r.call("VDI.resize", vmDiskVDI(r, vm), 64<<20)
 	_, vdi := vmDisk(r, vm)
 	writePattern(t, r, p.Addr(0), vdi, 64<<20)
-	uuid := r.str("VM.get_uuid", vm)
-	g.setOn(r, vm)
-	t.Cleanup(func() { killQEMUs(uuid) })
-	r.call("VM.start_on", vm, hosts[0], false, false)
-	ticks := &tickLog{}
-	t.Cleanup(ticks.close)
-	if _, err := ticks.follow(p.Hosts[0].DataDir, uuid, 0); err != nil {
-		t.Fatal(err)
-	}
-	ticks.wait(t, 0, 3, 2*time.Minute)
+	uuid, ticks := startTicking(t, g, p, r, vm, hosts, 0)
 	before := srVDIs(r, local[1])
 	cancelAt := func(what string, lo, hi float64) {
 		t.Helper()
@@ -658,4 +634,33 @@ func TestStorageMigrateQEMUReadOnlyDisk(t *testing.T) {
 	if got := readDisk(t, r, p.Addr(0), nv); sha256.Sum256(got) != sum {
 		t.Fatal("the read-only disk differs after the move")
 	}
+}
+
+// vmWithDisk makes a VM with one disk of size bytes on sr.
+func vmWithDisk(r rpc, name, disk, sr string, size int64) (vm, vdi string) {
+	r.t.Helper()
+	vm = r.str("VM.create", testdaemon.VMRecord(name))
+	vdi = r.str("VDI.create", map[string]any{"name_label": disk, "name_description": "", "SR": sr,
+		"virtual_size": size, "type": "user", "sharable": false, "read_only": false, "other_config": map[string]string{},
+		"xenstore_data": map[string]string{}, "sm_config": map[string]string{}, "tags": []string{}})
+	r.call("VBD.create", map[string]any{"VM": vm, "VDI": vdi, "userdevice": "0", "bootable": true, "mode": "RW", "type": "Disk",
+		"empty": false, "other_config": map[string]string{}, "qos_algorithm_type": "", "qos_algorithm_params": map[string]string{}})
+	return vm, vdi
+}
+
+// startTicking starts the tick guest vm on hosts[at] and waits for its
+// first ticks: its uuid and the log of its ticks.
+func startTicking(t *testing.T, g tickGuestFiles, p *pooltest.Pool, r rpc, vm string, hosts map[int]string, at int) (string, *tickLog) {
+	t.Helper()
+	uuid := r.str("VM.get_uuid", vm)
+	g.setOn(r, vm)
+	t.Cleanup(func() { killQEMUs(uuid) })
+	r.call("VM.start_on", vm, hosts[at], false, false)
+	ticks := &tickLog{}
+	t.Cleanup(ticks.close)
+	if _, err := ticks.follow(p.Hosts[at].DataDir, uuid, at); err != nil {
+		t.Fatal(err)
+	}
+	ticks.wait(t, at, 3, 2*time.Minute)
+	return uuid, ticks
 }

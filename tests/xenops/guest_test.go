@@ -19,10 +19,14 @@ import (
 )
 
 // A tiny guest for the QEMU tests: the host's Debian kernel with an
-// initramfs made here from busybox. Its init loads the virtio and ACPI
-// button drivers, runs busybox acpid so that the ACPI power button powers
-// it off, prints "GUEST-READY disks: ..." on the serial port every
-// second, and offers a shell there.
+// initramfs made here from busybox. Its /init script loads the virtio and
+// ACPI button drivers, runs busybox acpid so that the ACPI power button
+// powers it off, starts printing "GUEST-READY disks: ..." on the serial
+// port every second, and then becomes busybox init (still PID 1), whose
+// inittab runs a shell on the serial port and starts it again when it
+// ends. Init reaps every process orphaned under it, so commands the tests
+// kill or leave behind in the background do not stay as zombies
+// (guest_init_test.go).
 
 const guestInit = `#!/bin/busybox sh
 /bin/busybox --install -s /bin
@@ -39,7 +43,8 @@ chmod +x /etc/acpi/PWRF/00000080
 sleep 1
 acpid -c /etc/acpi
 ( while true; do echo "GUEST-READY disks: $(ls /sys/block | tr '\n' ' ')"; sleep 1; done ) > /dev/ttyS0 2>&1 &
-exec setsid sh -c 'exec sh </dev/ttyS0 >/dev/ttyS0 2>&1'
+echo 'ttyS0::respawn:/bin/sh' > /etc/inittab
+exec /bin/init
 `
 
 var guestModules = []string{

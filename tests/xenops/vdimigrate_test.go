@@ -61,6 +61,24 @@ func (d storageDisks) Detach(ctx context.Context, vm, vdi string) error {
 	return d.s.Detach(ctx, dp, vdi)
 }
 
+// The copies of a VDI's snapshots go through storage's exports, as in
+// the daemon (xenops.DiskMover).
+func (d storageDisks) ExportVDI(ctx context.Context, vdi string) (*storage.Export, error) {
+	return d.s.Export(ctx, vdi)
+}
+
+func (d storageDisks) ExportVDIReadOnly(ctx context.Context, vdi string) (*storage.Export, error) {
+	return d.s.ExportReadOnly(ctx, vdi)
+}
+
+func (d storageDisks) DiffExtents(ctx context.Context, vdi, base string) ([]storage.Extent, error) {
+	return d.s.DiffExtents(ctx, vdi, base)
+}
+
+func (d storageDisks) IsOverlayOf(ctx context.Context, vdi, base string) (bool, error) {
+	return d.s.IsOverlayOf(ctx, vdi, base)
+}
+
 // storageEnv is an env with the storage layer: first boot's local SR
 // and VDIs made with VDI.create.
 func storageEnv(t *testing.T, cfg xenops.Config) *env {
@@ -185,11 +203,15 @@ func TestVDIPoolMigrateSimulator(t *testing.T) {
 	if got := e.str(e.call("VDI.pool_migrate", vdi, sr1, map[string]string{})); got != vdi {
 		t.Fatalf("pool_migrate to its own SR returned %s", got)
 	}
-	// A VDI with snapshots, and the snapshot itself.
-	snap := e.str(e.call("VDI.snapshot", vdi, map[string]string{}))
-	e.fails("OPERATION_NOT_ALLOWED", "VDI.pool_migrate", vdi, sr2, map[string]string{})
-	e.fails("VDI_NEEDS_VM_FOR_MIGRATE", "VDI.pool_migrate", snap, sr2, map[string]string{})
-	e.call("VDI.destroy", snap)
+	// A snapshot is not a disk a VM uses; the VDI moves with its
+	// snapshots (below).
+	snaps := []string{e.str(e.call("VDI.snapshot", vdi, map[string]string{}))}
+	e.fails("VDI_NEEDS_VM_FOR_MIGRATE", "VDI.pool_migrate", snaps[0], sr2, map[string]string{})
+	snaps = append(snaps, e.str(e.call("VDI.snapshot", vdi, map[string]string{})))
+	snapTimes := map[string]any{}
+	for _, s := range snaps {
+		snapTimes[e.field("VDI", s, "uuid").(string)] = e.field("VDI", s, "snapshot_time")
+	}
 	// An SR this host does not see.
 	pbd := e.strs("SR", sr2, "PBDs")[0]
 	e.call("PBD.unplug", pbd)
@@ -242,6 +264,30 @@ func TestVDIPoolMigrateSimulator(t *testing.T) {
 	}
 	nu := e.str(e.call("VBD.get_VDI", vbd))
 	e.checkMoved(vbd, vdi, nu, sr2)
+	// The snapshots came along: on the new SR, snapshots of the new VDI
+	// taken when the old ones were; the old ones gone.
+	moved := e.strs("VDI", nu, "snapshots")
+	if len(moved) != len(snaps) {
+		t.Fatalf("the new VDI's snapshots: %v", moved)
+	}
+	times := map[any]bool{}
+	for _, s := range moved {
+		rec := e.record("VDI", s)
+		if rec["SR"] != sr2 || rec["is_a_snapshot"] != true || rec["snapshot_of"] != nu || rec["name_label"] != "moving" {
+			t.Fatalf("a moved snapshot: %v", rec)
+		}
+		times[rec["snapshot_time"]] = true
+	}
+	for _, at := range snapTimes {
+		if !times[at] {
+			t.Fatalf("snapshot times %v after the move, want %v", times, snapTimes)
+		}
+	}
+	for _, s := range snaps {
+		if !e.gone("VDI", s) {
+			t.Fatalf("the old snapshot %s is still there", s)
+		}
+	}
 	if v, path := disk(); v != nu || path == "" {
 		t.Fatalf("after the move the domain's disk is %s at %s, want %s", v, path, nu)
 	}
@@ -330,7 +376,17 @@ func TestVDIPoolMigrateQEMU(t *testing.T) {
 	// 40 MiB of data the guest keeps, then a writer all over 48-64 MiB.
 	fmt.Fprintf(con, "dd if=/dev/urandom of=/dev/vda bs=1M count=40 conv=fsync 2>/dev/null; echo FILLED-$?\n")
 	con.waitFor(t, "FILLED-0", 3*time.Minute)
+	// A snapshot of the running disk, then 4 MiB written over: the disk
+	// moves with its snapshot, as a chain (the snapshot copied, the disk
+	// mirrored with only what it wrote since onto a clone of the copy).
+	snapSum := guestSum(t, con, "vda", 40, "SNAP")
+	snap := e.str(e.call("VDI.snapshot", vdi, map[string]string{}))
+	fmt.Fprintf(con, "dd if=/dev/urandom of=/dev/vda bs=1M count=4 conv=fsync 2>/dev/null; echo REFILLED-$?\n")
+	con.waitFor(t, "REFILLED-0", 3*time.Minute)
 	sum := guestSum(t, con, "vda", 40, "SUM0")
+	if sum == snapSum {
+		t.Fatal("the guest's writes after the snapshot changed nothing")
+	}
 	// The writer stops when told by a file and says so itself: the
 	// guest's interactive shell is its PID 1, and after "kill %1" (a
 	// killed job's dd re-parented to the shell) or a "wait" for a job
@@ -353,9 +409,9 @@ func TestVDIPoolMigrateQEMU(t *testing.T) {
 		if got := e.field("VBD", vbd, "VDI"); got != vdi || e.power(vm) != "Running" {
 			t.Fatalf("after a cancelled move: VBD.VDI %v, power %s", got, e.power(vm))
 		}
-		if vdis := e.strs("SR", sr2, "VDIs"); len(vdis) != 0 {
-			t.Fatalf("a cancelled move left VDIs on the SR: %v", vdis)
-		}
+		eventually(t, 30*time.Second, "the cancelled move's VDIs to go", func() bool {
+			return len(e.strs("SR", sr2, "VDIs")) == 0
+		})
 		con.waitFor(t, "WROTE-", time.Minute)
 	})
 
@@ -369,8 +425,24 @@ func TestVDIPoolMigrateQEMU(t *testing.T) {
 		t.Logf("VDI.pool_migrate of a 64 MiB disk with 40 MiB of data took %v", time.Since(t0))
 		nu = e.str(e.call("VBD.get_VDI", vbd))
 		e.checkMoved(vbd, vdi, nu, sr2)
-		if ents, _ := filepath.Glob(filepath.Join(dir1, "*.qcow2")); len(ents) != 0 {
-			t.Fatalf("the old VDI's image is left: %v", ents)
+		eventually(t, 30*time.Second, "the old VDIs' images to go", func() bool {
+			ents, _ := filepath.Glob(filepath.Join(dir1, "*.qcow2"))
+			return len(ents) == 0
+		})
+		// The snapshot came along, sharing the disk's history: the
+		// disk's image is a top over the snapshot's copy.
+		moved := e.strs("VDI", nu, "snapshots")
+		if len(moved) != 1 || !e.gone("VDI", snap) || e.field("VDI", moved[0], "SR") != sr2 {
+			t.Fatalf("the snapshot after the move: %v (old gone: %v)", moved, e.gone("VDI", snap))
+		}
+		raw := filepath.Join(shortTempDir(t), "snap.raw")
+		rawCopy(t, e.vdiFile(dir2, moved[0]), raw)
+		if b, err := os.ReadFile(raw); err != nil || fmt.Sprintf("%x", md5.Sum(b[:40<<20])) != snapSum {
+			t.Fatalf("the moved snapshot does not hold what the disk held when it was taken (%v)", err)
+		}
+		if out, err := exec.Command("qemu-img", "info", "-U", "--backing-chain", e.vdiFile(dir2, nu)).Output(); err != nil ||
+			strings.Count(string(out), "image:") < 2 {
+			t.Fatalf("the moved disk's image is no top over its snapshot's copy: %v\n%s", err, out)
 		}
 		// The guest writes on, and reads what it had.
 		con.waitFor(t, "WROTE-", time.Minute)
