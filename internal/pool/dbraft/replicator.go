@@ -260,10 +260,10 @@ type delta struct {
 }
 
 // forward sends a member's deltas to the coordinator one at a time, in
-// the order they were made: a delta carries whole column values (a map,
-// a set), so two in flight at once could land in the other order and the
-// older value win (a VM's current_operations keeping an operation that
-// had ended).
+// the order they were made: a delta sets whole scalar values and adds or
+// removes elements of sets and maps, so two in flight at once could land
+// in the other order and the older change win (a VM's
+// current_operations keeping an operation that had ended).
 //
 // A delta in flight to a coordinator that is no longer one (it was cut
 // off, or this host was elected) would hold up every later write here

@@ -13,7 +13,19 @@
 // Layout (all integers unsigned varints, strings length-prefixed):
 //
 //	version (1), count, then per row: op (0 put, 1 delete, 2 patch), class name,
-//	ref, and for a put or patch the number of columns and (column, value) pairs.
+//	ref, and for a put or patch the number of columns and (column, value) pairs;
+//	in a patch a set or map column's pair is followed by its value before the
+//	change (column, value, before).
+//
+// A patch never reaches raft's log (the coordinator applies it and
+// replicates whole rows), so its layout can change with the build. A set
+// or map column in a patch is merged into the coordinator's value
+// (schema.Merge3): the member's change is what before became after, so a
+// member whose copy lagged behind does not undo what another host added
+// to or removed from the same set or map meanwhile (a VM's
+// current_operations, other_config keys), as xapi's add_to_ and
+// remove_from_ calls on the coordinator do not. Any other column is set
+// to the member's value (the later write wins).
 //
 // Decode treats its input as hostile: any malformed entry is an error
 // wrapping ErrCorrupt, never a panic, and sizes are bounded.
@@ -62,12 +74,15 @@ const (
 
 // Row is one row's change in an entry: for OpPut its whole persistent
 // state, as canonical values indexed by field (nil: the column's
-// default); for OpPatch the columns to set (nil: leave alone).
+// default); for OpPatch the columns to set (nil: leave alone), and in
+// Before, for the set and map columns among them, their values before
+// the change.
 type Row struct {
 	Op     Op
 	Class  *schema.Class
 	Ref    string
 	Values []any
+	Before []any
 }
 
 // Encode makes one entry of the persistent changes in batches; ok is
@@ -195,8 +210,17 @@ func appendColumns(buf []byte, r *db.Row, old *db.Row) []byte {
 		f := c.Fields[i]
 		buf = appendString(buf, f.Column)
 		buf = appendString(buf, schema.FormatExact(f.Type, r.At(i)))
+		if old != nil && merged(f) {
+			buf = appendString(buf, schema.FormatExact(f.Type, old.At(i)))
+		}
 	}
 	return buf
+}
+
+// merged reports whether a patch merges f's value (a set or a map) into
+// the row's current one rather than setting it.
+func merged(f *schema.Field) bool {
+	return f.Type.Kind == schema.KSet || f.Type.Kind == schema.KMap
 }
 
 func appendString(buf []byte, s string) []byte {
@@ -305,6 +329,18 @@ func decodeRow(m *schema.Model, r *reader) (Row, error) {
 			return Row{}, fmt.Errorf("%w: %s.%s: %v", ErrCorrupt, c.Name, col, err)
 		}
 		row.Values[f.Index] = v
+		if op == OpPatch && merged(f) {
+			if row.Before == nil {
+				row.Before = make([]any, len(c.Fields))
+			}
+			was := r.string("value before")
+			if r.err != nil {
+				break
+			}
+			if row.Before[f.Index], err = schema.ParseExact(f.Type, was); err != nil {
+				return Row{}, fmt.Errorf("%w: %s.%s before: %v", ErrCorrupt, c.Name, col, err)
+			}
+		}
 	}
 	return row, r.err
 }
@@ -312,7 +348,8 @@ func decodeRow(m *schema.Model, r *reader) (Row, error) {
 // Apply makes d hold the rows of an entry, in one transaction. A put of
 // a row d lacks inserts it; of a row it holds, rewrites the columns that
 // differ (relations kept in step); a patch sets the columns it carries
-// on a row d holds (and is a no-op on one it lacks, deleted meanwhile); a
+// on a row d holds, merging sets and maps (see the package
+// documentation), and is a no-op on a row d lacks (deleted meanwhile); a
 // delete of a row it lacks is a no-op.
 func Apply(d *db.DB, rows []Row) error {
 	_, err := d.Update(func(tx *db.Tx) error { return ApplyTx(tx, rows) })
@@ -370,6 +407,9 @@ func applyRow(tx *db.Tx, row Row) error {
 				continue
 			}
 			v = c.Base[f.Index]
+		}
+		if row.Op == OpPatch && row.Before != nil && merged(f) {
+			v = schema.Merge3(f.Type, row.Before[f.Index], v, cur.Get(f))
 		}
 		if !schema.Equal(cur.Get(f), v) {
 			if err := tx.Set(f, row.Ref, v); err != nil {

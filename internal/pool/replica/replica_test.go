@@ -278,3 +278,66 @@ func insertVM(d *db.DB, name string) (ref string, err error) {
 	})
 	return ref, err
 }
+
+// A member's change to a set or a map, made on a copy that lagged behind
+// the coordinator's, is merged into the coordinator's value: what the
+// coordinator added or removed meanwhile survives, as xapi's add_to_ and
+// remove_from_ calls on the coordinator keep it.
+func TestPatchMergesSetsAndMaps(t *testing.T) {
+	coord := db.New(dm.Model, db.Options{})
+	var ref string
+	if _, err := coord.Update(func(tx *db.Tx) (err error) {
+		ref, err = tx.Insert(dm.VM.Class, "", (&dm.VMRecord{NameLabel: "vm",
+			OtherConfig: map[string]string{"k": "v", "shared": "old"}, Tags: []string{"a"}}).Row())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	member := db.New(dm.Model, db.Options{})
+	replicate(t, Encode, coord, member, 0)
+	// The coordinator changes both; the member has not seen it.
+	if _, err := coord.Update(func(tx *db.Tx) error {
+		if err := tx.Set(dm.VM.OtherConfig, ref, map[string]string{"k": "v", "shared": "theirs", "c": "1"}); err != nil {
+			return err
+		}
+		return tx.Set(dm.VM.Tags, ref, []string{"a", "c"})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	mgen := member.Generation()
+	if _, err := member.Update(func(tx *db.Tx) error {
+		if err := tx.Set(dm.VM.OtherConfig, ref, map[string]string{"shared": "old", "m": "2"}); err != nil {
+			return err
+		}
+		return tx.Set(dm.VM.Tags, ref, []string{"m"})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	replicate(t, EncodeDelta, member, coord, mgen)
+	row, _ := coord.Snapshot().Get(dm.VM.Class, ref)
+	wantOC := map[string]string{"shared": "theirs", "c": "1", "m": "2"}
+	if oc := row.Get(dm.VM.OtherConfig); !schema.Equal(oc, wantOC) {
+		t.Errorf("other_config %v, want %v (k removed by the member, c kept, shared left as the coordinator set it)", oc, wantOC)
+	}
+	if tags := row.Get(dm.VM.Tags); !schema.Equal(tags, []string{"c", "m"}) {
+		t.Errorf("tags %v, want [c m]", tags)
+	}
+	// A key both changed: the member's write, the later one, wins.
+	replicate(t, Encode, coord, member, 0)
+	mgen = member.Generation()
+	if _, err := coord.Update(func(tx *db.Tx) error {
+		return tx.Set(dm.VM.OtherConfig, ref, map[string]string{"shared": "coordinator"})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := member.Update(func(tx *db.Tx) error {
+		return tx.Set(dm.VM.OtherConfig, ref, map[string]string{"shared": "member", "c": "1", "m": "2"})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	replicate(t, EncodeDelta, member, coord, mgen)
+	row, _ = coord.Snapshot().Get(dm.VM.Class, ref)
+	if oc := row.Get(dm.VM.OtherConfig); !schema.Equal(oc, map[string]string{"shared": "member"}) {
+		t.Errorf("other_config %v, want only shared=member (c and m were removed by the coordinator)", oc)
+	}
+}
