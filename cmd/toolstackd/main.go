@@ -405,6 +405,19 @@ func listen(o options, guard *netguard.Guard, router http.Handler, current func(
 	// Unix socket named "local" (FileDescriptorName=local) is the local
 	// superuser socket, every other one serves the API. Without an API
 	// socket from systemd, listen on --listen.
+	// The HTTPS socket is bound first: a client (or a test harness) that
+	// finds the plain port answering finds the HTTPS one bound too.
+	var httpsL net.Listener
+	if o.listenHTTPS != "" {
+		if httpsL, err = net.Listen("tcp", o.listenHTTPS); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if err != nil {
+				_ = httpsL.Close() // not served yet when the plain one failed
+			}
+		}()
+	}
 	var local net.Listener
 	apiSockets := 0
 	named, _ := activation.ListenersWithNames() // none: not socket-activated
@@ -427,13 +440,9 @@ func listen(o options, guard *netguard.Guard, router http.Handler, current func(
 		ls.serveAPI(l, plainHandler(o, router), nil)
 		log.Info("serving XenAPI", "url", "http://"+l.Addr().String())
 	}
-	if o.listenHTTPS != "" {
-		l, err := net.Listen("tcp", o.listenHTTPS)
-		if err != nil {
-			return nil, err
-		}
-		ls.serveAPI(l, router, o.certStore.ServerTLS()) // certificates swapped in place (certs.go)
-		log.Info("serving XenAPI", "url", "https://"+l.Addr().String())
+	if httpsL != nil {
+		ls.serveAPI(httpsL, router, o.certStore.ServerTLS()) // certificates swapped in place (certs.go)
+		log.Info("serving XenAPI", "url", "https://"+httpsL.Addr().String())
 	}
 	if local != nil {
 		// systemd made it, with the unit's SocketMode (0600).

@@ -146,9 +146,11 @@ func (p *Pool) identityOf(r *http.Request) (id api.Identity, status int, err err
 	if idx, perr := strconv.ParseUint(r.Header.Get(headerIndex), 10, 64); perr == nil {
 		ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
 		defer cancel()
+		t0 := time.Now()
 		if err := p.cfg.Repl.WaitApplied(ctx, idx); err != nil {
 			return id, http.StatusServiceUnavailable, err
 		}
+		p.log.Debug("waited for the raft index of a request from another host", "index", idx, "took", time.Since(t0), "path", r.URL.Path)
 	}
 	return id, http.StatusOK, nil
 }

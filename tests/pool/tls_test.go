@@ -3,11 +3,9 @@ package pool
 import (
 	"context"
 	"crypto/sha256"
-	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -78,13 +76,7 @@ func fingerprintOf(der []byte) string {
 // presents.
 func served(t *testing.T, addr string) string {
 	t.Helper()
-	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", addr,
-		&tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}) // only reading what it presents
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = conn.Close() }()
-	return fingerprintOf(conn.ConnectionState().PeerCertificates[0].Raw)
+	return servedAs(t, addr, "")
 }
 
 // onDisk is the fingerprint of the certificate in a host's data dir.

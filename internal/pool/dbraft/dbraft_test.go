@@ -34,6 +34,7 @@ type node struct {
 
 type pool struct {
 	t     testing.TB
+	tune  func(*raft.Config)
 	nodes []*node
 	mu    sync.Mutex // guards the leader lookups of Forward
 }
@@ -61,7 +62,7 @@ func (p *pool) open(n *node) {
 
 func (p *pool) start(n *node, bootstrap bool) {
 	if err := n.r.Start(StartOptions{ID: n.id, Dir: filepath.Join(n.dir, "raft"), Transport: n.trans,
-		Bootstrap: bootstrap, Tune: tune, LogOutput: raftLog()}); err != nil {
+		Bootstrap: bootstrap, Tune: p.tune, LogOutput: raftLog()}); err != nil {
 		p.t.Fatal(err)
 	}
 }
@@ -122,8 +123,11 @@ func (p *pool) revive(n *node) {
 
 // newPool makes n hosts; the first boots a database and makes a pool of
 // itself, the others join it as voters.
-func newPool(t testing.TB, n int) *pool {
-	p := &pool{t: t}
+func newPool(t testing.TB, n int) *pool { return newPoolTuned(t, n, tune) }
+
+// newPoolTuned is newPool with raft configured by tuneFn.
+func newPoolTuned(t testing.TB, n int, tuneFn func(*raft.Config)) *pool {
+	p := &pool{t: t, tune: tuneFn}
 	for i := range n {
 		addr, trans := raft.NewInmemTransport(raft.ServerAddress(fmt.Sprint("host", i)))
 		p.nodes = append(p.nodes, &node{id: raft.ServerID(fmt.Sprint("host", i)), dir: t.TempDir(), trans: trans})
@@ -499,5 +503,62 @@ func TestLeaderFileBehindLogCatchesUp(t *testing.T) {
 		if !ok || row.String(dm.VM.NameLabel) != name {
 			t.Fatalf("acknowledged VM %s (%s) is not on the returned host", ref, name)
 		}
+	}
+}
+
+// A member learns that the coordinator's write is committed from the
+// coordinator's next append. With the pool quiet that append comes after
+// raft's CommitTimeout (here an hour, so that nothing else brings it);
+// Nudge brings it at once.
+func TestNudgeTellsMembersOfCommits(t *testing.T) {
+	p := newPoolTuned(t, 3, func(c *raft.Config) {
+		tune(c)
+		c.CommitTimeout = time.Hour
+	})
+	leader := p.waitLeader()
+	var member *node
+	for _, n := range p.nodes {
+		if n != leader {
+			member = n
+		}
+	}
+	if _, err := createVM(leader.d, "committed"); err != nil {
+		t.Fatal(err)
+	}
+	idx := leader.r.SeenIndex()
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	if err := member.r.WaitApplied(ctx, idx); err == nil {
+		t.Fatal("the member applied the write with no append after it: the test shows nothing")
+	}
+	member.r.Nudge(idx) // not the leader: nothing happens
+	start := time.Now()
+	leader.r.Nudge(idx)
+	leader.r.Nudge(idx) // coalesced with the first
+	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := member.r.WaitApplied(ctx, idx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the member applied index %d %v after the nudge", idx, time.Since(start))
+	// A nudge for an index a finished barrier covered appends nothing.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		leader.r.mu.Lock()
+		busy := leader.r.nudging
+		leader.r.mu.Unlock()
+		if !busy {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the nudge did not finish")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	last := leader.r.Raft().LastIndex()
+	leader.r.Nudge(idx)
+	time.Sleep(50 * time.Millisecond)
+	if got := leader.r.Raft().LastIndex(); got != last {
+		t.Fatalf("a covered nudge appended: last index %d, then %d", last, got)
 	}
 }

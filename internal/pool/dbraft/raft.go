@@ -313,6 +313,62 @@ func (r *Replicator) LeaderAddr() string {
 	return string(addr)
 }
 
+// Nudge, on the leader, makes the followers learn soon that index i is
+// committed, for a request to one of them that carries i (a forwarded
+// call waits until its host has applied the index it carries).
+//
+// A follower learns how far the log is committed from the leader's next
+// append; when the pool is quiet, hashicorp/raft sends one only after
+// its CommitTimeout, a random 50-100 ms, and a call forwarded just after
+// a write waited that long for it. Nudge appends a barrier entry (one
+// small entry, synced as any other): the append that carries it carries
+// the commit index too. Nudges are coalesced: one barrier at a time,
+// and none for an index an earlier barrier covered. It never blocks; on
+// a host that does not lead, it does nothing.
+func (r *Replicator) Nudge(i uint64) {
+	r.mu.Lock()
+	if i <= r.nudged || r.Mode() != Leader {
+		r.mu.Unlock()
+		return
+	}
+	r.nudgeWant = max(r.nudgeWant, i)
+	start := !r.nudging
+	r.nudging = true
+	r.mu.Unlock()
+	if start {
+		go r.nudge()
+	}
+}
+
+// nudge appends barriers until one covers every index asked for.
+func (r *Replicator) nudge() {
+	for {
+		r.mu.Lock()
+		want := r.nudgeWant
+		rf := r.raft.Load()
+		if want <= r.nudged || rf == nil || r.Mode() != Leader {
+			r.nudging = false
+			r.mu.Unlock()
+			return
+		}
+		r.mu.Unlock()
+		// Applied here, so committed: the barrier's append carries a
+		// commit index of at least want.
+		err := rf.Barrier(nudgeTimeout).Error()
+		r.mu.Lock()
+		if err != nil {
+			r.nudging = false // leadership moved, or raft stopped
+			r.mu.Unlock()
+			return
+		}
+		r.nudged = max(r.nudged, want)
+		r.mu.Unlock()
+	}
+}
+
+// nudgeTimeout bounds how long a nudge waits to enter raft's queue.
+const nudgeTimeout = 5 * time.Second
+
 // WaitLeading waits until this host leads the pool and takes writes
 // (raft elected it and it applied everything committed before), or ctx
 // ends.

@@ -164,6 +164,10 @@ type Replicator struct {
 	// the newest of this member's own deltas (under mu): the member's
 	// database shows the change at once, but its log brings it later.
 	ackedIndex uint64
+	// Nudge's state (under mu): the highest index asked for, the highest
+	// a completed barrier covered, and whether a barrier is on its way.
+	nudgeWant, nudged uint64
+	nudging           bool
 
 	raft      atomic.Pointer[raft.Raft]
 	raftStore *raftstore.Store
