@@ -9,9 +9,11 @@ package schema
 // For any other kind, and where the three are not of one Go type, it
 // returns after.
 //
-// A set keeps cur's order, then the added elements in after's order.
+// When cur is still before, the result is after, exactly (a reordered
+// set stays reordered); otherwise a set keeps cur's order, then the added
+// elements in after's order.
 func Merge3(t *Type, before, after, cur any) any {
-	if t.Kind != KSet && t.Kind != KMap {
+	if t.Kind != KSet && t.Kind != KMap || Equal(cur, before) {
 		return after
 	}
 	switch a := after.(type) {

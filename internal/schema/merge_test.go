@@ -25,6 +25,7 @@ func TestMerge3(t *testing.T) {
 		{"map change wins over the concurrent value", smap, map[string]string{"k": "old"}, map[string]string{"k": "mine"}, map[string]string{"k": "theirs"}, map[string]string{"k": "mine"}},
 		{"map key untouched keeps the concurrent value", smap, map[string]string{"k": "old"}, map[string]string{"k": "old", "n": "1"}, map[string]string{"k": "theirs"}, map[string]string{"k": "theirs", "n": "1"}},
 		{"scalar: after", String, "a", "b", "c", "b"},
+		{"no concurrent change: after exactly", set, []string{"a", "b"}, []string{"b", "a"}, []string{"a", "b"}, []string{"b", "a"}},
 	} {
 		got := Merge3(c.t, c.before, c.after, c.cur)
 		if !Equal(got, c.want) && !reflect.DeepEqual(got, c.want) {
