@@ -168,20 +168,25 @@ func firstBootEntry(tb testing.TB) []byte {
 }
 
 func TestDecodeRejectsDamage(t *testing.T) {
-	entry := firstBootEntry(t)
-	for cut := range len(entry) {
-		if _, err := Decode(dm.Model, entry[:cut]); !errors.Is(err, ErrCorrupt) {
-			t.Fatalf("cut at %d: %v", cut, err)
+	for _, entry := range [][]byte{firstBootEntry(t), patchEntry(t)} {
+		if _, err := Decode(dm.Model, entry); err != nil {
+			t.Fatal(err)
 		}
-	}
-	if _, err := Decode(dm.Model, append(entry, 0)); !errors.Is(err, ErrCorrupt) {
-		t.Fatalf("trailing byte: %v", err)
+		for cut := range len(entry) {
+			if _, err := Decode(dm.Model, entry[:cut]); !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("cut at %d: %v", cut, err)
+			}
+		}
+		if _, err := Decode(dm.Model, append(entry, 0)); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("trailing byte: %v", err)
+		}
 	}
 }
 
 func FuzzDecode(f *testing.F) {
 	f.Add(firstBootEntry(f))
 	f.Add([]byte{1, 1, 1, 2, 'V', 'M', 3, 'x', 'y', 'z'})
+	f.Add(patchEntry(f))
 	member := db.New(dm.Model, db.Options{})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		rows, err := Decode(dm.Model, b)
@@ -340,4 +345,33 @@ func TestPatchMergesSetsAndMaps(t *testing.T) {
 	if oc := row.Get(dm.VM.OtherConfig); !schema.Equal(oc, map[string]string{"shared": "member"}) {
 		t.Errorf("other_config %v, want only shared=member (c and m were removed by the coordinator)", oc)
 	}
+}
+
+// patchEntry is a member's delta that changes a VM's name and its
+// other_config (a patch with a value before for the map).
+func patchEntry(tb testing.TB) []byte {
+	tb.Helper()
+	d := db.New(dm.Model, db.Options{})
+	ref, err := insertVM(d, "vm")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	gen := d.Generation()
+	if _, err := d.Update(func(tx *db.Tx) error {
+		if err := tx.Set(dm.VM.NameLabel, ref, "renamed"); err != nil {
+			return err
+		}
+		return tx.Set(dm.VM.OtherConfig, ref, map[string]string{"k": "v"})
+	}); err != nil {
+		tb.Fatal(err)
+	}
+	batches, err := d.ChangesSince(gen)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	entry, ok := EncodeDelta(batches)
+	if !ok {
+		tb.Fatal("nothing encoded")
+	}
+	return entry
 }
