@@ -456,41 +456,80 @@ func TestCrossPoolMigrateQEMUCancel(t *testing.T) {
 	ticks.check(t)
 }
 
-// A halted VM moves to another pool as xapi allows: its records and its
-// disk's bytes (copied, as nothing writes it) arrive, it stays halted
-// there, and it starts there.
-func TestCrossPoolMigrateHalted(t *testing.T) {
+// crossHalted is a halted VM on pool A with a disk on A's local SR that
+// holds a pattern, ready to move to pool B's host 1 and local SR.
+type crossHalted struct {
+	ctx       context.Context
+	a, b      rpc
+	hosts     [2]string
+	srB       string
+	vm, vdi   string
+	uuid      string
+	diskBytes [32]byte
+}
+
+func newCrossHalted(t *testing.T, name string) *crossHalted {
+	t.Helper()
 	if _, err := exec.LookPath("qemu-nbd"); err != nil {
 		t.Skip("no qemu-nbd (the exports)")
 	}
 	ctx := testCtx(t)
 	_, rs, hosts := twoPools(t, ctx, pooltest.Options{})
-	a, b := rs[0], rs[1]
-	srA, srB := a.localSR(hosts[0]), b.localSR(hosts[1])
-	vm := sharedVM(a, srA, "xpool-halted", nil)
-	_, vdi := vmDisk(a, vm)
-	sum := writePattern(t, a, a.at, vdi, 4<<20)
-	uuid := a.str("VM.get_uuid", vm)
-	before := srVDIs(b, srB)
-	newVM := a.str("VM.migrate_send", migrateSendArgs(vm, destMap(b, hosts[1]), map[string]string{vdi: srB},
+	m := &crossHalted{ctx: ctx, a: rs[0], b: rs[1], hosts: hosts, srB: rs[1].localSR(hosts[1])}
+	m.vm = sharedVM(m.a, m.a.localSR(hosts[0]), name, nil)
+	_, m.vdi = vmDisk(m.a, m.vm)
+	m.diskBytes = writePattern(t, m.a, m.a.at, m.vdi, 4<<20)
+	m.uuid = m.a.str("VM.get_uuid", m.vm)
+	return m
+}
+
+// send moves the VM with its disk to pool B's local SR and checks that
+// it arrived in power state power, with its uuid and no operation left
+// marked, and that its disk's bytes came along; it returns the VM and
+// its disk on pool B.
+func (m *crossHalted) send(t *testing.T, power string) (newVM, newVDI string) {
+	t.Helper()
+	newVM = m.a.str("VM.migrate_send", migrateSendArgs(m.vm, destMap(m.b, m.hosts[1]), map[string]string{m.vdi: m.srB},
 		map[string]string{}, map[string]string{})...)
-	if s := vmWhere(b, newVM); s.Power != "Halted" || len(s.Ops) != 0 || b.str("VM.get_uuid", newVM) != uuid {
+	if s := vmWhere(m.b, newVM); s.Power != power || len(s.Ops) != 0 || m.b.str("VM.get_uuid", newVM) != m.uuid {
 		t.Fatalf("on pool B after the move: %+v", s)
 	}
-	_, nv := vmDisk(b, newVM)
-	if b.str("VDI.get_SR", nv) != srB || srVDIs(b, srB) != before+1 {
-		t.Fatalf("the new VDI %s is not pool B's local SR's", nv)
-	}
-	if got := readDisk(t, b, b.at, nv); len(got) != 4<<20 || sha256.Sum256(got) != sum {
+	_, newVDI = vmDisk(m.b, newVM)
+	if got := readDisk(t, m.b, m.b.at, newVDI); len(got) != 4<<20 || sha256.Sum256(got) != m.diskBytes {
 		t.Fatalf("the moved disk differs: %d bytes", len(got))
 	}
-	for _, q := range [][2]string{{"VM.get_uuid", vm}, {"VDI.get_uuid", vdi}} {
-		if _, err := a.c.Call(ctx, a.at, q[0], a.s, q[1]); pooltest.Code(err) != xerr.HandleInvalid {
+	return newVM, newVDI
+}
+
+// goneFromA checks that pool A no longer holds the VM, its disk, nor the
+// other VDIs named.
+func (m *crossHalted) goneFromA(t *testing.T, vdis ...string) {
+	t.Helper()
+	qs := [][2]string{{"VM.get_uuid", m.vm}, {"VDI.get_uuid", m.vdi}}
+	for _, v := range vdis {
+		qs = append(qs, [2]string{"VDI.get_uuid", v})
+	}
+	for _, q := range qs {
+		if _, err := m.a.c.Call(m.ctx, m.a.at, q[0], m.a.s, q[1]); pooltest.Code(err) != xerr.HandleInvalid {
 			t.Fatalf("%s on pool A after the move: %v", q[0], err)
 		}
 	}
+}
+
+// A halted VM moves to another pool as xapi allows: its records and its
+// disk's bytes (copied, as nothing writes it) arrive, it stays halted
+// there, and it starts there.
+func TestCrossPoolMigrateHalted(t *testing.T) {
+	m := newCrossHalted(t, "xpool-halted")
+	b := m.b
+	before := srVDIs(b, m.srB)
+	newVM, nv := m.send(t, "Halted")
+	if b.str("VDI.get_SR", nv) != m.srB || srVDIs(b, m.srB) != before+1 {
+		t.Fatalf("the new VDI %s is not pool B's local SR's", nv)
+	}
+	m.goneFromA(t)
 	b.call("VM.start", newVM, false, false)
-	if s := vmWhere(b, newVM); s.Power != "Running" || s.On != hosts[1] {
+	if s := vmWhere(b, newVM); s.Power != "Running" || s.On != m.hosts[1] {
 		t.Fatalf("started on pool B: %+v", s)
 	}
 }
@@ -500,30 +539,13 @@ func TestCrossPoolMigrateHalted(t *testing.T) {
 // SR, else its default SR), it arrives suspended on a suspend VDI made
 // for it (vmhint), and resumes there from the image that moved.
 func TestCrossPoolMigrateSuspended(t *testing.T) {
-	if _, err := exec.LookPath("qemu-nbd"); err != nil {
-		t.Skip("no qemu-nbd (the exports)")
-	}
-	ctx := testCtx(t)
-	_, rs, hosts := twoPools(t, ctx, pooltest.Options{})
-	a, b := rs[0], rs[1]
-	srA, srB := a.localSR(hosts[0]), b.localSR(hosts[1])
-	vm := sharedVM(a, srA, "xpool-suspended", nil)
-	_, vdi := vmDisk(a, vm)
-	sum := writePattern(t, a, a.at, vdi, 4<<20)
-	uuid := a.str("VM.get_uuid", vm)
-	a.call("VM.start", vm, false, false)
-	a.call("VM.suspend", vm)
-	sv := a.str("VM.get_suspend_VDI", vm)
+	m := newCrossHalted(t, "xpool-suspended")
+	a, b := m.a, m.b
+	a.call("VM.start", m.vm, false, false)
+	a.call("VM.suspend", m.vm)
+	sv := a.str("VM.get_suspend_VDI", m.vm)
 	image := readDisk(t, a, a.at, sv)
-	newVM := a.str("VM.migrate_send", migrateSendArgs(vm, destMap(b, hosts[1]), map[string]string{vdi: srB},
-		map[string]string{}, map[string]string{})...)
-	if s := vmWhere(b, newVM); s.Power != "Suspended" || len(s.Ops) != 0 || b.str("VM.get_uuid", newVM) != uuid {
-		t.Fatalf("on pool B after the move: %+v", s)
-	}
-	_, nv := vmDisk(b, newVM)
-	if got := readDisk(t, b, b.at, nv); sha256.Sum256(got) != sum {
-		t.Fatal("the moved disk differs")
-	}
+	newVM, _ := m.send(t, "Suspended")
 	nsv := b.str("VM.get_suspend_VDI", newVM)
 	if b.str("VDI.get_type", nsv) != "suspend" {
 		t.Fatalf("the VM's memory image on pool B: %s", b.call("VDI.get_record", nsv))
@@ -531,13 +553,9 @@ func TestCrossPoolMigrateSuspended(t *testing.T) {
 	if got := readDisk(t, b, b.at, nsv); sha256.Sum256(got) != sha256.Sum256(image) {
 		t.Fatal("the memory image differs on pool B")
 	}
-	for _, q := range [][2]string{{"VM.get_uuid", vm}, {"VDI.get_uuid", vdi}, {"VDI.get_uuid", sv}} {
-		if _, err := a.c.Call(ctx, a.at, q[0], a.s, q[1]); pooltest.Code(err) != xerr.HandleInvalid {
-			t.Fatalf("%s on pool A after the move: %v", q[0], err)
-		}
-	}
+	m.goneFromA(t, sv)
 	b.call("VM.resume", newVM, false, false)
-	if s := vmWhere(b, newVM); s.Power != "Running" || s.On != hosts[1] {
+	if s := vmWhere(b, newVM); s.Power != "Running" || s.On != m.hosts[1] {
 		t.Fatalf("resumed on pool B: %+v", s)
 	}
 	b.call("VM.hard_shutdown", newVM)

@@ -505,6 +505,21 @@ func dependsOnWrite(t raftpb.MessageType) bool {
 }
 
 func (n *etcdNode) run() {
+	n.loop(func(rd raft.Ready) bool {
+		if err := n.handle(rd); err != nil {
+			n.fail(err)
+			n.node.Stop()
+			<-n.stop
+			return false
+		}
+		n.node.Advance()
+		return true
+	})
+}
+
+// loop ticks the node and hands each Ready to ready until the node is
+// stopped or ready returns false (having stopped it).
+func (n *etcdNode) loop(ready func(rd raft.Ready) bool) {
 	defer close(n.stopped)
 	tk := time.NewTicker(tick)
 	defer tk.Stop()
@@ -516,13 +531,9 @@ func (n *etcdNode) run() {
 		case <-tk.C:
 			n.node.Tick()
 		case rd := <-n.node.Ready():
-			if err := n.handle(rd); err != nil {
-				n.fail(err)
-				n.node.Stop()
-				<-n.stop
+			if !ready(rd) {
 				return
 			}
-			n.node.Advance()
 		}
 	}
 }
@@ -546,42 +557,32 @@ func (s *loopStats) snapshot() (readies, entries int64, write time.Duration) {
 // leader's appends travel while its own write runs, and a node may
 // have several writes queued behind the one in progress.
 func (n *etcdNode) runAsync() {
-	defer close(n.stopped)
-	tk := time.NewTicker(tick)
-	defer tk.Stop()
-	for {
-		select {
-		case <-n.stop:
-			n.node.Stop()
-			return
-		case <-tk.C:
-			n.node.Tick()
-		case rd := <-n.node.Ready():
-			for _, m := range rd.Messages {
-				var q chan raftpb.Message
-				switch m.To {
-				case raft.LocalAppendThread:
-					q = n.toAppend
-				case raft.LocalApplyThread:
-					q = n.toApply
-				default:
-					b, err := frame(m)
-					if err != nil {
-						n.fail(err)
-						continue
-					}
-					n.tr.send(m.To, b)
+	n.loop(func(rd raft.Ready) bool {
+		for _, m := range rd.Messages {
+			var q chan raftpb.Message
+			switch m.To {
+			case raft.LocalAppendThread:
+				q = n.toAppend
+			case raft.LocalApplyThread:
+				q = n.toApply
+			default:
+				b, err := frame(m)
+				if err != nil {
+					n.fail(err)
 					continue
 				}
-				select {
-				case q <- m:
-				case <-n.stop:
-					n.node.Stop()
-					return
-				}
+				n.tr.send(m.To, b)
+				continue
+			}
+			select {
+			case q <- m:
+			case <-n.stop:
+				n.node.Stop()
+				return false
 			}
 		}
-	}
+		return true
+	})
 }
 
 // deliver sends the responses of a finished local write or apply: to

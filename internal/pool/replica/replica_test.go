@@ -156,11 +156,17 @@ func firstBootEntry(tb testing.TB) []byte {
 	if _, err := api.FirstBoot(leader, api.ProbeHost(), api.BootOptions{}); err != nil {
 		tb.Fatal(err)
 	}
-	batches, err := leader.ChangesSince(0)
+	return encodeSince(tb, leader, 0, Encode)
+}
+
+// encodeSince is the entry encode makes of d's batches since gen.
+func encodeSince(tb testing.TB, d *db.DB, gen uint64, encode func([]*db.Batch) ([]byte, bool)) []byte {
+	tb.Helper()
+	batches, err := d.ChangesSince(gen)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	entry, ok := Encode(batches)
+	entry, ok := encode(batches)
 	if !ok {
 		tb.Fatal("nothing encoded")
 	}
@@ -365,13 +371,5 @@ func patchEntry(tb testing.TB) []byte {
 	}); err != nil {
 		tb.Fatal(err)
 	}
-	batches, err := d.ChangesSince(gen)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	entry, ok := EncodeDelta(batches)
-	if !ok {
-		tb.Fatal("nothing encoded")
-	}
-	return entry
+	return encodeSince(tb, d, gen, EncodeDelta)
 }
