@@ -17,6 +17,7 @@ import (
 	"time"
 
 	dm "toolstackd/internal/api/datamodel"
+	"toolstackd/internal/atomicfile"
 	"toolstackd/internal/db"
 	"toolstackd/internal/network"
 	"toolstackd/internal/network/nsrun"
@@ -249,10 +250,7 @@ func (mg *management) remember(ip string) {
 			err = nil
 		}
 	} else {
-		tmp := path + ".tmp"
-		if err = os.WriteFile(tmp, []byte(ip+"\n"), 0o600); err == nil { //nolint:gosec // the operator's data dir and a fixed name; ip parsed by MoveTo
-			err = os.Rename(tmp, path)
-		}
+		err = atomicfile.WriteFile(path, []byte(ip+"\n"), 0o600) // ip parsed by MoveTo
 	}
 	if err != nil {
 		mg.log.Warn("cannot remember the management address", "err", err)

@@ -21,6 +21,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"toolstackd/internal/atomicfile"
 	"toolstackd/internal/xerr"
 )
 
@@ -279,7 +280,7 @@ func (s *Store) SetPool(certPEM, keyPEM []byte) error {
 	if err := os.Rename(crt+newSuffix, crt); err != nil {
 		return err
 	}
-	syncDir(s.dir)
+	_ = atomicfile.SyncDir(s.dir) // best effort: the renames are done
 	s.pool.Store(&pair)
 	return nil
 }
@@ -392,21 +393,13 @@ func (s *Store) writeBundle() error {
 	return writeAtomic(s.path(caBundle), []byte(b.String()), 0o644)
 }
 
-// writeAtomic replaces path with data: written to a file beside it,
-// synced, then renamed over it.
+// writeAtomic replaces path with data (atomicfile), making its
+// directory first.
 func writeAtomic(path string, data []byte, mode os.FileMode) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return err
 	}
-	if err := writeSynced(path+newSuffix, data, mode); err != nil {
-		return err
-	}
-	if err := os.Rename(path+newSuffix, path); err != nil {
-		_ = os.Remove(path + newSuffix)
-		return err
-	}
-	syncDir(filepath.Dir(path))
-	return nil
+	return atomicfile.WriteFile(path, data, mode)
 }
 
 // writeSynced writes a file and syncs it to disk.
@@ -424,12 +417,4 @@ func writeSynced(path string, data []byte, mode os.FileMode) error {
 		return err
 	}
 	return f.Close()
-}
-
-// syncDir makes a rename in dir durable (best effort).
-func syncDir(dir string) {
-	if d, err := os.Open(dir); err == nil { //nolint:gosec // the store's own directory
-		_ = d.Sync()
-		_ = d.Close()
-	}
 }

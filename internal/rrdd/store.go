@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"toolstackd/internal/atomicfile"
 	"toolstackd/internal/rrd"
 	"toolstackd/internal/rrd/plugin"
 )
@@ -60,23 +61,7 @@ func (s *Service) saveArchive(o plugin.Owner, r *rrd.RRD) error {
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(s.cfg.Dir, ".archive-*")
-	if err != nil {
-		return err
-	}
-	defer func() { _ = os.Remove(tmp.Name()) }() // after the rename there is nothing to remove
-	if err := r.Save(tmp); err != nil {
-		_ = tmp.Close() // the write's error is the one to report
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		_ = tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), p)
+	return atomicfile.Write(p, 0o600, ".archive-", r.Save)
 }
 
 // ArchiveAll writes every RRD in memory to its archive.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"toolstackd/internal/atomicfile"
 	"toolstackd/internal/safepath"
 	"toolstackd/internal/storage/imageformat"
 	"toolstackd/internal/xerr"
@@ -203,37 +205,13 @@ func readMeta(dir string) (*srMeta, error) {
 	return &m, nil
 }
 
-// writeFileAtomic replaces a file with new contents, durably.
+// writeFileAtomic replaces a file with new contents, durably; the
+// temporary file is one the SR's scans skip (tmpPrefix).
 func writeFileAtomic(path string, data []byte) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, tmpPrefix)
-	if err != nil {
+	return atomicfile.Write(path, 0o600, tmpPrefix, func(w io.Writer) error {
+		_, err := w.Write(data)
 		return err
-	}
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), path)
-	}
-	if err != nil {
-		_ = os.Remove(f.Name())
-		return err
-	}
-	return syncDir(dir)
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir) //nolint:gosec // a directory this driver already works in
-	if err != nil {
-		return err
-	}
-	defer func(c func() error) { _ = c() }(d.Close)
-	return d.Sync()
+	})
 }
 
 func writeMeta(dir string, m *srMeta) error {
@@ -386,7 +364,7 @@ func (s *fileSR) recover() error {
 			_ = os.Remove(filepath.Join(s.dir, e.Name()))
 		}
 	}
-	return syncDir(s.dir)
+	return atomicfile.SyncDir(s.dir)
 }
 
 // recoverJournal rolls back the operation a journal at jp records.
@@ -540,7 +518,7 @@ func (s *fileSR) Destroy(ctx context.Context) error {
 	if len(errs) > 0 {
 		return BackendError(smFileSRDelete, errors.Join(errs...).Error())
 	}
-	return syncDir(s.dir)
+	return atomicfile.SyncDir(s.dir)
 }
 
 func (s *fileSR) localDir() string { return s.dir }
@@ -783,7 +761,7 @@ func (s *fileSR) VolumeCreate(ctx context.Context, v VolumeSpec) (Volume, error)
 		_ = os.Remove(p)
 		return Volume{}, BackendError(smVDICreate, err.Error())
 	}
-	if err := syncDir(s.dir); err != nil {
+	if err := atomicfile.SyncDir(s.dir); err != nil {
 		return Volume{}, BackendError(smVDICreate, err.Error())
 	}
 	return s.statLocked(key)
@@ -874,7 +852,7 @@ func (s *fileSR) VolumeDestroy(ctx context.Context, key string) error {
 	}); err != nil {
 		return BackendError(smVDIRemove, err.Error())
 	}
-	if err := syncDir(s.dir); err != nil {
+	if err := atomicfile.SyncDir(s.dir); err != nil {
 		return BackendError(smVDIRemove, err.Error())
 	}
 	s.kickGC()
@@ -987,7 +965,7 @@ func (s *fileSR) branch(ctx context.Context, op, key string, meta VolumeSpec, li
 		return fail(err)
 	}
 	_ = os.Remove(filepath.Join(s.dir, srJournal))
-	if err := syncDir(s.dir); err != nil {
+	if err := atomicfile.SyncDir(s.dir); err != nil {
 		return fail(err)
 	}
 	return s.statLocked(newKey)
@@ -1018,7 +996,7 @@ func (s *fileSR) splitUnderBase(ctx context.Context, op, key, p string, n *node,
 			return
 		}
 		_ = os.Remove(filepath.Join(s.dir, srJournal))
-		_ = syncDir(s.dir) // the rollback is complete either way
+		_ = atomicfile.SyncDir(s.dir) // the rollback is complete either way
 	}
 	if err := os.Rename(p, basePath); err != nil {
 		_ = os.Remove(filepath.Join(s.dir, srJournal))
@@ -1028,7 +1006,7 @@ func (s *fileSR) splitUnderBase(ctx context.Context, op, key, p string, n *node,
 		undo()
 		return err
 	}
-	if err := syncDir(s.dir); err != nil {
+	if err := atomicfile.SyncDir(s.dir); err != nil {
 		undo()
 		return err
 	}
@@ -1156,7 +1134,7 @@ func (s *fileSR) VolumeActivate(ctx context.Context, key string, readonly bool) 
 		_ = os.Remove(tmp) //nolint:gosec // a volume file of this SR: names are checked volume keys (checkVolumeKey, safepath)
 		return BackendError(smVDIUnavailable, err.Error())
 	}
-	return syncDir(s.dir)
+	return atomicfile.SyncDir(s.dir)
 }
 
 func (s *fileSR) VolumeDeactivate(ctx context.Context, key string) error { return nil }

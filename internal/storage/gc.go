@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"toolstackd/internal/atomicfile"
 )
 
 // Garbage collection of a file SR's snapshot trees: bases nothing is
@@ -86,7 +88,7 @@ func (s *fileSR) collectOnce(ctx context.Context) (bool, error) {
 		case 0:
 			err := os.Remove(filepath.Join(s.dir, name))
 			if err == nil {
-				err = syncDir(s.dir)
+				err = atomicfile.SyncDir(s.dir)
 			}
 			s.mu.Unlock()
 			if err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -157,7 +159,7 @@ func (s *fileSR) coalesce(ctx context.Context, base, child *node, childIsLeaf bo
 		if err := os.Rename(bp, cp); err != nil {
 			return err
 		}
-		return syncDir(s.dir)
+		return atomicfile.SyncDir(s.dir)
 	}
 	args := []string{"rebase", "-q", "-f", "qcow2"}
 	if base.backing == "" {
@@ -177,5 +179,5 @@ func (s *fileSR) coalesce(ctx context.Context, base, child *node, childIsLeaf bo
 	if err := os.Remove(bp); err != nil {
 		return err
 	}
-	return syncDir(s.dir)
+	return atomicfile.SyncDir(s.dir)
 }

@@ -66,6 +66,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"toolstackd/internal/atomicfile"
 	"toolstackd/internal/safepath"
 )
 
@@ -392,7 +393,7 @@ func (w *WAL) tail(next uint64) (*segment, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := syncDir(w.dir); err != nil {
+	if err := atomicfile.SyncDir(w.dir); err != nil {
 		_ = f.Close()
 		return nil, err
 	}
@@ -479,7 +480,7 @@ func (w *WAL) removeSegment(s *segment) error {
 	if err := os.Remove(s.path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
-	return syncDir(w.dir)
+	return atomicfile.SyncDir(w.dir)
 }
 
 // writeFirst records the lowest index kept, atomically.
@@ -488,25 +489,7 @@ func (w *WAL) writeFirst(first uint64) error {
 	if err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600) //nolint:gosec // under the log's directory (safepath)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(binary.BigEndian.AppendUint64(nil, first))
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	return syncDir(w.dir)
+	return atomicfile.WriteFile(path, binary.BigEndian.AppendUint64(nil, first), 0o600)
 }
 
 // Close closes the segment files.
@@ -524,18 +507,6 @@ func (w *WAL) closeFiles() error {
 		}
 	}
 	w.segs = nil
-	return err
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir) //nolint:gosec // the log's own directory
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
 	return err
 }
 

@@ -23,10 +23,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 
+	"toolstackd/internal/atomicfile"
 	"toolstackd/internal/safepath"
 )
 
@@ -187,35 +187,5 @@ func (s *Store) save() error {
 	if s.previous != "" {
 		body += s.previous + "\n"
 	}
-	dir := filepath.Dir(s.path)
-	f, err := os.CreateTemp(dir, FileName+".new-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer func() { _ = os.Remove(tmp) }() // gone after the rename
-	if err := f.Chmod(0o600); err != nil {
-		_ = f.Close()
-		return err
-	}
-	if _, err := f.WriteString(body); err != nil {
-		_ = f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		_ = f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, s.path); err != nil {
-		return err
-	}
-	d, err := os.Open(dir) //nolint:gosec // the state directory
-	if err != nil {
-		return err
-	}
-	defer func() { _ = d.Close() }()
-	return d.Sync()
+	return atomicfile.WriteFile(s.path, []byte(body), 0o600)
 }

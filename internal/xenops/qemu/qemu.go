@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"toolstackd/internal/atomicfile"
 	"toolstackd/internal/safepath"
 	"toolstackd/internal/xenops/backend"
 	"toolstackd/internal/xerr"
@@ -335,11 +336,7 @@ func (q *QEMU) save(d *qemuDomain) error {
 	if err != nil {
 		return err
 	}
-	p := filepath.Join(dir, "domain.json")
-	if err := os.WriteFile(p+".tmp", b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(p+".tmp", p)
+	return atomicfile.WriteFile(filepath.Join(dir, "domain.json"), b, 0o600)
 }
 
 // checkJournal refuses a journal that does not describe a domain of this
