@@ -134,26 +134,38 @@ func (m *Manager) chainMoves(ctx context.Context, r db.Reader, moves []diskMove)
 // copyOrder is the order in which the copies among moves go: each after
 // its Base. An error says a Base is not another copy to the same SR, or
 // the Bases go round in a circle (a hostile header).
+//
+// It takes time linear in the moves, times the longest chain of bases.
 func copyOrder(moves []diskMove) ([]int, error) {
 	bad := xerr.New(xerr.InternalError, "migration: a disk's base is not another copy to its SR")
+	first := make(map[string]int, len(moves)) // VBD -> its first move, as baseOf finds it
 	for i, mv := range moves {
+		if _, ok := first[mv.VBD]; !ok {
+			first[mv.VBD] = i
+		}
+	}
+	base := make([]int, len(moves))
+	copies := 0
+	for i, mv := range moves {
+		base[i] = -1
+		if mv.Copy {
+			copies++
+		}
 		if mv.Base == "" {
 			continue
 		}
-		j := baseOf(moves, mv)
-		if j < 0 || j == i || !moves[j].Copy || moves[j].SR != mv.SR {
+		j, ok := first[mv.Base]
+		if !ok || j == i || !moves[j].Copy || moves[j].SR != mv.SR {
 			return nil, bad
 		}
+		base[i] = j
 	}
 	var order []int
 	done := make([]bool, len(moves))
-	for len(order) < countCopies(moves) {
+	for len(order) < copies {
 		progressed := false
 		for i, mv := range moves {
-			if done[i] || !mv.Copy {
-				continue
-			}
-			if j := baseOf(moves, mv); j >= 0 && !done[j] {
+			if done[i] || !mv.Copy || base[i] >= 0 && !done[base[i]] {
 				continue
 			}
 			done[i], progressed = true, true
@@ -164,16 +176,6 @@ func copyOrder(moves []diskMove) ([]int, error) {
 		}
 	}
 	return order, nil
-}
-
-func countCopies(moves []diskMove) int {
-	n := 0
-	for _, mv := range moves {
-		if mv.Copy {
-			n++
-		}
-	}
-	return n
 }
 
 // checkBases checks the Bases in a migration's moves (copyOrder).

@@ -2,6 +2,7 @@ package xenops
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"maps"
 	"slices"
@@ -115,4 +116,43 @@ func TestChainMovesOrdersAndBases(t *testing.T) {
 			t.Errorf("checkBases(%v) = %v", bad, err)
 		}
 	}
+}
+
+// FuzzCopyOrder: the Bases of a migration header's disks come from the
+// other host and are hostile until checked. copyOrder never panics, and
+// what it accepts puts every copy once, each after its base, which is
+// another copy to the same SR.
+func FuzzCopyOrder(f *testing.F) {
+	f.Add([]byte(`[{"vbd":"a","copy":true,"sr":"s"},{"vbd":"b","copy":true,"sr":"s","base":"a"},{"vbd":"c","sr":"s","base":"b"}]`))
+	f.Add([]byte(`[{"vbd":"a","copy":true,"base":"b"},{"vbd":"b","copy":true,"base":"a"}]`))
+	f.Add([]byte(`[{"vbd":"a","copy":true,"base":"a"},{"vbd":"a","copy":true}]`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var moves []diskMove
+		if json.Unmarshal(b, &moves) != nil || len(moves) > 256 {
+			return
+		}
+		order, err := copyOrder(moves)
+		if err != nil {
+			return
+		}
+		at := map[int]int{}
+		for k, i := range order {
+			if _, dup := at[i]; dup || !moves[i].Copy {
+				t.Fatalf("order %v of %+v", order, moves)
+			}
+			at[i] = k
+		}
+		for i, mv := range moves {
+			if !mv.Copy {
+				continue
+			}
+			k, ok := at[i]
+			if !ok {
+				t.Fatalf("copy %d left out of %v", i, order)
+			}
+			if j := baseOf(moves, mv); j >= 0 && (at[j] >= k || !moves[j].Copy || moves[j].SR != mv.SR) {
+				t.Fatalf("copy %d before its base %d in %v", i, j, order)
+			}
+		}
+	})
 }
