@@ -243,16 +243,6 @@ func (m *Manager) moveVDI(o *opCtx, c *api.Call, mv vdiMove, unmark func()) (str
 	o.prog.Progress(0.01)
 
 	// 2. The new VDI, attached for the VM.
-	old := mv.vdiRecord
-	rec := map[string]any{
-		"SR": mv.sr, "name_label": old.String(dm.VDI.NameLabel), "name_description": old.String(dm.VDI.NameDescription),
-		"virtual_size": mv.virtual, "type": old.String(dm.VDI.Type), "sharable": old.Get(dm.VDI.Sharable) == true,
-		"read_only": false, "other_config": mapOf(old.Get(dm.VDI.OtherConfig)),
-		"xenstore_data": mapOf(old.Get(dm.VDI.XenstoreData)), "sm_config": map[string]string{}, "tags": old.Get(dm.VDI.Tags),
-	}
-	if rec["tags"] == nil {
-		rec["tags"] = []string{}
-	}
 	pivoted := false
 	var made []string // the snapshots' copies
 	defer func() {
@@ -272,7 +262,7 @@ func (m *Manager) moveVDI(o *opCtx, c *api.Call, mv vdiMove, unmark func()) (str
 		newRef, err = m.cloneSized(o.ctx, callerInvoker(m, c), chain[j].New, mv.virtual)
 		tg.Sync = backend.MirrorTop
 	} else {
-		newRef, err = m.createVDI(o.ctx, c, rec)
+		newRef, err = m.createVDI(o.ctx, c, newVDIRecord(mv))
 	}
 	if err != nil {
 		if newRef != "" {
@@ -345,26 +335,7 @@ func (m *Manager) moveVDI(o *opCtx, c *api.Call, mv vdiMove, unmark func()) (str
 		"vdi", newRef, "sr", mv.sr, "mirror", time.Since(started))
 
 	// 5. The record, then the old VDI goes.
-	if _, err := m.db.Update(func(tx *db.Tx) error {
-		if _, ok := tx.Get(dm.VBD.Class, mv.vbd); !ok {
-			return xerr.New(xerr.HandleInvalid, "VBD", mv.vbd)
-		}
-		if err := carryVDIFields(tx, chain); err != nil {
-			return err
-		}
-		for _, s := range chain[1:] {
-			old, ok := tx.Get(dm.VDI.Class, s.VDI)
-			if !ok {
-				return xerr.New(xerr.HandleInvalid, "VDI", s.VDI)
-			}
-			for _, vbd := range strs(tx.Value(old, dm.VDI.VBDs)) {
-				if err := tx.Set(dm.VBD.VDI, vbd, s.New); err != nil {
-					return err
-				}
-			}
-		}
-		return tx.Set(dm.VBD.VDI, mv.vbd, newRef)
-	}); err != nil {
+	if err := m.recordVDIMove(mv, chain); err != nil {
 		m.log.Error("VDI.pool_migrate: the domain uses the new VDI but the VBD cannot be recorded", "vbd", mv.vbd, "vdi", newRef, "err", err)
 		return "", err
 	}
@@ -382,6 +353,50 @@ func (m *Manager) moveVDI(o *opCtx, c *api.Call, mv vdiMove, unmark func()) (str
 	}
 	o.prog.Progress(1)
 	return newRef, nil
+}
+
+// newVDIRecord is the record of the VDI a disk moves to: the old one's
+// names, type and maps on the new SR, writable, with no SM data.
+func newVDIRecord(mv vdiMove) map[string]any {
+	old := mv.vdiRecord
+	rec := map[string]any{
+		"SR": mv.sr, "name_label": old.String(dm.VDI.NameLabel), "name_description": old.String(dm.VDI.NameDescription),
+		"virtual_size": mv.virtual, "type": old.String(dm.VDI.Type), "sharable": old.Get(dm.VDI.Sharable) == true,
+		"read_only": false, "other_config": mapOf(old.Get(dm.VDI.OtherConfig)),
+		"xenstore_data": mapOf(old.Get(dm.VDI.XenstoreData)), "sm_config": map[string]string{}, "tags": old.Get(dm.VDI.Tags),
+	}
+	if rec["tags"] == nil {
+		rec["tags"] = []string{}
+	}
+	return rec
+}
+
+// recordVDIMove records a pivoted move: the new VDIs take the old ones'
+// fields (carryVDIFields), the VM's VBD and the VBDs of the snapshots'
+// disks point at the new VDIs (chain[0] is the disk's, chain[1:] its
+// snapshots').
+func (m *Manager) recordVDIMove(mv vdiMove, chain []diskMove) error {
+	_, err := m.db.Update(func(tx *db.Tx) error {
+		if _, ok := tx.Get(dm.VBD.Class, mv.vbd); !ok {
+			return xerr.New(xerr.HandleInvalid, "VBD", mv.vbd)
+		}
+		if err := carryVDIFields(tx, chain); err != nil {
+			return err
+		}
+		for _, s := range chain[1:] {
+			old, ok := tx.Get(dm.VDI.Class, s.VDI)
+			if !ok {
+				return xerr.New(xerr.HandleInvalid, "VDI", s.VDI)
+			}
+			for _, vbd := range strs(tx.Value(old, dm.VDI.VBDs)) {
+				if err := tx.Set(dm.VBD.VDI, vbd, s.New); err != nil {
+					return err
+				}
+			}
+		}
+		return tx.Set(dm.VBD.VDI, mv.vbd, chain[0].New)
+	})
+	return err
 }
 
 // mapOf is a string map field's value, never nil.
