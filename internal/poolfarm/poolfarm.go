@@ -418,7 +418,7 @@ func (h *Host) startRaft(secret string) error {
 		Logger: hclog.New(&hclog.LoggerOptions{Name: "poolfarm-net", Output: out, Level: hclog.Warn}),
 	})
 	store := raft.NewInmemStore()
-	rf, err := raft.NewRaft(conf, discardFSM{}, store, store, &discardSnapshots{host: h}, raftnet.NoHeartbeatFastPath(trans))
+	rf, err := raft.NewRaft(conf, discardFSM{}, store, store, &discardSnapshots{host: h}, raftnet.Conservative(trans))
 	if err != nil {
 		_ = trans.Close()
 		return fmt.Errorf("poolfarm: light host %d's raft: %w", h.Index, err)

@@ -391,7 +391,8 @@ func start(t testing.TB, o Options) *Daemon {
 	t.Cleanup(func() {
 		if d.Alive() {
 			if err := d.Stop(); err != nil {
-				t.Logf("at cleanup: %v", err)
+				// The log ends with its goroutines (Stop's SIGQUIT).
+				t.Logf("at cleanup: %v\n%s", err, d.LogTail(256<<10))
 			}
 		}
 		if t.Failed() {
@@ -510,8 +511,9 @@ func (d *Daemon) Kill() {
 }
 
 // Stop sends SIGTERM (and SIGCONT, in case the daemon is stopped) and waits
-// up to Options.StopTimeout for it to exit; past that it kills it and says
-// so in the error.
+// up to Options.StopTimeout for it to exit; past that it sends SIGQUIT,
+// on which Go writes every goroutine's stack to the log and exits (what
+// held the daemon up), then kills it, and says so in the error.
 func (d *Daemon) Stop() error {
 	if !d.Alive() {
 		return nil
@@ -524,8 +526,13 @@ func (d *Daemon) Stop() error {
 	case <-d.exited:
 		return nil
 	case <-time.After(d.Opts.StopTimeout):
+		_ = d.cmd.Process.Signal(syscall.SIGQUIT)
+		select {
+		case <-d.exited:
+		case <-time.After(5 * time.Second):
+		}
 		d.Kill()
-		return fmt.Errorf("daemon %d did not stop within %v of SIGTERM; killed it", d.PID, d.Opts.StopTimeout)
+		return fmt.Errorf("daemon %d did not stop within %v of SIGTERM; killed it (its goroutines are at the end of its log)", d.PID, d.Opts.StopTimeout)
 	}
 }
 

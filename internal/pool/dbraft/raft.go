@@ -58,7 +58,7 @@ func (r *Replicator) Start(o StartOptions) (err error) {
 	}()
 	notify := make(chan bool, 16)
 	conf.NotifyCh = notify
-	trans := raftnet.NoHeartbeatFastPath(o.Transport)
+	trans := raftnet.Conservative(o.Transport)
 	if o.Bootstrap {
 		has, err := raft.HasExistingState(store, store, snaps)
 		if err != nil {
@@ -191,7 +191,7 @@ func (r *Replicator) Recover(o StartOptions, servers []raft.Server) error {
 		return err
 	}
 	defer func() { _ = store.Close() }()
-	trans := raftnet.NoHeartbeatFastPath(o.Transport)
+	trans := raftnet.Conservative(o.Transport)
 	return raft.RecoverCluster(conf, fsm{r}, store, store, snaps, trans, raft.Configuration{Servers: servers})
 }
 

@@ -59,7 +59,7 @@
 // The hashicorp clusters are built as the groundwork benchmarks build
 // them (internal/pool/raftnet's TestNetCluster and raftwal's
 // BenchmarkRaftApply): three nodes, rafttest.Config with 1 s timeouts,
-// the daemon's NoHeartbeatFastPath wrapper, here over raft's own TCP
+// the daemon's Conservative wrapper, here over raft's own TCP
 // transport on 127.0.0.1–3, with the log either on raftwal or on
 // internal/pool/raftstore (bbolt, as the daemon has it); the stable
 // store is raftstore in both.

@@ -36,7 +36,7 @@ type closingLogStore interface {
 }
 
 // startHashiCluster starts 3 nodes on 127.0.0.1–3 over raft's TCP
-// transport wrapped in the daemon's NoHeartbeatFastPath, the log of
+// transport wrapped in the daemon's Conservative, the log of
 // kind "wal" (raftwal) or "bbolt" (raftstore) and the stable store on
 // raftstore, each under its own directory of dirs.
 func startHashiCluster(ctx context.Context, kind string, dirs []string) (*hashiCluster, error) {
@@ -50,7 +50,7 @@ func startHashiCluster(ctx context.Context, kind string, dirs []string) (*hashiC
 			return nil, err
 		}
 		c.closers = append(c.closers, t.Close)
-		trans = append(trans, raftnet.NoHeartbeatFastPath(t))
+		trans = append(trans, raftnet.Conservative(t))
 		servers = append(servers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(fmt.Sprint("n", i+1)), Address: t.LocalAddr()})
 	}
 	for i, dir := range dirs {

@@ -1,6 +1,7 @@
 package raftnet_test
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -21,9 +22,9 @@ import (
 func raftnetAddr(s string) raft.ServerAddress { return raft.ServerAddress(s) }
 
 // The wrapper keeps exactly the optional interfaces of what it wraps.
-func TestNoHeartbeatFastPathInterfaces(t *testing.T) {
+func TestConservativeInterfaces(t *testing.T) {
 	_, inm := raft.NewInmemTransport("a")
-	w := raftnet.NoHeartbeatFastPath(inm)
+	w := raftnet.Conservative(inm)
 	if _, ok := w.(raft.WithClose); !ok {
 		t.Error("wrapped InmemTransport lost WithClose")
 	}
@@ -36,19 +37,19 @@ func TestNoHeartbeatFastPathInterfaces(t *testing.T) {
 	if _, ok := w.(raft.LoopbackTransport); !ok {
 		t.Error("wrapped InmemTransport is no longer a LoopbackTransport")
 	}
-	if raftnet.NoHeartbeatFastPath(w) != w {
+	if raftnet.Conservative(w) != w {
 		t.Error("wrapping twice made a second wrapper")
 	}
 	if raftnet.Unwrap(w) != raft.Transport(inm) {
 		t.Error("Unwrap did not return the inner transport")
 	}
-	if raftnet.NoHeartbeatFastPath(nil) != nil {
+	if raftnet.Conservative(nil) != nil {
 		t.Error("wrapping nil is not nil")
 	}
 
 	// A transport with none of the optional interfaces gets none.
 	bare := struct{ raft.Transport }{inm}
-	wb := raftnet.NoHeartbeatFastPath(bare)
+	wb := raftnet.Conservative(bare)
 	if _, ok := wb.(raft.WithClose); ok {
 		t.Error("wrapper invented WithClose")
 	}
@@ -63,7 +64,7 @@ func TestNoHeartbeatFastPathInterfaces(t *testing.T) {
 		raft.Transport
 		raft.WithPreVote
 	}{inm, inm}
-	wpv := raftnet.NoHeartbeatFastPath(pv)
+	wpv := raftnet.Conservative(pv)
 	if _, ok := wpv.(raft.WithPreVote); !ok {
 		t.Error("wrapper lost WithPreVote")
 	}
@@ -74,7 +75,7 @@ func TestNoHeartbeatFastPathInterfaces(t *testing.T) {
 	// Connect accepts a wrapped peer (InmemTransport insists on its own
 	// type) and RPCs flow.
 	_, inmB := raft.NewInmemTransport("b")
-	wB := raftnet.NoHeartbeatFastPath(inmB)
+	wB := raftnet.Conservative(inmB)
 	w.(raft.WithPeers).Connect("b", wB)
 	go func() {
 		rpc := <-wB.Consumer()
@@ -83,6 +84,15 @@ func TestNoHeartbeatFastPathInterfaces(t *testing.T) {
 	var resp raft.RequestVoteResponse
 	if err := w.RequestVote("b", "b", &raft.RequestVoteRequest{Term: 9}, &resp); err != nil || !resp.Granted {
 		t.Fatalf("RequestVote through wrapped transports: %+v, %v", resp, err)
+	}
+	// No pipelined appends, even where the transport has them.
+	if p, err := inm.AppendEntriesPipeline("b", "b"); err != nil {
+		t.Fatalf("the in-memory transport has no pipeline to refuse: %v", err)
+	} else {
+		_ = p.Close()
+	}
+	if p, err := w.AppendEntriesPipeline("b", "b"); p != nil || !errors.Is(err, raft.ErrPipelineReplicationNotSupported) {
+		t.Errorf("AppendEntriesPipeline through the wrapper: %v, %v", p, err)
 	}
 }
 
@@ -97,7 +107,7 @@ func TestHeartbeatGoesThroughConsumer(t *testing.T) {
 	tb := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{Stream: b.layer, MaxPool: 2, Timeout: 2 * time.Second, Logger: logger})
 	defer ta.Close()
 	defer tb.Close()
-	wa := raftnet.NoHeartbeatFastPath(ta)
+	wa := raftnet.Conservative(ta)
 	var fast atomic.Int32
 	wa.SetHeartbeatHandler(func(rpc raft.RPC) {
 		fast.Add(1)
@@ -145,7 +155,7 @@ type netNode struct {
 
 // startNetCluster runs 3 raft nodes on 127.0.0.1..3, each on its own HTTP
 // listener with the raft stream mounted, over NetworkTransport wrapped in
-// NoHeartbeatFastPath, with raftstore files.
+// Conservative, with raftstore files.
 func startNetCluster(t testing.TB) []*netNode {
 	sec := newSecrets("cluster-secret")
 	var nodes []*netNode
@@ -175,7 +185,7 @@ func startNetCluster(t testing.TB) []*netNode {
 		if err != nil {
 			t.Fatal(err)
 		}
-		trans := raftnet.NoHeartbeatFastPath(n.trans)
+		trans := raftnet.Conservative(n.trans)
 		if err := raft.BootstrapCluster(conf, n.store, n.store, snaps, trans, raft.Configuration{Servers: servers}); err != nil {
 			t.Fatal(err)
 		}
@@ -304,5 +314,5 @@ func TestNetCluster(t *testing.T) {
 	}
 	one := drive(t, leader, 1, d, "one")
 	sixteen := drive(t, leader, 16, d, "sixteen")
-	t.Logf("3 nodes over the HTTP stream layer, fsync, NoHeartbeatFastPath: %.0f commits/s with 1 writer, %.0f with 16", one, sixteen)
+	t.Logf("3 nodes over the HTTP stream layer, fsync, Conservative: %.0f commits/s with 1 writer, %.0f with 16", one, sixteen)
 }

@@ -5,7 +5,7 @@
 // with its log and stable state in a raftstore file in its own temporary
 // directory, a file snapshot store beside it, an FSM (a deterministic
 // key/value map that records every entry it applies) and raft's
-// in-memory transport wrapped by raftnet.NoHeartbeatFastPath, exactly as
+// in-memory transport wrapped by raftnet.Conservative, exactly as
 // the daemon wraps its network transport. All nodes are bootstrapped with
 // the same configuration.
 //
@@ -182,7 +182,7 @@ func (c *Cluster) open(n *Node) error {
 		return err
 	}
 	_, inm := raft.NewInmemTransportWithTimeout(n.Addr, 500*time.Millisecond)
-	n.store, n.inmem, n.trans = st, inm, raftnet.NoHeartbeatFastPath(inm)
+	n.store, n.inmem, n.trans = st, inm, raftnet.Conservative(inm)
 	return nil
 }
 

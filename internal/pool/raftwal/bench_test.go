@@ -161,7 +161,7 @@ func cluster(b *testing.B, kind string) *raft.Raft {
 		conf.LocalID = n.id
 		conf.Logger = hclog.New(&hclog.LoggerOptions{Output: io.Discard, Level: hclog.Off})
 		snaps := raft.NewInmemSnapshotStore()
-		trans := raftnet.NoHeartbeatFastPath(n.trans)
+		trans := raftnet.Conservative(n.trans)
 		if err := raft.BootstrapCluster(conf, logs, stable, snaps, trans, raft.Configuration{Servers: servers}); err != nil {
 			b.Fatal(err)
 		}

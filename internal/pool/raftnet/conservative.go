@@ -2,15 +2,30 @@
 //
 // It has two parts.
 //
-// NoHeartbeatFastPath wraps a raft.Transport so that raft cannot install
-// its heartbeat fast path. hashicorp/raft (v1.7.3) lets a transport hand
-// heartbeats to a callback that runs outside raft's main goroutine; that
-// path is the cause of hashicorp/raft#695, where logs that were committed
-// can diverge after a partition heals. With the wrapper, heartbeats arrive
-// on the transport's consumer channel like every other RPC and are handled
-// in order by the main loop. The price: a heartbeat waits behind whatever
-// the main loop is doing, a log sync included, so the election timeout
-// must exceed the slowest fsync of the machine (keep it at 1 s or more).
+// Conservative wraps a raft.Transport so that raft uses neither of two
+// paths of hashicorp/raft (v1.7.3) that are known to break:
+//
+//   - The heartbeat fast path. raft lets a transport hand heartbeats to a
+//     callback that runs outside raft's main goroutine; that path is the
+//     cause of hashicorp/raft#695, where logs that were committed can
+//     diverge after a partition heals. With the wrapper, heartbeats
+//     arrive on the transport's consumer channel like every other RPC and
+//     are handled in order by the main loop. The price: a heartbeat waits
+//     behind whatever the main loop is doing, a log sync included, so the
+//     election timeout must exceed the slowest fsync of the machine (keep
+//     it at 1 s or more).
+//   - Pipelined appends. When a follower answers an append in the
+//     pipeline with failure (or the answer cannot be read), raft's reader
+//     of the answers returns while the sender goes on; the transport's
+//     decoder then blocks handing over the next answer, its queue fills,
+//     and the sender blocks in AppendEntries for ever. That follower gets
+//     no entry again from this leader (its heartbeats go on, so nothing
+//     times out), and raft.Shutdown waits for the stuck goroutine: a
+//     daemon stopped after partitions hung at SIGTERM (100 partition
+//     cycles, tests/pool TestPartitionHeal in its long mode), and
+//     grafana/pyroscope#5518 describes the same stall. Without a pipeline
+//     raft replicates with one AppendEntries at a time per follower,
+//     which costs nothing measurable here (docs/performance.md).
 //
 // StreamLayer is a raft.StreamLayer that rides on the daemon's HTTP
 // listener instead of a port of its own, so a pool needs one port, with
@@ -37,19 +52,20 @@ import (
 	"github.com/hashicorp/raft"
 )
 
-// NoHeartbeatFastPath returns t with SetHeartbeatHandler made a no-op and
-// everything else forwarded to t. The optional interfaces raft v1.7.3
+// Conservative returns t with SetHeartbeatHandler made a no-op,
+// AppendEntriesPipeline refused (raft.ErrPipelineReplicationNotSupported)
+// and everything else forwarded to t. The optional interfaces raft v1.7.3
 // looks for on a transport are kept exactly when t has them:
 // raft.WithClose (closed on shutdown), raft.WithPreVote (pre-vote is
 // used only if the transport supports it) and raft.WithPeers (the
 // in-memory transport's Connect and Disconnect, which tests use; Connect
 // accepts a wrapped peer transport and unwraps it). Wrapping twice
 // returns the first wrapper.
-func NoHeartbeatFastPath(t raft.Transport) raft.Transport {
+func Conservative(t raft.Transport) raft.Transport {
 	if t == nil {
 		return nil
 	}
-	if _, ok := t.(noHeartbeatMarker); ok {
+	if _, ok := t.(conservativeMarker); ok {
 		return t
 	}
 	b := base{t}
@@ -103,19 +119,19 @@ func NoHeartbeatFastPath(t raft.Transport) raft.Transport {
 	}
 }
 
-// Unwrap returns the transport a NoHeartbeatFastPath wrapper forwards to,
+// Unwrap returns the transport a Conservative wrapper forwards to,
 // or t itself when it is not such a wrapper.
 func Unwrap(t raft.Transport) raft.Transport {
-	if w, ok := t.(noHeartbeatMarker); ok {
+	if w, ok := t.(conservativeMarker); ok {
 		return w.Unwrap()
 	}
 	return t
 }
 
-type noHeartbeatMarker interface {
+type conservativeMarker interface {
 	raft.Transport
 	Unwrap() raft.Transport
-	noHeartbeatFastPath()
+	conservative()
 }
 
 // base forwards raft.Transport except SetHeartbeatHandler.
@@ -127,7 +143,7 @@ func (base) SetHeartbeatHandler(func(raft.RPC)) {}
 
 func (b base) Unwrap() raft.Transport { return b.Transport }
 
-func (base) noHeartbeatFastPath() {}
+func (base) conservative() {}
 
 // The methods below are spelled out so that the embedding structs get
 // them at depth one from base, never ambiguously: they all forward.
@@ -140,8 +156,10 @@ func (b base) EncodePeer(id raft.ServerID, addr raft.ServerAddress) []byte {
 	return b.Transport.EncodePeer(id, addr)
 }
 
-func (b base) AppendEntriesPipeline(id raft.ServerID, target raft.ServerAddress) (raft.AppendPipeline, error) {
-	return b.Transport.AppendEntriesPipeline(id, target)
+// AppendEntriesPipeline refuses: raft then replicates without a pipeline
+// (see Conservative).
+func (base) AppendEntriesPipeline(raft.ServerID, raft.ServerAddress) (raft.AppendPipeline, error) {
+	return nil, raft.ErrPipelineReplicationNotSupported
 }
 
 func (b base) AppendEntries(id raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
