@@ -20,10 +20,15 @@ func DefaultPrefix(path string) string { return "." + filepath.Base(path) + ".tm
 
 // WriteFile replaces the file at path with data, made with mode perm.
 func WriteFile(path string, data []byte, perm fs.FileMode) error {
-	return Write(path, perm, "", func(w io.Writer) error {
+	return Write(path, perm, "", Data(data))
+}
+
+// Data is the fill of Write that writes data.
+func Data(data []byte) func(w io.Writer) error {
+	return func(w io.Writer) error {
 		_, err := w.Write(data)
 		return err
-	})
+	}
 }
 
 // Write replaces the file at path with what fill writes, made with mode

@@ -85,19 +85,19 @@ func (p *Pool) onBehalf(req *http.Request, id api.Identity) error {
 		return err
 	}
 	req.Header.Set(headerIdentity, string(who))
-	req.Header.Set(headerIndex, strconv.FormatUint(p.seenIndex(), 10))
+	p.carryIndex(req.Header)
 	return nil
 }
 
-// seenIndex is the raft index a request to another host carries: the
-// receiver waits until it has applied it (dbraft's SeenIndex). On the
+// carryIndex puts in a request to another host the raft index the
+// receiver waits to have applied (dbraft's SeenIndex). On the
 // coordinator it nudges the members (dbraft's Nudge), so that the
 // receiver learns at once that the index is committed instead of at
 // raft's next idle append, 50-100 ms later.
-func (p *Pool) seenIndex() uint64 {
+func (p *Pool) carryIndex(h http.Header) {
 	i := p.cfg.Repl.SeenIndex()
 	p.cfg.Repl.Nudge(i)
-	return i
+	h.Set(headerIndex, strconv.FormatUint(i, 10))
 }
 
 // addressOf is where raft reaches a host (its advertised address).

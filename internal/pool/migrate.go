@@ -85,7 +85,7 @@ func (p *Pool) DialMigration(ctx context.Context, hostRef string) (net.Conn, err
 	p.toPeer(req, addr)
 	req.Header.Set("Connection", "Upgrade")
 	req.Header.Set("Upgrade", MigrateProtocol)
-	req.Header.Set(headerIndex, strconv.FormatUint(p.seenIndex(), 10))
+	p.carryIndex(req.Header)
 	br, resp, err := exchange(dctx, conn, req)
 	if err != nil {
 		return nil, fmt.Errorf("pool: migration stream to %s: %w", addr, err)

@@ -24,15 +24,15 @@ func Merge3(t *Type, before, after, cur any) any {
 	case []any:
 		return mergeAnySet(as[[]any](before), a, as[[]any](cur))
 	case map[string]string:
-		return mergeMap(as[map[string]string](before), a, as[map[string]string](cur), Equal)
+		return mergeMap(as[map[string]string](before), a, as[map[string]string](cur))
 	case map[string]int64:
-		return mergeMap(as[map[string]int64](before), a, as[map[string]int64](cur), Equal)
+		return mergeMap(as[map[string]int64](before), a, as[map[string]int64](cur))
 	case map[string]float64:
-		return mergeMap(as[map[string]float64](before), a, as[map[string]float64](cur), Equal)
+		return mergeMap(as[map[string]float64](before), a, as[map[string]float64](cur))
 	case map[string][]string:
-		return mergeMap(as[map[string][]string](before), a, as[map[string][]string](cur), Equal)
+		return mergeMap(as[map[string][]string](before), a, as[map[string][]string](cur))
 	case map[string]any:
-		return mergeMap(as[map[string]any](before), a, as[map[string]any](cur), Equal)
+		return mergeMap(as[map[string]any](before), a, as[map[string]any](cur))
 	}
 	return after
 }
@@ -92,7 +92,7 @@ func mergeAnySet(before, after, cur []any) []any {
 	return out
 }
 
-func mergeMap[V any](before, after, cur map[string]V, eq func(a, b any) bool) map[string]V {
+func mergeMap[V any](before, after, cur map[string]V) map[string]V {
 	out := make(map[string]V, len(cur)+len(after))
 	for k, v := range cur {
 		if _, gone := before[k]; gone {
@@ -103,7 +103,7 @@ func mergeMap[V any](before, after, cur map[string]V, eq func(a, b any) bool) ma
 		out[k] = v
 	}
 	for k, v := range after {
-		if w, ok := before[k]; !ok || !eq(w, v) {
+		if w, ok := before[k]; !ok || !Equal(w, v) {
 			out[k] = v
 		}
 	}

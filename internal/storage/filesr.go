@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -208,10 +207,7 @@ func readMeta(dir string) (*srMeta, error) {
 // writeFileAtomic replaces a file with new contents, durably; the
 // temporary file is one the SR's scans skip (tmpPrefix).
 func writeFileAtomic(path string, data []byte) error {
-	return atomicfile.Write(path, 0o600, tmpPrefix, func(w io.Writer) error {
-		_, err := w.Write(data)
-		return err
-	})
+	return atomicfile.Write(path, 0o600, tmpPrefix, atomicfile.Data(data))
 }
 
 func writeMeta(dir string, m *srMeta) error {
