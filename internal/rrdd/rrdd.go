@@ -524,22 +524,24 @@ func (s *Service) Snapshot(o plugin.Owner) (*rrd.RRD, error) {
 // following it from another host). A VM or SR reporting here continues
 // from it; one that is not is archived.
 func (s *Service) Put(o plugin.Owner, r *rrd.RRD) error {
+	if o.Kind != plugin.Host {
+		if err := validUUID(o.UUID); err != nil {
+			return err
+		}
+	}
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if o.Kind == plugin.Host {
 		s.host.rrd, s.host.fresh = r, true
-		s.mu.Unlock()
 		return nil
-	}
-	if err := validUUID(o.UUID); err != nil {
-		s.mu.Unlock()
-		return err
 	}
 	if se, ok := s.owned[o]; ok {
 		se.rrd, se.fresh = r, true
-		s.mu.Unlock()
 		return nil
 	}
-	s.mu.Unlock()
+	// Archived under the lock: a tick that begins to record the owner
+	// (a migrated VM's first reading here) loads this archive, not
+	// nothing, and does not start a fresh RRD over it.
 	return s.saveArchive(o, r)
 }
 

@@ -393,3 +393,39 @@ func TestBackupAfter(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// A VM's RRD arriving (Put: a migration's) while the host's tick first
+// sees the VM report is continued, never replaced by a fresh RRD of the
+// tick's one reading.
+func TestPutRacingTheFirstTick(t *testing.T) {
+	src, _ := newService(t, t.TempDir(), Named{Name: "f", Sampler: &fake{readings: []Reading{gauge(vmOwner, "cpu", true, 1)}}})
+	for i := range 5 {
+		src.Tick(context.Background(), at(i))
+	}
+	sent := mustSnapshot(t, src, vmOwner)
+	for round := range 50 {
+		dst, _ := newService(t, t.TempDir(), Named{Name: "f", Sampler: &fake{readings: []Reading{gauge(vmOwner, "cpu", true, 2)}}})
+		done := make(chan error, 1)
+		go func() { done <- dst.Put(vmOwner, sent.Clone()) }()
+		dst.Tick(context.Background(), at(10))
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		dst.Tick(context.Background(), at(11))
+		got := mustSnapshot(t, dst, vmOwner)
+		if got.LastUpdated() < float64(at(11).Unix()) {
+			t.Fatalf("round %d: the RRD was not updated by the last tick", round)
+		}
+		var b bytes.Buffer
+		if err := got.WriteXML(&b, true); err != nil {
+			t.Fatal(err)
+		}
+		// The first archive's rows with a value: the sent RRD's and the
+		// ones since; a fresh RRD would have the last two ticks' only.
+		dump := b.String()
+		dump = dump[:strings.Index(dump, "</database>")]
+		if n := len(strings.Split(dump, "<row>")) - 1 - strings.Count(dump, "<row><v>NaN</v></row>"); n < 5 {
+			t.Fatalf("round %d: %d rows with a value", round, n)
+		}
+	}
+}
