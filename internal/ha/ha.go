@@ -102,7 +102,7 @@ type Service struct {
 	ledger       *lease.Ledger   // while this host coordinates (under mu)
 	declared     map[string]bool // hosts declared dead, until they renew (under mu)
 	restarting   map[string]bool // VMs HA is starting now (under mu)
-	killed       bool            // the protected VMs are gone since the lease ran out
+	killed       bool            // the lease is over and no protected VM runs here (the run loop's)
 	preventUntil time.Time       // no restarts before this (pool.ha_prevent_restarts_for; under mu)
 	emergencyOff bool            // host.emergency_ha_disable: HA off on this host (under mu)
 
@@ -413,27 +413,27 @@ func (s *Service) serveRenew(w http.ResponseWriter, r *http.Request) {
 }
 
 // watchLease kills this host's protected VMs once its lease has run out
-// (docs/ha.md, rule 3) and returns the lease's phase.
+// (docs/ha.md, rule 3) and returns the lease's phase. While the lease is
+// over it looks at every tick: a protected VM may have started between
+// the last look and a lease granted and lost unseen (a host stopped just
+// after a renewal), and it must not outlive the lease either.
 func (s *Service) watchLease(now time.Time) lease.Phase {
 	until := s.holder.Until()
-	s.mu.Lock()
-	killed := s.killed
-	if !until.IsZero() && now.Before(until) {
+	if now.Before(until) {
+		s.mu.Lock()
 		s.killed = false
-		killed = false
+		s.mu.Unlock()
+		return lease.Held
 	}
+	killed := s.fence() == 0
+	s.mu.Lock()
+	was := s.killed
+	s.killed = killed
 	s.mu.Unlock()
-	phase := s.cfg.Timing.PhaseAt(until, now, killed)
-	switch phase {
-	case lease.Killing, lease.Fenced:
-		if s.fence() == 0 {
-			s.mu.Lock()
-			s.killed = true
-			s.mu.Unlock()
-			s.log.Info("HA: no lease: no protected VM runs here")
-		}
+	if killed && !was {
+		s.log.Info("HA: no lease: no protected VM runs here")
 	}
-	return phase
+	return s.cfg.Timing.PhaseAt(until, now, killed)
 }
 
 // fence kills the protected VMs' domains on this host and returns how
