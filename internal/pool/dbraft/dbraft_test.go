@@ -18,6 +18,8 @@ import (
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/db/persist"
+	"toolstackd/internal/pool/raftstore"
+	"toolstackd/internal/pool/raftwal"
 	"toolstackd/internal/schema"
 )
 
@@ -572,5 +574,81 @@ func TestNudgeTellsMembersOfCommits(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	if got := leader.r.Raft().LastIndex(); got != last {
 		t.Fatalf("a covered nudge appended: last index %d, then %d", last, got)
+	}
+}
+
+// A pool whose hosts kept raft's log in raft.db (toolstackd before the
+// log moved to its own files) comes back with every write: each host's
+// log is moved to the log directory at start, and raft.db keeps no
+// entries.
+func TestLogMovesOutOfRaftDB(t *testing.T) {
+	p := newPool(t, 3)
+	leader := p.waitLeader()
+	for i := range 30 {
+		if _, err := createVM(leader.d, fmt.Sprint("vm-", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.converge()
+	vms := leader.d.Snapshot().Count(dm.VM.Class)
+	nodes := p.live()
+	want := make(map[raft.ServerID]uint64)
+	for _, n := range nodes {
+		want[n.id] = n.r.Raft().LastIndex()
+		p.kill(n)
+	}
+	for _, n := range nodes {
+		// The old layout: the entries in raft.db, no log directory.
+		dir := filepath.Join(n.dir, "raft")
+		old, err := raftstore.Open(dir, raftstore.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wal, err := raftwal.Open(filepath.Join(dir, logDirName), raftwal.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		first, _ := wal.FirstIndex()
+		last, _ := wal.LastIndex()
+		if last < want[n.id] {
+			t.Fatalf("%s: log ends at %d, raft had %d", n.id, last, want[n.id])
+		}
+		for i := first; i <= last; i++ {
+			var l raft.Log
+			if err := wal.GetLog(i, &l); err != nil {
+				t.Fatal(err)
+			}
+			if err := old.StoreLog(&l); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_ = wal.Close()
+		_ = old.Close()
+		if err := os.RemoveAll(filepath.Join(dir, logDirName)); err != nil {
+			t.Fatal(err)
+		}
+		// A crash of a first attempt left half a copy.
+		if err := os.MkdirAll(filepath.Join(dir, logDirName+".import"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range nodes {
+		p.revive(n)
+	}
+	leader = p.waitLeader()
+	if _, err := createVM(leader.d, "after"); err != nil {
+		t.Fatal(err)
+	}
+	p.converge()
+	if got := leader.d.Snapshot().Count(dm.VM.Class); got != vms+1 {
+		t.Fatalf("%d VMs after the move, want %d", got, vms+1)
+	}
+	for _, n := range nodes {
+		if first, _ := n.r.stores.stable.FirstIndex(); first != 0 {
+			t.Fatalf("%s: raft.db still holds entries from %d", n.id, first)
+		}
+		if last, _ := n.r.stores.log.LastIndex(); last <= want[n.id] {
+			t.Fatalf("%s: the log ends at %d, before the write after the move", n.id, last)
+		}
 	}
 }

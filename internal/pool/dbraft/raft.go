@@ -16,7 +16,6 @@ import (
 
 	"toolstackd/internal/db"
 	"toolstackd/internal/pool/raftnet"
-	"toolstackd/internal/pool/raftstore"
 	"toolstackd/internal/pool/replica"
 )
 
@@ -26,7 +25,8 @@ var randRead = rand.Read
 type StartOptions struct {
 	// ID is this host's raft server ID (its host uuid).
 	ID raft.ServerID
-	// Dir holds raft's log (raft.db) and snapshots.
+	// Dir holds raft's log (the directory "log", see logStores), its
+	// term and vote (raft.db) and its snapshots.
 	Dir string
 	// Transport carries raft's messages; Start wraps it so that
 	// heartbeats go through raft's main loop (hashicorp/raft#695).
@@ -60,13 +60,13 @@ func (r *Replicator) Start(o StartOptions) (err error) {
 	conf.NotifyCh = notify
 	trans := raftnet.Conservative(o.Transport)
 	if o.Bootstrap {
-		has, err := raft.HasExistingState(store, store, snaps)
+		has, err := raft.HasExistingState(store.log, store.stable, snaps)
 		if err != nil {
 			return err
 		}
 		if !has {
 			cfg := raft.Configuration{Servers: []raft.Server{{ID: o.ID, Address: trans.LocalAddr()}}}
-			if err := raft.BootstrapCluster(conf, store, store, snaps, trans, cfg); err != nil {
+			if err := raft.BootstrapCluster(conf, store.log, store.stable, snaps, trans, cfg); err != nil {
 				return err
 			}
 		}
@@ -83,14 +83,14 @@ func (r *Replicator) Start(o StartOptions) (err error) {
 		r.setMode(Standalone)
 		return err
 	}
-	rf, err := raft.NewRaft(conf, fsm{r}, store, store, snaps, trans)
+	rf, err := raft.NewRaft(conf, fsm{r}, store.log, store.stable, snaps, trans)
 	if err != nil {
 		_ = r.store.SetSync(true)
 		r.setMode(Standalone)
 		return err
 	}
 	r.raft.Store(rf)
-	r.raftStore = store
+	r.stores = store
 	r.watchDone, r.stopWatch = make(chan struct{}), make(chan struct{})
 	go r.watch(rf, notify, r.stopWatch)
 	go r.watchLeader(rf, r.stopWatch)
@@ -149,11 +149,11 @@ type readCloser struct {
 }
 
 // open opens raft's stores in o.Dir and makes raft's configuration.
-func (r *Replicator) open(o StartOptions) (*raftstore.Store, raft.SnapshotStore, *raft.Config, error) {
+func (r *Replicator) open(o StartOptions) (*logStores, raft.SnapshotStore, *raft.Config, error) {
 	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
 		return nil, nil, nil, err
 	}
-	store, err := raftstore.Open(o.Dir, raftstore.Options{})
+	store, err := openLogStores(o.Dir)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -192,7 +192,7 @@ func (r *Replicator) Recover(o StartOptions, servers []raft.Server) error {
 	}
 	defer func() { _ = store.Close() }()
 	trans := raftnet.Conservative(o.Transport)
-	return raft.RecoverCluster(conf, fsm{r}, store, store, snaps, trans, raft.Configuration{Servers: servers})
+	return raft.RecoverCluster(conf, fsm{r}, store.log, store.stable, snaps, trans, raft.Configuration{Servers: servers})
 }
 
 // Forget drops what this host holds of raft (its files go with the
@@ -263,11 +263,11 @@ func (r *Replicator) Stop() error {
 		err = serr
 	}
 	r.setMode(Standalone)
-	if cerr := r.raftStore.Close(); err == nil {
+	if cerr := r.stores.Close(); err == nil {
 		err = cerr
 	}
 	r.raft.Store(nil)
-	r.raftStore = nil
+	r.stores = nil
 	return err
 }
 

@@ -70,7 +70,6 @@ import (
 
 	"toolstackd/internal/db"
 	"toolstackd/internal/db/persist"
-	"toolstackd/internal/pool/raftstore"
 	"toolstackd/internal/pool/replica"
 	"toolstackd/internal/schema"
 )
@@ -170,7 +169,7 @@ type Replicator struct {
 	nudging           bool
 
 	raft      atomic.Pointer[raft.Raft]
-	raftStore *raftstore.Store
+	stores    *logStores
 	watchDone chan struct{}
 	stopWatch chan struct{}
 	flights   chan *flight

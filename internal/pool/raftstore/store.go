@@ -4,6 +4,11 @@
 // raft.StableStore. Snapshots are not kept here; raft's own
 // raft.NewFileSnapshotStore serves for them.
 //
+// The daemon uses it as raft's StableStore only; its log is in
+// internal/pool/raftwal, which syncs once an append where a bbolt commit
+// syncs twice. Files written before the log moved still hold entries
+// here: internal/pool/dbraft moves them to raftwal at start.
+//
 // # Durability
 //
 // Every write is one bbolt transaction, and bbolt syncs the file before a

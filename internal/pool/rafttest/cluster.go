@@ -2,7 +2,8 @@
 // tier of the pool's fault tests.
 //
 // A Cluster is N nodes (3 or 5, any number works) of hashicorp/raft, each
-// with its log and stable state in a raftstore file in its own temporary
+// with its log in raftwal segment files and its term and vote in a
+// raftstore file (as the daemon keeps them) in its own temporary
 // directory, a file snapshot store beside it, an FSM (a deterministic
 // key/value map that records every entry it applies) and raft's
 // in-memory transport wrapped by raftnet.Conservative, exactly as
@@ -46,6 +47,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"reflect"
 	"strconv"
 	"sync"
@@ -57,6 +59,7 @@ import (
 
 	"toolstackd/internal/pool/raftnet"
 	"toolstackd/internal/pool/raftstore"
+	"toolstackd/internal/pool/raftwal"
 	"toolstackd/internal/safepath"
 )
 
@@ -77,12 +80,13 @@ type Node struct {
 	Addr raft.ServerAddress
 	Dir  string
 
-	alive bool
-	raft  *raft.Raft
-	fsm   *FSM
-	store *raftstore.Store
-	inmem *raft.InmemTransport
-	trans raft.Transport
+	alive  bool
+	raft   *raft.Raft
+	fsm    *FSM
+	log    *raftwal.WAL     // raft's log, as the daemon keeps it
+	stable *raftstore.Store // raft's term and vote
+	inmem  *raft.InmemTransport
+	trans  raft.Transport
 }
 
 // Cluster is a set of raft nodes in this process.
@@ -162,7 +166,7 @@ func NewCluster(t testing.TB, opts Options) *Cluster {
 		if err != nil {
 			t.Fatal(err)
 		}
-		err = raft.BootstrapCluster(c.Config(n.ID), n.store, n.store, snaps, n.trans, raft.Configuration{Servers: servers})
+		err = raft.BootstrapCluster(c.Config(n.ID), n.log, n.stable, snaps, n.trans, raft.Configuration{Servers: servers})
 		if err != nil {
 			t.Fatalf("bootstrap node %d: %v", i, err)
 		}
@@ -181,15 +185,19 @@ func (c *Cluster) open(n *Node) error {
 	if err != nil {
 		return err
 	}
+	wal, err := raftwal.Open(filepath.Join(n.Dir, "log"), raftwal.Options{})
+	if err != nil {
+		return errors.Join(err, st.Close())
+	}
 	_, inm := raft.NewInmemTransportWithTimeout(n.Addr, 500*time.Millisecond)
-	n.store, n.inmem, n.trans = st, inm, raftnet.Conservative(inm)
+	n.log, n.stable, n.inmem, n.trans = wal, st, inm, raftnet.Conservative(inm)
 	return nil
 }
 
 // start starts raft on node i (opened already on first start).
 func (c *Cluster) start(i int) error {
 	n := c.nodes[i]
-	if n.store == nil {
+	if n.log == nil {
 		if err := c.open(n); err != nil {
 			return err
 		}
@@ -199,7 +207,7 @@ func (c *Cluster) start(i int) error {
 		return err
 	}
 	fsm := NewFSM()
-	r, err := raft.NewRaft(c.Config(n.ID), fsm, n.store, n.store, snaps, n.trans)
+	r, err := raft.NewRaft(c.Config(n.ID), fsm, n.log, n.stable, snaps, n.trans)
 	if err != nil {
 		return err
 	}
@@ -321,12 +329,12 @@ func (c *Cluster) Kill(i int) error {
 	}
 	n.alive = false
 	c.rewireLocked()
-	r, st, inm := n.raft, n.store, n.inmem
-	n.store, n.inmem, n.trans = nil, nil, nil
+	r, wal, st, inm := n.raft, n.log, n.stable, n.inmem
+	n.log, n.stable, n.inmem, n.trans = nil, nil, nil, nil
 	c.mu.Unlock()
 	err := waitFuture(r.Shutdown(), 30*time.Second)
 	_ = inm.Close()
-	if cerr := st.Close(); err == nil {
+	if cerr := errors.Join(wal.Close(), st.Close()); err == nil {
 		err = cerr
 	}
 	return err
@@ -510,11 +518,11 @@ func (c *Cluster) compareStores() error {
 		if !n.alive {
 			continue
 		}
-		f, err := n.store.FirstIndex()
+		f, err := n.log.FirstIndex()
 		if err != nil {
 			return err
 		}
-		l, err := n.store.LastIndex()
+		l, err := n.log.LastIndex()
 		if err != nil {
 			return err
 		}
@@ -525,7 +533,7 @@ func (c *Cluster) compareStores() error {
 		var first raft.Log
 		for k, n := range live {
 			var l raft.Log
-			if err := n.store.GetLog(idx, &l); err != nil {
+			if err := n.log.GetLog(idx, &l); err != nil {
 				return fmt.Errorf("rafttest: %s: log %d: %w", n.ID, idx, err)
 			}
 			l.AppendedAt = time.Time{} // each node stamps its own

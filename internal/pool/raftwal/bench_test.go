@@ -1,4 +1,4 @@
-package raftwal
+package raftwal_test
 
 import (
 	"bytes"
@@ -15,11 +15,12 @@ import (
 	"toolstackd/internal/pool/raftnet"
 	"toolstackd/internal/pool/raftstore"
 	"toolstackd/internal/pool/rafttest"
+	"toolstackd/internal/pool/raftwal"
 )
 
-// The comparison the package exists for: raft's log on bbolt
-// (internal/pool/raftstore, what the daemon uses) against this segment
-// log, first alone (StoreLogs of 1 and 16 entries of 512 bytes, synced),
+// The comparison that moved the daemon's raft log here: raft's log on
+// bbolt (internal/pool/raftstore, where the daemon kept it before)
+// against this segment log, first alone (StoreLogs of 1 and 16 entries of 512 bytes, synced),
 // then under a 3-node raft on the in-memory transport with the daemon's
 // heartbeat workaround (the latency of one Apply, 1 and 16 writers).
 //
@@ -39,7 +40,7 @@ func openKind(b *testing.B, kind, dir string) logStore {
 		}
 		return s
 	default:
-		w, err := Open(dir, Options{})
+		w, err := raftwal.Open(dir, raftwal.Options{})
 		if err != nil {
 			b.Fatal(err)
 		}

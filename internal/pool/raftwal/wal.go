@@ -1,17 +1,19 @@
-// Package raftwal is a prototype of raft's log kept in append-only
-// segment files instead of bbolt, for one measured comparison: how much
-// of a replicated write's latency is the log store's. It is a
-// raft.LogStore for github.com/hashicorp/raft, and it is NOT used by the
-// daemon (the decided design keeps raft's log on bbolt, in
-// internal/pool/raftstore); only its tests and benchmarks run it.
+// Package raftwal keeps raft's log in append-only segment files: a
+// raft.LogStore for github.com/hashicorp/raft. The daemon keeps its raft
+// log here (internal/pool/dbraft); raft's term and vote stay in bbolt
+// (internal/pool/raftstore), where they change only at elections.
 //
-// # Why it could be faster
+// # Why not bbolt
 //
 // A bbolt commit syncs twice: the pages, then the meta page that makes
 // them current. An append-only log needs one sync per StoreLogs: the
 // records are written at the end of the current segment and the file is
 // fdatasynced once. A record whose bytes did not all reach the disk
 // before a crash is found by its checksum and cut off at the next Open.
+// Raft syncs its log on the leader and then on a follower before a write
+// commits, so the store's sync is paid twice on every replicated write
+// (docs/performance.md, issue 12, has the figures that moved the log
+// here).
 //
 // # Files
 //
@@ -330,6 +332,14 @@ func (w *WAL) StoreLogs(logs []*raft.Log) error {
 	next := w.last + 1
 	if w.first == 0 {
 		next = logs[0].Index
+		// An empty log may still have files: a segment whose records were
+		// all torn, or entries below a "first" beyond them. A log starting
+		// anywhere must not be appended to them.
+		if len(w.segs) > 0 {
+			if err := w.deleteAll(); err != nil {
+				return err
+			}
+		}
 	}
 	for i, l := range logs {
 		if l == nil {

@@ -266,3 +266,74 @@ func crcBytes(body []byte) []byte {
 	b[0], b[1], b[2], b[3] = byte(c>>24), byte(c>>16), byte(c>>8), byte(c)
 	return b[:]
 }
+
+// An empty log whose segment holds nothing whole (its first write was
+// torn) takes a log starting at any index, and keeps it across Open.
+func TestEmptyLogWithFilesStartsAnywhere(t *testing.T) {
+	dir := t.TempDir()
+	w := open(t, dir, Options{})
+	store(t, w, 1, 3, 50)
+	_ = w.Close()
+	seg := lastSegment(t, dir)
+	if err := os.Truncate(seg, 10); err != nil { // the first record torn
+		t.Fatal(err)
+	}
+	w = open(t, dir, Options{})
+	check(t, w, 0, 0, 0)
+	store(t, w, 500, 504, 50)
+	_ = w.Close()
+	w = open(t, dir, Options{})
+	check(t, w, 500, 504, 50)
+
+	// The same with every entry below "first" after a torn tail.
+	dir = t.TempDir()
+	w = open(t, dir, Options{})
+	store(t, w, 1, 3, 50)
+	if err := w.writeFirst(9); err != nil {
+		t.Fatal(err)
+	}
+	_ = w.Close()
+	w = open(t, dir, Options{})
+	check(t, w, 0, 0, 0)
+	store(t, w, 700, 701, 50)
+	_ = w.Close()
+	w = open(t, dir, Options{})
+	check(t, w, 700, 701, 50)
+}
+
+func TestImport(t *testing.T) {
+	src := open(t, t.TempDir(), Options{SegmentBytes: 2048})
+	store(t, src, 7, 5000, 20)
+	dir := filepath.Join(t.TempDir(), "log")
+	// A crash of an earlier import left half a copy beside the log.
+	if err := os.MkdirAll(dir+".import", 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir+".import", fmt.Sprintf("%020d.wal", 7)), []byte("half"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	did, err := Import(dir, src, Options{})
+	if err != nil || !did {
+		t.Fatalf("Import: %v, %v", did, err)
+	}
+	if _, err := os.Stat(dir + ".import"); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the import's directory is left: %v", err)
+	}
+	w := open(t, dir, Options{})
+	check(t, w, 7, 5000, 20)
+	// An existing log is kept as it is.
+	store(t, src, 5001, 5002, 20)
+	if did, err := Import(dir, src, Options{}); err != nil || did {
+		t.Fatalf("Import over a log: %v, %v", did, err)
+	}
+	check(t, w, 7, 5000, 20)
+	// Nothing to import: no log is made.
+	empty := open(t, t.TempDir(), Options{})
+	dir2 := filepath.Join(t.TempDir(), "log")
+	if did, err := Import(dir2, empty, Options{}); err != nil || did {
+		t.Fatalf("Import of an empty log: %v, %v", did, err)
+	}
+	if _, err := os.Stat(dir2); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("an empty import made %s: %v", dir2, err)
+	}
+}
