@@ -184,11 +184,43 @@ func (m *Manager) checkCrossPool(ctx context.Context, r db.Reader, vm *db.Row, d
 		return fail(err)
 	}
 	cs := &crossSRs{rp: rp, known: map[string]bool{}}
-	moved := map[string]int{} // a source VDI -> 1 + its number among the disks
-	// The VM's disks: each in vdi_map (VDI_NOT_IN_MAP), mirrored, or
-	// copied when nothing writes it (a halted VM's, a read-only one, as
-	// xapi's vdi_filter has it). CDs are xapi's find_cds_to_eject: the
-	// VM's are ejected before the move and arrive empty.
+	moved, err := planCrossDisks(ctx, r, vm, power, vdiMap, cs, cp)
+	if err != nil {
+		return fail(err)
+	}
+	nics, err := crossNICs(ctx, r, vm, vifMap, cs)
+	if err != nil {
+		return fail(err)
+	}
+	cp.imp.NICs = nics
+	if cp.imp.Suspend, err = m.crossSuspend(ctx, r, vm, vdiMap, cs, cp); err != nil {
+		return fail(err)
+	}
+	for _, srow := range snaps {
+		if err := m.planCrossSnapshot(ctx, r, vm, srow, vdiMap, vifMap, cs, cp, moved); err != nil {
+			return fail(err)
+		}
+	}
+	if p, ok := r.Get(dm.VM.Class, vm.String(dm.VM.Parent)); ok && p.String(dm.VM.SnapshotOf) == vm.Ref {
+		cp.imp.Parent = p.UUID()
+	}
+	if !liveState(power) {
+		return cp, nil // a halted or suspended VM needs no memory there yet
+	}
+	if err := checkCrossMemory(ctx, rp, vm); err != nil {
+		return fail(err)
+	}
+	return cp, nil
+}
+
+// planCrossDisks adds the VM's disks to cp: each in vdi_map
+// (VDI_NOT_IN_MAP), mirrored, or copied when nothing writes it (a halted
+// VM's, a read-only one, as xapi's vdi_filter has it). CDs are xapi's
+// find_cds_to_eject: the VM's are ejected before the move and arrive
+// empty. It returns each moved VDI's 1 + its number among cp.moves.
+func planCrossDisks(ctx context.Context, r db.Reader, vm *db.Row, power string, vdiMap map[dm.VDIRef]dm.SRRef,
+	cs *crossSRs, cp *crossPlan) (map[string]int, error) {
+	moved := map[string]int{}
 	for _, vbd := range strs(r.Value(vm, dm.VM.VBDs)) {
 		row, ok := r.Get(dm.VBD.Class, vbd)
 		if !ok {
@@ -204,17 +236,17 @@ func (m *Manager) checkCrossPool(ctx context.Context, r db.Reader, vm *db.Row, d
 		vdi := row.String(dm.VBD.VDI)
 		sr, mapped := vdiMap[dm.VDIRef(vdi)]
 		if !mapped {
-			return fail(xerr.New(xerr.VDINotInMap, vdi))
+			return nil, xerr.New(xerr.VDINotInMap, vdi)
 		}
 		vrow, ok := r.Get(dm.VDI.Class, vdi)
 		if !ok {
-			return fail(xerr.New(xerr.VDIMissing, schema.NullRef, vdi))
+			return nil, xerr.New(xerr.VDIMissing, schema.NullRef, vdi)
 		}
 		if vrow.String(dm.VDI.OnBoot) == string(dm.OnBootReset) {
-			return fail(xerr.New(xerr.VDIOnBootModeIncompatibleWithOperation))
+			return nil, xerr.New(xerr.VDIOnBootModeIncompatibleWithOperation)
 		}
 		if err := cs.check(ctx, string(sr)); err != nil {
-			return fail(err)
+			return nil, err
 		}
 		ro := row.String(dm.VBD.Mode) == string(dm.VBDModeRO) || vrow.Get(dm.VDI.ReadOnly) == true
 		d := crossDiskOf(r, row, vrow, string(sr), !liveState(power) || ro)
@@ -222,82 +254,82 @@ func (m *Manager) checkCrossPool(ctx context.Context, r db.Reader, vm *db.Row, d
 		cp.imp.Disks = append(cp.imp.Disks, d)
 		moved[vdi] = len(cp.moves)
 	}
-	nics, err := crossNICs(ctx, r, vm, vifMap, cs)
-	if err != nil {
-		return fail(err)
+	return moved, nil
+}
+
+// planCrossSnapshot adds one of the VM's snapshots to cp (xapi's
+// vdis_of_snapshots): its record goes with the VM, its disks are copied
+// to the SR vdi_map gives the VDI, else its snapshot_of, else the other
+// pool's default SR (VDI_NOT_IN_MAP when it has none); its CDs arrive
+// empty.
+func (m *Manager) planCrossSnapshot(ctx context.Context, r db.Reader, vm, srow *db.Row, vdiMap map[dm.VDIRef]dm.SRRef,
+	vifMap map[dm.VIFRef]dm.NetworkRef, cs *crossSRs, cp *crossPlan, moved map[string]int) error {
+	s := crossSnapshot{UUID: srow.UUID(), VM: crossFields(r, dm.VM.Class, srow),
+		Time: schema.FormatDB(dm.VM.SnapshotTime.Type, srow.Get(dm.VM.SnapshotTime))}
+	if p, ok := r.Get(dm.VM.Class, srow.String(dm.VM.Parent)); ok && p.String(dm.VM.SnapshotOf) == vm.Ref {
+		s.Parent = p.UUID()
 	}
-	cp.imp.NICs = nics
-	if cp.imp.Suspend, err = m.crossSuspend(ctx, r, vm, vdiMap, cs, cp); err != nil {
-		return fail(err)
-	}
-	// The snapshots (xapi's vdis_of_snapshots): their records go with the
-	// VM, their disks are copied to the SR vdi_map gives the VDI, else
-	// its snapshot_of, else the other pool's default SR (VDI_NOT_IN_MAP
-	// when it has none); their CDs arrive empty.
-	for _, srow := range snaps {
-		s := crossSnapshot{UUID: srow.UUID(), VM: crossFields(r, dm.VM.Class, srow),
-			Time: schema.FormatDB(dm.VM.SnapshotTime.Type, srow.Get(dm.VM.SnapshotTime))}
-		if p, ok := r.Get(dm.VM.Class, srow.String(dm.VM.Parent)); ok && p.String(dm.VM.SnapshotOf) == vm.Ref {
-			s.Parent = p.UUID()
+	for _, vbd := range strs(r.Value(srow, dm.VM.VBDs)) {
+		row, ok := r.Get(dm.VBD.Class, vbd)
+		if !ok {
+			continue
 		}
-		for _, vbd := range strs(r.Value(srow, dm.VM.VBDs)) {
-			row, ok := r.Get(dm.VBD.Class, vbd)
-			if !ok {
-				continue
-			}
-			if row.Get(dm.VBD.Empty) == true || row.String(dm.VBD.Type) == string(dm.VBDTypeCD) {
-				s.Drives = append(s.Drives, crossFields(r, dm.VBD.Class, row))
-				continue
-			}
-			vrow, ok := r.Get(dm.VDI.Class, row.String(dm.VBD.VDI))
-			if !ok {
-				continue // a disk without its VDI is left out, as xapi's import does
-			}
-			sr, mapped := vdiMap[dm.VDIRef(vrow.Ref)]
-			if !mapped {
-				sr, mapped = vdiMap[dm.VDIRef(vrow.String(dm.VDI.SnapshotOf))]
-			}
-			sr, err := cs.mapTo(ctx, vrow.Ref, sr, mapped, cs.defaultSR)
-			if err != nil {
-				return fail(err)
-			}
-			d := crossDiskOf(r, row, vrow, string(sr), true)
-			d.SnapshotOf = moved[vrow.String(dm.VDI.SnapshotOf)]
-			if vrow.Get(dm.VDI.IsASnapshot) == true {
-				d.SnapshotTime = schema.FormatDB(dm.VDI.SnapshotTime.Type, vrow.Get(dm.VDI.SnapshotTime))
-			}
-			cp.moves = append(cp.moves, diskMove{VBD: vbd, VDI: vrow.Ref, SR: string(sr), Copy: true})
-			s.Disks = append(s.Disks, d)
-			moved[vrow.Ref] = len(cp.moves)
+		if row.Get(dm.VBD.Empty) == true || row.String(dm.VBD.Type) == string(dm.VBDTypeCD) {
+			s.Drives = append(s.Drives, crossFields(r, dm.VBD.Class, row))
+			continue
 		}
-		if s.Suspend, err = m.crossSuspend(ctx, r, srow, vdiMap, cs, cp); err != nil {
-			return fail(err)
+		vrow, ok := r.Get(dm.VDI.Class, row.String(dm.VBD.VDI))
+		if !ok {
+			continue // a disk without its VDI is left out, as xapi's import does
 		}
-		nics, err := crossNICs(ctx, r, srow, vifMap, cs)
+		sr, mapped := vdiMap[dm.VDIRef(vrow.Ref)]
+		if !mapped {
+			sr, mapped = vdiMap[dm.VDIRef(vrow.String(dm.VDI.SnapshotOf))]
+		}
+		sr, err := cs.mapTo(ctx, vrow.Ref, sr, mapped, cs.defaultSR)
 		if err != nil {
-			return fail(err)
+			return err
 		}
-		s.NICs = nics
-		cp.imp.Snapshots = append(cp.imp.Snapshots, s)
-		cp.snaps = append(cp.snaps, srow.Ref)
+		d := crossDiskOf(r, row, vrow, string(sr), true)
+		d.SnapshotOf = moved[vrow.String(dm.VDI.SnapshotOf)]
+		if vrow.Get(dm.VDI.IsASnapshot) == true {
+			d.SnapshotTime = schema.FormatDB(dm.VDI.SnapshotTime.Type, vrow.Get(dm.VDI.SnapshotTime))
+		}
+		cp.moves = append(cp.moves, diskMove{VBD: vbd, VDI: vrow.Ref, SR: string(sr), Copy: true})
+		s.Disks = append(s.Disks, d)
+		moved[vrow.Ref] = len(cp.moves)
 	}
-	if p, ok := r.Get(dm.VM.Class, vm.String(dm.VM.Parent)); ok && p.String(dm.VM.SnapshotOf) == vm.Ref {
-		cp.imp.Parent = p.UUID()
+	var err error
+	if s.Suspend, err = m.crossSuspend(ctx, r, srow, vdiMap, cs, cp); err != nil {
+		return err
 	}
+	if s.NICs, err = crossNICs(ctx, r, srow, vifMap, cs); err != nil {
+		return err
+	}
+	cp.imp.Snapshots = append(cp.imp.Snapshots, s)
+	cp.snaps = append(cp.snaps, srow.Ref)
+	return nil
+}
+
+// checkCrossMemory refuses a running VM the other pool's host has not
+// the free memory for (HOST_NOT_ENOUGH_FREE_MEMORY). An answer it cannot
+// read lets the move go on: the destination reserves the memory as it
+// prepares the incoming domain, and refuses there.
+func checkCrossMemory(ctx context.Context, rp *remotePool, vm *db.Row) error {
 	need, _ := vm.Get(dm.VM.MemoryStaticMax).(int64)
-	if !liveState(power) {
-		return cp, nil // a halted or suspended VM needs no memory there yet
+	metrics, err := rp.str(ctx, "host.get_metrics", rp.host)
+	if err != nil {
+		return nil //nolint:nilerr // the destination checks again
 	}
-	if metrics, err := rp.str(ctx, "host.get_metrics", rp.host); err == nil {
-		raw, err := rp.call(ctx, "host_metrics.get_memory_free", metrics)
-		var free json.Number
-		if err == nil && json.Unmarshal(raw, &free) == nil {
-			if n, err := strconv.ParseInt(string(free), 10, 64); err == nil && need > n {
-				return fail(xerr.New(xerr.HostNotEnoughFreeMemory, strconv.FormatInt(need, 10), strconv.FormatInt(max(n, 0), 10)))
-			}
-		}
+	raw, err := rp.call(ctx, "host_metrics.get_memory_free", metrics)
+	var free json.Number
+	if err != nil || json.Unmarshal(raw, &free) != nil {
+		return nil //nolint:nilerr // as above
 	}
-	return cp, nil
+	if n, err := strconv.ParseInt(string(free), 10, 64); err == nil && need > n {
+		return xerr.New(xerr.HostNotEnoughFreeMemory, strconv.FormatInt(need, 10), strconv.FormatInt(max(n, 0), 10))
+	}
+	return nil
 }
 
 // crossSRs checks the other pool's SRs a migration maps disks to, each

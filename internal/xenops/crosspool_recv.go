@@ -448,23 +448,53 @@ func (m *Manager) importCross(ctx context.Context, caller api.Caller, h crossHea
 			return err
 		}
 	}
+	byUUID, err := m.importCrossSnapshots(ctx, caller, h, made)
+	if err != nil {
+		return err
+	}
+	if err := m.linkCrossParents(h, made.vm, byUUID); err != nil {
+		return err
+	}
+	// The plan reads this host's replica: wait for the records there.
+	arrived := m.awaitDB(storageReadyTimeout, nil, ctx.Done(), func(snap db.Reader) (bool, bool) {
+		for vm, n := range made.want {
+			row, ok := snap.Get(dm.VM.Class, vm)
+			if !ok || len(strs(snap.Value(row, dm.VM.VBDs))) != n[0] || len(strs(snap.Value(row, dm.VM.VIFs))) != n[1] {
+				return false, false
+			}
+		}
+		return true, true
+	})
+	switch {
+	case arrived:
+		return nil
+	case ctx.Err() != nil:
+		return ctx.Err()
+	}
+	return xerr.New(xerr.InternalError, "the imported VM did not reach this host's replica")
+}
+
+// importCrossSnapshots makes the VM's snapshots (and checkpoints) that
+// came with it, each with its devices and memory image, and returns
+// their new refs by uuid.
+func (m *Manager) importCrossSnapshots(ctx context.Context, caller api.Caller, h crossHeader, made *crossMade) (map[string]string, error) {
 	byUUID := map[string]string{}
 	for _, s := range h.Import.Snapshots {
 		rec, err := crossRecord(dm.VM.Class, s.VM, nil)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		t, err := schema.ParseDB(dm.VM.SnapshotTime.Type, s.Time)
 		if err != nil {
-			return xerr.New(xerr.InvalidValue, "VM.snapshot_time", clipRemote(s.Time))
+			return nil, xerr.New(xerr.InvalidValue, "VM.snapshot_time", clipRemote(s.Time))
 		}
 		v, err := caller.InvokeArgs(ctx, "VM.create", []any{rec})
 		if err != nil {
-			return err
+			return nil, err
 		}
 		ref, _ := v.(string)
 		if !schema.IsRef(ref) {
-			return xerr.New(xerr.InternalError, "VM.create returned no VM")
+			return nil, xerr.New(xerr.InternalError, "VM.create returned no VM")
 		}
 		made.snaps = append(made.snaps, ref)
 		byUUID[s.UUID] = ref
@@ -477,21 +507,26 @@ func (m *Manager) importCross(ctx context.Context, caller api.Caller, h crossHea
 			}
 			return nil
 		}); err != nil {
-			return err
+			return nil, err
 		}
 		if err := m.importDevices(ctx, caller, made, ref, s.Disks, s.Drives, s.NICs); err != nil {
-			return err
+			return nil, err
 		}
 		if s.Suspend != nil {
 			if err := m.importSuspend(ctx, caller, made, ref, s.UUID, *s.Suspend); err != nil {
-				return err
+				return nil, err
 			}
 		}
 	}
-	// The parent links, among what arrived.
-	if _, err := m.db.Update(func(tx *db.Tx) error {
+	return byUUID, nil
+}
+
+// linkCrossParents sets the parent links among what arrived: the VM's
+// and each snapshot's, where the parent came too.
+func (m *Manager) linkCrossParents(h crossHeader, vm string, byUUID map[string]string) error {
+	_, err := m.db.Update(func(tx *db.Tx) error {
 		if p, ok := byUUID[h.Import.Parent]; ok {
-			if err := tx.Set(dm.VM.Parent, made.vm, p); err != nil {
+			if err := tx.Set(dm.VM.Parent, vm, p); err != nil {
 				return err
 			}
 		}
@@ -503,30 +538,8 @@ func (m *Manager) importCross(ctx context.Context, caller api.Caller, h crossHea
 			}
 		}
 		return nil
-	}); err != nil {
-		return err
-	}
-	// The plan reads this host's replica: wait for the records there.
-	deadline := time.NewTimer(storageReadyTimeout)
-	defer deadline.Stop()
-	for {
-		snap := m.db.Snapshot()
-		all := true
-		for vm, n := range made.want {
-			row, ok := snap.Get(dm.VM.Class, vm)
-			all = all && ok && len(strs(snap.Value(row, dm.VM.VBDs))) == n[0] && len(strs(snap.Value(row, dm.VM.VIFs))) == n[1]
-		}
-		if all {
-			return nil
-		}
-		select {
-		case <-snap.Done():
-		case <-deadline.C:
-			return xerr.New(xerr.InternalError, "the imported VM did not reach this host's replica")
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
+	})
+	return err
 }
 
 // importSuspend makes the suspend image VDI of snap (of uuid: a
