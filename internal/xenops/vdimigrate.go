@@ -256,47 +256,15 @@ func (m *Manager) moveVDI(o *opCtx, c *api.Call, mv vdiMove, unmark func()) (str
 	if err != nil {
 		return "", failed(err)
 	}
-	var newRef string
-	tg := backend.MirrorTarget{}
-	if j := baseOf(chain, chain[0]); j >= 0 {
-		newRef, err = m.cloneSized(o.ctx, callerInvoker(m, c), chain[j].New, mv.virtual)
-		tg.Sync = backend.MirrorTop
-	} else {
-		newRef, err = m.createVDI(o.ctx, c, newVDIRecord(mv))
-	}
+	newRef, tg, undoTarget, err := m.mirrorTarget(o, c, mv, chain)
 	if err != nil {
-		if newRef != "" {
-			m.destroyVDI(bg, c, newRef)
-		}
 		return "", failed(err)
 	}
-	chain[0].New = newRef
-	attached := false
 	defer func() {
-		if pivoted {
-			return
+		if !pivoted {
+			undoTarget()
 		}
-		if attached {
-			if derr := m.disks.Detach(bg, o.uuid, newRef); derr != nil {
-				m.log.Warn("VDI.pool_migrate: detaching the new VDI", "vdi", newRef, "err", derr)
-			}
-		}
-		m.destroyVDI(bg, c, newRef)
 	}()
-	src, err := m.disks.Attach(o.ctx, o.uuid, newRef, false)
-	if err != nil {
-		return "", failed(err)
-	}
-	attached = true
-	tg.VDI = newRef
-	if vm, ok := m.db.Snapshot().Get(dm.VM.Class, mv.vm); ok {
-		tg.Bandwidth = migrateOptions(vm).Bandwidth
-	}
-	if src.Kind == DiskNBD {
-		tg.URI = src.NBDURI
-	} else {
-		tg.Path, tg.Format = src.Path, src.Format
-	}
 
 	// 3. The mirror.
 	if err := mir.StartMirror(o.ctx, o.uuid, disk.Device, tg); err != nil {
@@ -353,6 +321,50 @@ func (m *Manager) moveVDI(o *opCtx, c *api.Call, mv vdiMove, unmark func()) (str
 	}
 	o.prog.Progress(1)
 	return newRef, nil
+}
+
+// mirrorTarget makes the VDI a disk is mirrored to, attached for the VM:
+// a clone of the newest snapshot's copy when the chain has one (only the
+// top is mirrored then), else a new VDI. undo detaches and destroys it.
+func (m *Manager) mirrorTarget(o *opCtx, c *api.Call, mv vdiMove, chain []diskMove) (string, backend.MirrorTarget, func(), error) {
+	bg := context.WithoutCancel(o.ctx)
+	var newRef string
+	var err error
+	tg := backend.MirrorTarget{}
+	if j := baseOf(chain, chain[0]); j >= 0 {
+		newRef, err = m.cloneSized(o.ctx, callerInvoker(m, c), chain[j].New, mv.virtual)
+		tg.Sync = backend.MirrorTop
+	} else {
+		newRef, err = m.createVDI(o.ctx, c, newVDIRecord(mv))
+	}
+	if err != nil {
+		if newRef != "" {
+			m.destroyVDI(bg, c, newRef)
+		}
+		return "", tg, nil, err
+	}
+	chain[0].New = newRef
+	src, err := m.disks.Attach(o.ctx, o.uuid, newRef, false)
+	if err != nil {
+		m.destroyVDI(bg, c, newRef)
+		return "", tg, nil, err
+	}
+	undo := func() {
+		if derr := m.disks.Detach(bg, o.uuid, newRef); derr != nil {
+			m.log.Warn("VDI.pool_migrate: detaching the new VDI", "vdi", newRef, "err", derr)
+		}
+		m.destroyVDI(bg, c, newRef)
+	}
+	tg.VDI = newRef
+	if vm, ok := m.db.Snapshot().Get(dm.VM.Class, mv.vm); ok {
+		tg.Bandwidth = migrateOptions(vm).Bandwidth
+	}
+	if src.Kind == DiskNBD {
+		tg.URI = src.NBDURI
+	} else {
+		tg.Path, tg.Format = src.Path, src.Format
+	}
+	return newRef, tg, undo, nil
 }
 
 // newVDIRecord is the record of the VDI a disk moves to: the old one's
