@@ -157,8 +157,7 @@ func TestTornTailIsCut(t *testing.T) {
 			w = open(t, dir, Options{})
 			check(t, w, 1, 9, 100)
 			store(t, w, 10, 12, 100)
-			_ = w.Close()
-			w = open(t, dir, Options{})
+			w = reopen(t, w, dir)
 			check(t, w, 1, 12, 100)
 		})
 	}
@@ -281,8 +280,7 @@ func TestEmptyLogWithFilesStartsAnywhere(t *testing.T) {
 	w = open(t, dir, Options{})
 	check(t, w, 0, 0, 0)
 	store(t, w, 500, 504, 50)
-	_ = w.Close()
-	w = open(t, dir, Options{})
+	w = reopen(t, w, dir)
 	check(t, w, 500, 504, 50)
 
 	// The same with every entry below "first" after a torn tail.
@@ -292,12 +290,10 @@ func TestEmptyLogWithFilesStartsAnywhere(t *testing.T) {
 	if err := w.writeFirst(9); err != nil {
 		t.Fatal(err)
 	}
-	_ = w.Close()
-	w = open(t, dir, Options{})
+	w = reopen(t, w, dir)
 	check(t, w, 0, 0, 0)
 	store(t, w, 700, 701, 50)
-	_ = w.Close()
-	w = open(t, dir, Options{})
+	w = reopen(t, w, dir)
 	check(t, w, 700, 701, 50)
 }
 
@@ -336,4 +332,11 @@ func TestImport(t *testing.T) {
 	if _, err := os.Stat(dir2); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("an empty import made %s: %v", dir2, err)
 	}
+}
+
+// reopen closes w and opens its directory again.
+func reopen(t testing.TB, w *WAL, dir string) *WAL {
+	t.Helper()
+	_ = w.Close()
+	return open(t, dir, Options{})
 }
