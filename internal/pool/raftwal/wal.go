@@ -452,20 +452,24 @@ func (w *WAL) deletePrefix(upTo uint64) error {
 
 // deleteSuffix keeps the entries before from.
 func (w *WAL) deleteSuffix(from uint64) error {
+	p := w.at[from-w.base]
+	// Segments from the one that starts at from (if one does) go whole;
+	// the one holding from otherwise is cut before it.
 	for len(w.segs) > 0 && w.segs[len(w.segs)-1].first >= from {
 		if err := w.removeSegment(w.segs[len(w.segs)-1]); err != nil {
 			return err
 		}
 		w.segs = w.segs[:len(w.segs)-1]
 	}
-	p := w.at[from-w.base]
-	if err := p.seg.f.Truncate(p.off); err != nil {
-		return err
+	if p.seg.first < from {
+		if err := p.seg.f.Truncate(p.off); err != nil {
+			return err
+		}
+		if err := fdatasync(p.seg.f); err != nil {
+			return err
+		}
+		p.seg.size = p.off
 	}
-	if err := fdatasync(p.seg.f); err != nil {
-		return err
-	}
-	p.seg.size = p.off
 	w.at = w.at[:from-w.base]
 	w.last = from - 1
 	return nil

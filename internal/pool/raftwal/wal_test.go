@@ -340,3 +340,107 @@ func reopen(t testing.TB, w *WAL, dir string) *WAL {
 	_ = w.Close()
 	return open(t, dir, Options{})
 }
+
+// A suffix that begins exactly where a segment begins takes that segment
+// whole; the log ends in the one before and goes on from there.
+func TestDeleteSuffixAtASegmentStart(t *testing.T) {
+	dir := t.TempDir()
+	w := open(t, dir, Options{SegmentBytes: 1})
+	for i := uint64(1); i <= 30; i += 10 {
+		store(t, w, i, i+9, 20) // a segment for each StoreLogs
+	}
+	if err := w.DeleteRange(11, 30); err != nil {
+		t.Fatal(err)
+	}
+	check(t, w, 1, 10, 20)
+	store(t, w, 11, 15, 20)
+	w = reopen(t, w, dir)
+	check(t, w, 1, 15, 20)
+	// And the first entry of the only segment: the whole log.
+	if err := w.DeleteRange(1, 15); err != nil {
+		t.Fatal(err)
+	}
+	check(t, w, 0, 0, 0)
+}
+
+// FuzzOperations runs a sequence of appends, prefix and suffix deletes,
+// whole deletes and reopens on a log with small segments, and checks it
+// after each step against a model of what it should hold.
+func FuzzOperations(f *testing.F) {
+	f.Add([]byte{0, 9, 0, 9, 0, 9, 2, 3, 4, 0, 5, 1, 2, 4})
+	f.Add([]byte{0, 200, 3, 0, 0, 7, 4, 0, 1, 2, 7, 2, 1, 4})
+	f.Add([]byte{0, 7, 0, 7, 2, 8, 4, 0, 3})
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		if len(ops) > 64 {
+			ops = ops[:64]
+		}
+		dir := t.TempDir()
+		opts := Options{SegmentBytes: 300, NoSync: true}
+		w, err := Open(dir, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = w.Close() }()
+		var first, last uint64
+		size := map[uint64]int{} // the model: each kept index's payload size
+		for i := 0; i+1 < len(ops); i += 2 {
+			op, arg := ops[i]%5, uint64(ops[i+1])
+			switch {
+			case op == 0: // append 1 to 8 entries
+				from := last + 1
+				if first == 0 {
+					from = 1 + arg*3
+				}
+				var logs []*raft.Log
+				for j := range 1 + arg%8 {
+					n := int(arg+j) % 40
+					logs = append(logs, entry(from+j, n))
+					size[from+j] = n
+				}
+				if err := w.StoreLogs(logs); err != nil {
+					t.Fatal(err)
+				}
+				if first == 0 {
+					first = from
+				}
+				last = logs[len(logs)-1].Index
+			case op == 1 && first != 0 && last > first: // a prefix, compaction
+				upTo := first + arg%(last-first)
+				if err := w.DeleteRange(first, upTo); err != nil {
+					t.Fatal(err)
+				}
+				first = upTo + 1
+			case op == 2 && first != 0 && last > first: // a suffix, a deposed leader's
+				from := first + 1 + arg%(last-first)
+				if err := w.DeleteRange(from, last); err != nil {
+					t.Fatal(err)
+				}
+				last = from - 1
+			case op == 3: // everything
+				if err := w.DeleteRange(0, last+10); err != nil {
+					t.Fatal(err)
+				}
+				first, last = 0, 0
+			case op == 4:
+				_ = w.Close()
+				if w, err = Open(dir, opts); err != nil {
+					t.Fatal(err)
+				}
+			}
+			f, _ := w.FirstIndex()
+			l, _ := w.LastIndex()
+			if f != first || l != last {
+				t.Fatalf("step %d (op %d): log [%d, %d], want [%d, %d]", i/2, op, f, l, first, last)
+			}
+			for idx := first; idx != 0 && idx <= last; idx++ {
+				var got raft.Log
+				if err := w.GetLog(idx, &got); err != nil {
+					t.Fatalf("step %d: entry %d: %v", i/2, idx, err)
+				}
+				if want := entry(idx, size[idx]); !bytes.Equal(got.Data, want.Data) || got.Term != want.Term {
+					t.Fatalf("step %d: entry %d reads back wrong", i/2, idx)
+				}
+			}
+		}
+	})
+}
