@@ -280,6 +280,57 @@ func (q *QEMU) SendLive(ctx context.Context, uuid string, to io.Writer, o backen
 		return fmt.Errorf("qemu: domain %s is being migrated or has been", uuid)
 	}
 	wasRunning := state == backend.DomainRunning
+	if err := setMigration(ctx, qmp, o); err != nil {
+		return err
+	}
+	mw, err := backend.NewMigrateWriter(to, "qemu")
+	if err != nil {
+		return err
+	}
+	if err := q.record(d, func(j *qemuJournal) { j.Migration, j.MigRunning = migOutgoing, wasRunning }); err != nil {
+		return err
+	}
+	sock, err := migSocket(ctx, qmp, "migout")
+	if err != nil {
+		q.undoSend(qmp, d, wasRunning, false)
+		return err
+	}
+	defer func(c func() error) { _ = c() }(sock.Close)
+	s := &liveSend{q: q, d: d, qmp: qmp, uuid: uuid, to: to, mw: mw, sock: sock,
+		copied: make(chan copyResult, 1), wasRunning: wasRunning, running: true}
+	go func() { s.copied <- copyOut(mw, sock) }()
+	if err := qmp.Execute(ctx, "migrate", map[string]any{"uri": "fd:migout"}, nil); err != nil {
+		_ = qmp.Execute(context.WithoutCancel(ctx), "closefd", map[string]any{"fdname": "migout"}, nil)
+		return s.fail(fmt.Errorf("qemu: migrate: %w", err))
+	}
+	stats, err := s.watch(ctx, o, progress)
+	if err != nil {
+		return err
+	}
+	// Everything QEMU wrote is in the stream. From here the destination
+	// may end up running the guest: the journal says so before the end
+	// frame can reach it.
+	if err := q.record(d, func(j *qemuJournal) { j.Migration = migSent }); err != nil {
+		return s.fail(err)
+	}
+	if err := mw.End(); err != nil {
+		s.interrupted = true
+		return s.fail(fmt.Errorf("qemu: migration stream: %w", err))
+	}
+	stats.Bytes = mw.Total()
+	d.mu.Lock()
+	d.state = backend.DomainPaused
+	d.migStats = stats
+	d.mu.Unlock()
+	if progress != nil {
+		progress(1)
+	}
+	q.log.Info("qemu: live migration sent", "vm", uuid, "total", stats.TotalTime, "downtime", stats.Downtime, "bytes", stats.Bytes)
+	return nil
+}
+
+// setMigration sets QEMU's migration capabilities and parameters from o.
+func setMigration(ctx context.Context, qmp *QMP, o backend.MigrateOptions) error {
 	if o.Downtime <= 0 {
 		o.Downtime = backend.DefaultDowntime
 	}
@@ -300,77 +351,84 @@ func (q *QEMU) SendLive(ctx context.Context, uuid string, to io.Writer, o backen
 	if err := qmp.Execute(ctx, "migrate-set-parameters", params, nil); err != nil {
 		return fmt.Errorf("qemu: migration parameters: %w", err)
 	}
-	mw, err := backend.NewMigrateWriter(to, "qemu")
-	if err != nil {
-		return err
-	}
-	if err := q.record(d, func(j *qemuJournal) { j.Migration, j.MigRunning = migOutgoing, wasRunning }); err != nil {
-		return err
-	}
-	sock, err := migSocket(ctx, qmp, "migout")
-	if err != nil {
-		q.undoSend(qmp, d, wasRunning, false)
-		return err
-	}
-	defer func(c func() error) { _ = c() }(sock.Close)
-	copied := make(chan copyResult, 1)
-	go func() { copied <- copyOut(mw, sock) }()
-	running := true
-	var interrupted bool
-	fail := func(err error) error {
-		// Closing our end first fails QEMU's writes at once, whatever
-		// state its migration thread is in.
-		_ = sock.Close()
-		q.undoSend(qmp, d, wasRunning, true)
-		if running {
+	return nil
+}
+
+// liveSend is one outgoing live migration: QEMU writes into sock, and
+// copyOut moves that into the stream to until it ends (copied).
+type liveSend struct {
+	q    *QEMU
+	d    *qemuDomain
+	qmp  *QMP
+	uuid string
+	to   io.Writer
+	mw   *backend.MigrateWriter
+	sock *os.File
+
+	copied      chan copyResult
+	wasRunning  bool
+	running     bool // copyOut has not returned
+	interrupted bool // the stream's carrier is broken: no abort frame
+}
+
+// fail undoes the send (the guest runs on here), stops the copy and
+// tells the destination, when the stream still carries, why; it returns
+// err.
+func (s *liveSend) fail(err error) error {
+	// Closing our end first fails QEMU's writes at once, whatever state
+	// its migration thread is in.
+	_ = s.sock.Close()
+	s.q.undoSend(s.qmp, s.d, s.wasRunning, true)
+	if s.running {
+		select {
+		case res := <-s.copied:
+			s.running = false
+			s.interrupted = res.writeErr
+		case <-time.After(migSettle / 3):
+			s.interrupted = true
+			if !backend.InterruptIO(s.to) {
+				break // the goroutine ends with the carrier
+			}
 			select {
-			case res := <-copied:
-				running = false
-				interrupted = res.writeErr
-			case <-time.After(migSettle / 3):
-				interrupted = true
-				if !backend.InterruptIO(to) {
-					break // the goroutine ends with the carrier
-				}
-				select {
-				case <-copied:
-					running = false
-				case <-time.After(migSettle):
-					q.log.Warn("qemu: migration stream writer would not stop", "vm", uuid)
-				}
+			case <-s.copied:
+				s.running = false
+			case <-time.After(migSettle):
+				s.q.log.Warn("qemu: migration stream writer would not stop", "vm", s.uuid)
 			}
 		}
-		if !interrupted && !running {
-			_ = mw.Abort(err.Error())
-		}
-		return err
 	}
-	if err := qmp.Execute(ctx, "migrate", map[string]any{"uri": "fd:migout"}, nil); err != nil {
-		_ = qmp.Execute(context.WithoutCancel(ctx), "closefd", map[string]any{"fdname": "migout"}, nil)
-		return fail(fmt.Errorf("qemu: migrate: %w", err))
+	if !s.interrupted && !s.running {
+		_ = s.mw.Abort(err.Error())
 	}
+	return err
+}
+
+// watch follows the migration until QEMU has completed it and the copy
+// has ended, running o.BeforeSwitchover at the switchover, and returns
+// QEMU's figures; any failure is s.fail's.
+func (s *liveSend) watch(ctx context.Context, o backend.MigrateOptions, progress func(float64)) (*MigrationStats, error) {
 	var stats *MigrationStats
 	zeroes := 0
 	switched := false
 	tick := time.NewTicker(migPoll)
 	defer tick.Stop()
-	for running || stats == nil {
+	for s.running || stats == nil {
 		select {
-		case res := <-copied:
-			running = false
+		case res := <-s.copied:
+			s.running = false
 			if res.err != nil {
-				interrupted = res.writeErr
-				return fail(fmt.Errorf("qemu: migration stream: %w", res.err))
+				s.interrupted = res.writeErr
+				return nil, s.fail(fmt.Errorf("qemu: migration stream: %w", res.err))
 			}
-		case <-d.exited:
-			return fail(errors.New("qemu: the emulator exited during the migration"))
+		case <-s.d.exited:
+			return nil, s.fail(errors.New("qemu: the emulator exited during the migration"))
 		case <-ctx.Done():
-			return fail(ctx.Err())
+			return nil, s.fail(ctx.Err())
 		case <-tick.C:
 			if stats != nil {
 				continue
 			}
-			st, err := queryMigrate(ctx, qmp)
+			st, err := queryMigrate(ctx, s.qmp)
 			if err != nil {
 				continue // the exit or ctx case reports it
 			}
@@ -392,13 +450,13 @@ func (q *QEMU) SendLive(ctx context.Context, uuid string, to io.Writer, o backen
 				}
 				switched = true
 				if err := o.BeforeSwitchover(ctx); err != nil {
-					return fail(fmt.Errorf("qemu: before the switchover: %w", err))
+					return nil, s.fail(fmt.Errorf("qemu: before the switchover: %w", err))
 				}
-				if err := qmp.Execute(ctx, "migrate-continue", map[string]any{"state": "pre-switchover"}, nil); err != nil {
-					return fail(fmt.Errorf("qemu: migrate-continue: %w", err))
+				if err := s.qmp.Execute(ctx, "migrate-continue", map[string]any{"state": "pre-switchover"}, nil); err != nil {
+					return nil, s.fail(fmt.Errorf("qemu: migrate-continue: %w", err))
 				}
 			case "failed", "cancelled":
-				return fail(fmt.Errorf("qemu: migration %s: %s", st.Status, st.ErrorDesc))
+				return nil, s.fail(fmt.Errorf("qemu: migration %s: %s", st.Status, st.ErrorDesc))
 			default:
 				if progress != nil && st.RAM.Total > 0 {
 					progress(min(0.99, float64(st.RAM.Transferred)/float64(st.RAM.Total)))
@@ -406,26 +464,7 @@ func (q *QEMU) SendLive(ctx context.Context, uuid string, to io.Writer, o backen
 			}
 		}
 	}
-	// Everything QEMU wrote is in the stream. From here the destination
-	// may end up running the guest: the journal says so before the end
-	// frame can reach it.
-	if err := q.record(d, func(j *qemuJournal) { j.Migration = migSent }); err != nil {
-		return fail(err)
-	}
-	if err := mw.End(); err != nil {
-		interrupted = true
-		return fail(fmt.Errorf("qemu: migration stream: %w", err))
-	}
-	stats.Bytes = mw.Total()
-	d.mu.Lock()
-	d.state = backend.DomainPaused
-	d.migStats = stats
-	d.mu.Unlock()
-	if progress != nil {
-		progress(1)
-	}
-	q.log.Info("qemu: live migration sent", "vm", uuid, "total", stats.TotalTime, "downtime", stats.Downtime, "bytes", stats.Bytes)
-	return nil
+	return stats, nil
 }
 
 type migrateStatus struct {
