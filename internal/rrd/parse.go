@@ -328,132 +328,15 @@ func (p *xmlIn) rra(dss []dsState, cellBudget int) (rra, error) {
 	if err := p.start("rra"); err != nil {
 		return x, err
 	}
-	cf, err := p.text("cf")
-	if err != nil {
+	if err := p.rraHead(&x); err != nil {
 		return x, err
 	}
-	if x.CF, err = ParseCF(cf); err != nil {
-		return x, err
-	}
-	pdp, err := p.int("pdp_per_row", 1, MaxPDPPerRow)
-	if err != nil {
-		return x, err
-	}
-	x.PDPPerRow = int(pdp)
-	if err := p.start("params"); err != nil {
-		return x, err
-	}
-	if x.XFF, err = p.float("xff"); err != nil {
-		return x, err
-	}
-	if !(x.XFF >= 0 && x.XFF <= 1) {
-		return x, errors.New("rrd: xff must be between 0 and 1")
-	}
-	if err := p.end("params"); err != nil {
-		return x, err
-	}
-
 	n := len(dss)
-	if err := p.start("cdp_prep"); err != nil {
+	if err := p.cdpPrep(&x, n); err != nil {
 		return x, err
 	}
-	for {
-		ok, err := p.peekStart("ds")
-		if err != nil {
-			return x, err
-		}
-		if !ok {
-			break
-		}
-		if len(x.cdpValue) >= n {
-			return x, errors.New("rrd: more cdp_prep entries than data sources")
-		}
-		if err := p.start("ds"); err != nil {
-			return x, err
-		}
-		if _, err := p.text("primary_value"); err != nil {
-			return x, err
-		}
-		if _, err := p.text("secondary_value"); err != nil {
-			return x, err
-		}
-		v, err := p.float("value")
-		if err != nil {
-			return x, err
-		}
-		u, err := p.int("unknown_datapoints", 0, MaxPDPPerRow)
-		if err != nil {
-			return x, err
-		}
-		if err := p.end("ds"); err != nil {
-			return x, err
-		}
-		x.cdpValue = append(x.cdpValue, v)
-		x.cdpUnknown = append(x.cdpUnknown, u)
-	}
-	if err := p.end("cdp_prep"); err != nil {
-		return x, err
-	}
-	if len(x.cdpValue) != n {
-		return x, fmt.Errorf("rrd: %d cdp_prep entries for %d data sources", len(x.cdpValue), n)
-	}
-
-	// Rows arrive oldest first; keep them row by row, then lay them out
-	// as rings.
-	if err := p.start("database"); err != nil {
-		return x, err
-	}
-	var rows []float32
-	nrows := 0
-	for {
-		ok, err := p.peekStart("row")
-		if err != nil {
-			return x, err
-		}
-		if !ok {
-			break
-		}
-		if nrows >= MaxRows {
-			return x, fmt.Errorf("rrd: more than %d rows", MaxRows)
-		}
-		if len(rows)+n > cellBudget {
-			return x, fmt.Errorf("rrd: more than %d stored values", MaxCells)
-		}
-		if err := p.start("row"); err != nil {
-			return x, err
-		}
-		got := 0
-		for {
-			ok, err := p.peekStart("v")
-			if err != nil {
-				return x, err
-			}
-			if !ok {
-				break
-			}
-			if got >= n {
-				return x, errors.New("rrd: a row has more values than data sources")
-			}
-			v, err := p.float("v")
-			if err != nil {
-				return x, err
-			}
-			d := &dss[got].DS
-			if v < d.Min || v > d.Max {
-				v = math.NaN()
-			}
-			rows = append(rows, float32(v))
-			got++
-		}
-		if got != n {
-			return x, fmt.Errorf("rrd: a row has %d values for %d data sources", got, n)
-		}
-		if err := p.end("row"); err != nil {
-			return x, err
-		}
-		nrows++
-	}
-	if err := p.end("database"); err != nil {
+	rows, nrows, err := p.database(dss, cellBudget)
+	if err != nil {
 		return x, err
 	}
 	if err := p.end("rra"); err != nil {
@@ -472,6 +355,148 @@ func (p *xmlIn) rra(dss []dsState, cellBudget int) (rra, error) {
 		}
 	}
 	return x, nil
+}
+
+// rraHead reads an archive's consolidation function, steps per row and
+// xff.
+func (p *xmlIn) rraHead(x *rra) error {
+	cf, err := p.text("cf")
+	if err != nil {
+		return err
+	}
+	if x.CF, err = ParseCF(cf); err != nil {
+		return err
+	}
+	pdp, err := p.int("pdp_per_row", 1, MaxPDPPerRow)
+	if err != nil {
+		return err
+	}
+	x.PDPPerRow = int(pdp)
+	if err := p.start("params"); err != nil {
+		return err
+	}
+	if x.XFF, err = p.float("xff"); err != nil {
+		return err
+	}
+	if !(x.XFF >= 0 && x.XFF <= 1) {
+		return errors.New("rrd: xff must be between 0 and 1")
+	}
+	return p.end("params")
+}
+
+// cdpPrep reads an archive's row in progress: one entry for each of the
+// n data sources.
+func (p *xmlIn) cdpPrep(x *rra, n int) error {
+	if err := p.start("cdp_prep"); err != nil {
+		return err
+	}
+	for {
+		ok, err := p.peekStart("ds")
+		if err != nil {
+			return err
+		}
+		if !ok {
+			break
+		}
+		if len(x.cdpValue) >= n {
+			return errors.New("rrd: more cdp_prep entries than data sources")
+		}
+		if err := p.start("ds"); err != nil {
+			return err
+		}
+		if _, err := p.text("primary_value"); err != nil {
+			return err
+		}
+		if _, err := p.text("secondary_value"); err != nil {
+			return err
+		}
+		v, err := p.float("value")
+		if err != nil {
+			return err
+		}
+		u, err := p.int("unknown_datapoints", 0, MaxPDPPerRow)
+		if err != nil {
+			return err
+		}
+		if err := p.end("ds"); err != nil {
+			return err
+		}
+		x.cdpValue = append(x.cdpValue, v)
+		x.cdpUnknown = append(x.cdpUnknown, u)
+	}
+	if err := p.end("cdp_prep"); err != nil {
+		return err
+	}
+	if len(x.cdpValue) != n {
+		return fmt.Errorf("rrd: %d cdp_prep entries for %d data sources", len(x.cdpValue), n)
+	}
+	return nil
+}
+
+// database reads an archive's rows, oldest first, a value for each data
+// source (one outside its source's range is unknown), within cellBudget
+// values; it returns them row by row and how many rows there were.
+func (p *xmlIn) database(dss []dsState, cellBudget int) ([]float32, int, error) {
+	n := len(dss)
+	if err := p.start("database"); err != nil {
+		return nil, 0, err
+	}
+	var rows []float32
+	nrows := 0
+	for {
+		ok, err := p.peekStart("row")
+		if err != nil {
+			return nil, 0, err
+		}
+		if !ok {
+			break
+		}
+		if nrows >= MaxRows {
+			return nil, 0, fmt.Errorf("rrd: more than %d rows", MaxRows)
+		}
+		if len(rows)+n > cellBudget {
+			return nil, 0, fmt.Errorf("rrd: more than %d stored values", MaxCells)
+		}
+		if rows, err = p.row(dss, rows); err != nil {
+			return nil, 0, err
+		}
+		nrows++
+	}
+	return rows, nrows, p.end("database")
+}
+
+// row reads one row's values onto rows.
+func (p *xmlIn) row(dss []dsState, rows []float32) ([]float32, error) {
+	if err := p.start("row"); err != nil {
+		return rows, err
+	}
+	got := 0
+	for {
+		ok, err := p.peekStart("v")
+		if err != nil {
+			return rows, err
+		}
+		if !ok {
+			break
+		}
+		if got >= len(dss) {
+			return rows, errors.New("rrd: a row has more values than data sources")
+		}
+		v, err := p.float("v")
+		if err != nil {
+			return rows, err
+		}
+		d := &dss[got].DS
+		if v < d.Min || v > d.Max {
+			v = math.NaN()
+		}
+		rows = append(rows, float32(v))
+		got++
+	}
+	if got != len(dss) {
+		return rows, fmt.Errorf("rrd: a row has %d values for %d data sources", got, len(dss))
+	}
+	return rows, p.end("row")
 }
 
 // dropRepeatedNames keeps only the last source of each name, as xapi's
