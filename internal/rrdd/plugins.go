@@ -331,7 +331,7 @@ func (r *v1Reader) read(b []byte) (plugin.Reading, error) {
 // and with value_type filled in.
 func parseV1(payload []byte) (plugin.Reading, error) {
 	bad := func(format string, args ...any) (plugin.Reading, error) {
-		return plugin.Reading{}, fmt.Errorf("%w: v1: "+format, append([]any{plugin.ErrPayload}, args...)...)
+		return plugin.Reading{}, v1Bad(format, args...)
 	}
 	dec := json.NewDecoder(bytes.NewReader(payload))
 	dec.UseNumber()
@@ -342,7 +342,7 @@ func parseV1(payload []byte) (plugin.Reading, error) {
 		out       plugin.Reading
 		haveTime  bool
 		haveDSs   bool
-		meta      bytes.Buffer
+		meta      []byte
 		rawValues []json.RawMessage
 	)
 	for dec.More() {
@@ -364,53 +364,9 @@ func parseV1(payload []byte) (plugin.Reading, error) {
 			out.Timestamp, haveTime = f, true
 		case key == "datasources" && !haveDSs:
 			haveDSs = true
-			if t, err := dec.Token(); err != nil || t != json.Delim('{') {
-				return bad("datasources is not an object")
+			if meta, rawValues, err = v1Datasources(dec); err != nil {
+				return plugin.Reading{}, err
 			}
-			meta.WriteString(`{"datasources":{`)
-			for dec.More() {
-				t, err := dec.Token()
-				if err != nil {
-					return bad("datasources: %v", err)
-				}
-				name, _ := t.(string)
-				if len(rawValues) >= plugin.MaxDatasources {
-					return bad("more than %d data sources", plugin.MaxDatasources)
-				}
-				var props map[string]json.RawMessage
-				if err := dec.Decode(&props); err != nil {
-					return bad("data source %q: %v", name, err)
-				}
-				v, ok := props["value"]
-				if !ok {
-					return bad("data source %q: no value", name)
-				}
-				rawValues = append(rawValues, v)
-				delete(props, "value")
-				delete(props, "transform")
-				vt := "float"
-				if raw, ok := props["value_type"]; ok {
-					if err := json.Unmarshal(raw, &vt); err != nil {
-						return bad("data source %q: value_type must be a string", name)
-					}
-				}
-				props["value_type"], _ = json.Marshal(strings.ToLower(vt))
-				if len(rawValues) > 1 {
-					meta.WriteByte(',')
-				}
-				k, _ := json.Marshal(name)
-				p, err := json.Marshal(props)
-				if err != nil {
-					return bad("data source %q: %v", name, err)
-				}
-				meta.Write(k)
-				meta.WriteByte(':')
-				meta.Write(p)
-			}
-			if _, err := dec.Token(); err != nil {
-				return bad("datasources: %v", err)
-			}
-			meta.WriteString("}}")
 		default:
 			var skip json.RawMessage
 			if err := dec.Decode(&skip); err != nil {
@@ -427,7 +383,7 @@ func parseV1(payload []byte) (plugin.Reading, error) {
 	if !haveTime || !haveDSs {
 		return bad("timestamp or datasources missing")
 	}
-	srcs, err := plugin.ParseMetadata(meta.Bytes())
+	srcs, err := plugin.ParseMetadata(meta)
 	if err != nil {
 		return plugin.Reading{}, err
 	}
@@ -435,16 +391,86 @@ func parseV1(payload []byte) (plugin.Reading, error) {
 		return bad("%d sources for %d values", len(srcs), len(rawValues))
 	}
 	out.Sources = srcs
-	out.Values = make([]rrd.Value, len(srcs))
+	if out.Values, err = v1Values(srcs, rawValues); err != nil {
+		return plugin.Reading{}, err
+	}
+	return out, nil
+}
+
+// v1Bad is an error about a v1 payload.
+func v1Bad(format string, args ...any) error {
+	return fmt.Errorf("%w: v1: "+format, append([]any{plugin.ErrPayload}, args...)...)
+}
+
+// v1Datasources reads a v1 payload's "datasources" object (dec is at its
+// value) into the v2 metadata ParseMetadata reads, each source without
+// its value, and the values apart, in the same order.
+func v1Datasources(dec *json.Decoder) ([]byte, []json.RawMessage, error) {
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil, nil, v1Bad("datasources is not an object")
+	}
+	var meta bytes.Buffer
+	var rawValues []json.RawMessage
+	meta.WriteString(`{"datasources":{`)
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return nil, nil, v1Bad("datasources: %v", err)
+		}
+		name, _ := t.(string)
+		if len(rawValues) >= plugin.MaxDatasources {
+			return nil, nil, v1Bad("more than %d data sources", plugin.MaxDatasources)
+		}
+		var props map[string]json.RawMessage
+		if err := dec.Decode(&props); err != nil {
+			return nil, nil, v1Bad("data source %q: %v", name, err)
+		}
+		v, ok := props["value"]
+		if !ok {
+			return nil, nil, v1Bad("data source %q: no value", name)
+		}
+		rawValues = append(rawValues, v)
+		delete(props, "value")
+		delete(props, "transform")
+		vt := "float"
+		if raw, ok := props["value_type"]; ok {
+			if err := json.Unmarshal(raw, &vt); err != nil {
+				return nil, nil, v1Bad("data source %q: value_type must be a string", name)
+			}
+		}
+		props["value_type"], _ = json.Marshal(strings.ToLower(vt))
+		if len(rawValues) > 1 {
+			meta.WriteByte(',')
+		}
+		k, _ := json.Marshal(name)
+		p, err := json.Marshal(props)
+		if err != nil {
+			return nil, nil, v1Bad("data source %q: %v", name, err)
+		}
+		meta.Write(k)
+		meta.WriteByte(':')
+		meta.Write(p)
+	}
+	if _, err := dec.Token(); err != nil {
+		return nil, nil, v1Bad("datasources: %v", err)
+	}
+	meta.WriteString("}}")
+	return meta.Bytes(), rawValues, nil
+}
+
+// v1Values reads each source's value as its type says: an int64 exactly
+// when its text is an integer.
+func v1Values(srcs []plugin.Source, rawValues []json.RawMessage) ([]rrd.Value, error) {
+	values := make([]rrd.Value, len(srcs))
 	for i, s := range srcs {
 		v := rrd.Value{Transform: rrd.Identity}
 		f, err := v1Number(rawValues[i])
 		if err != nil {
-			return bad("data source %q: value: %v", s.Name, err)
+			return nil, v1Bad("data source %q: value: %v", s.Name, err)
 		}
 		if s.ValueType == plugin.Int64 {
 			if !(f >= math.MinInt64 && f < math.MaxInt64) {
-				return bad("data source %q: value %v out of range", s.Name, f)
+				return nil, v1Bad("data source %q: value %v out of range", s.Name, f)
 			}
 			v.Kind, v.I = rrd.Int, int64(f)
 			// Exact when the text is an integer (a float64 loses
@@ -455,9 +481,9 @@ func parseV1(payload []byte) (plugin.Reading, error) {
 		} else {
 			v.Kind, v.F = rrd.Float, f
 		}
-		out.Values[i] = v
+		values[i] = v
 	}
-	return out, nil
+	return values, nil
 }
 
 // v1Text is a JSON number's text, or a JSON string's contents.
