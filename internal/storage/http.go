@@ -264,27 +264,7 @@ func (s *Service) serveImport(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	if boolField(vdi, dm.VDI.ReadOnly) {
-		writeError(w, xerr.New(xerr.VDIReadonly, vdi.Ref))
-		return
-	}
-	size := vdiSize(vdi)
-	if q.Format == "raw" && declared > size {
-		writeError(w, xerr.New(xerr.VDITooSmall, vdi.Ref, strconv.FormatInt(r.ContentLength, 10)))
-		return
-	}
-	if declared > 0 {
-		sr, _ := s.db.Snapshot().Get(dm.SR.Class, srRef)
-		if sr != nil {
-			if err := s.checkSpace(r.Context(), b, sr, declared-vdiPhys(vdi)); err != nil {
-				writeError(w, err)
-				return
-			}
-		}
-	}
-	// The disk reserve, before anything is written; importInto checks it
-	// again as data arrives.
-	if err := s.importGuard(b, q.Format).check(max(declared-vdiPhys(vdi), 0)); err != nil {
+	if err := s.admitImport(r.Context(), b, vdi, q.Format, declared); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -361,6 +341,27 @@ func (s *Service) serveImport(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusOK)
+}
+
+// admitImport checks an upload of declared bytes (0: unknown) in format
+// into vdi before anything is written: the VDI writable, a raw image no
+// larger than it, room in its SR, and the disk reserve (importInto
+// checks that again as data arrives).
+func (s *Service) admitImport(ctx context.Context, b *boundSR, vdi *db.Row, format string, declared int64) error {
+	if boolField(vdi, dm.VDI.ReadOnly) {
+		return xerr.New(xerr.VDIReadonly, vdi.Ref)
+	}
+	if format == "raw" && declared > vdiSize(vdi) {
+		return xerr.New(xerr.VDITooSmall, vdi.Ref, strconv.FormatInt(declared, 10))
+	}
+	if declared > 0 {
+		if sr, ok := s.db.Snapshot().Get(dm.SR.Class, vdi.String(dm.VDI.SR)); ok {
+			if err := s.checkSpace(ctx, b, sr, declared-vdiPhys(vdi)); err != nil {
+				return err
+			}
+		}
+	}
+	return s.importGuard(b, format).check(max(declared-vdiPhys(vdi), 0))
 }
 
 func vdiPhys(r *db.Row) int64 { n, _ := r.Get(dm.VDI.PhysicalUtilisation).(int64); return n }
