@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -89,7 +90,7 @@ func TestKernelDetails(t *testing.T) {
 
 	// A bond's and a VLAN's failures leave nothing behind, and name
 	// the module.
-	before := netnstest.Exec(t, ns, "ip", "-o", "link")
+	before := linkList(t, ns)
 	if err := l.AddVLAN("nic0.7", "nic0", 7, 1500); err != nil && !errors.Is(err, network.ErrUnsupported) {
 		t.Errorf("AddVLAN: %v", err)
 	} else if err != nil {
@@ -99,7 +100,7 @@ func TestKernelDetails(t *testing.T) {
 		t.Errorf("AddBond: %v", err)
 	} else if err != nil {
 		t.Logf("AddBond: %v", err)
-		if after := netnstest.Exec(t, ns, "ip", "-o", "link"); after != before {
+		if after := linkList(t, ns); after != before {
 			t.Errorf("links changed by failed creations:\n%s\nwas\n%s", after, before)
 		}
 	}
@@ -145,4 +146,23 @@ func TestOpenMissingNamespace(t *testing.T) {
 	if _, err := netlinkx.Open("/nonexistent/netns"); err == nil {
 		t.Fatal("Open of a missing namespace succeeded")
 	}
+}
+
+// peerNetns is how `ip -o link` names a veth peer's namespace: by name,
+// or by id when the name cannot be read at that moment.
+var peerNetns = regexp.MustCompile(` link-netns(id)? \S+`)
+
+// linkList is the namespace's links as `ip -o link` lists them, without
+// what other tests' namespaces change meanwhile: ip's complaint about a
+// peer namespace being removed as it looks ("Error: Peer netns reference
+// is invalid.") and the peer namespace's name.
+func linkList(t *testing.T, ns *netnstest.Namespace) string {
+	t.Helper()
+	var keep []string
+	for _, line := range strings.Split(netnstest.Exec(t, ns, "ip", "-o", "link"), "\n") {
+		if !strings.HasPrefix(line, "Error:") {
+			keep = append(keep, peerNetns.ReplaceAllString(line, ""))
+		}
+	}
+	return strings.Join(keep, "\n")
 }
