@@ -102,11 +102,11 @@ type Service struct {
 	ledger       *lease.Ledger   // while this host coordinates (under mu)
 	declared     map[string]bool // hosts declared dead, until they renew (under mu)
 	restarting   map[string]bool // VMs HA is starting now (under mu)
-	killed       bool            // the lease is over and no protected VM runs here (the run loop's)
 	preventUntil time.Time       // no restarts before this (pool.ha_prevent_restarts_for; under mu)
 	emergencyOff bool            // host.emergency_ha_disable: HA off on this host (under mu)
 
-	wd watchdog.Watchdog // armed while HA is on (the loop's own)
+	wd     watchdog.Watchdog // armed while HA is on (the loop's own)
+	killed bool              // the lease is over and the last look found no protected VM here (the loop's own)
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -420,19 +420,14 @@ func (s *Service) serveRenew(w http.ResponseWriter, r *http.Request) {
 func (s *Service) watchLease(now time.Time) lease.Phase {
 	until := s.holder.Until()
 	if now.Before(until) {
-		s.mu.Lock()
 		s.killed = false
-		s.mu.Unlock()
 		return lease.Held
 	}
 	killed := s.fence() == 0
-	s.mu.Lock()
-	was := s.killed
-	s.killed = killed
-	s.mu.Unlock()
-	if killed && !was {
+	if killed && !s.killed {
 		s.log.Info("HA: no lease: no protected VM runs here")
 	}
+	s.killed = killed
 	return s.cfg.Timing.PhaseAt(until, now, killed)
 }
 

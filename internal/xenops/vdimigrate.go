@@ -260,6 +260,7 @@ func (m *Manager) moveVDI(o *opCtx, c *api.Call, mv vdiMove, unmark func()) (str
 	if err != nil {
 		return "", failed(err)
 	}
+	chain[0].New = newRef
 	defer func() {
 		if !pivoted {
 			undoTarget()
@@ -323,9 +324,10 @@ func (m *Manager) moveVDI(o *opCtx, c *api.Call, mv vdiMove, unmark func()) (str
 	return newRef, nil
 }
 
-// mirrorTarget makes the VDI a disk is mirrored to, attached for the VM:
-// a clone of the newest snapshot's copy when the chain has one (only the
-// top is mirrored then), else a new VDI. undo detaches and destroys it.
+// mirrorTarget makes the VDI the disk chain[0] is mirrored to, attached
+// for the VM: a clone of the newest snapshot's copy when the chain has
+// one (only the top is mirrored then), else a new VDI. undo detaches and
+// destroys it.
 func (m *Manager) mirrorTarget(o *opCtx, c *api.Call, mv vdiMove, chain []diskMove) (string, backend.MirrorTarget, func(), error) {
 	bg := context.WithoutCancel(o.ctx)
 	var newRef string
@@ -343,7 +345,6 @@ func (m *Manager) mirrorTarget(o *opCtx, c *api.Call, mv vdiMove, chain []diskMo
 		}
 		return "", tg, nil, err
 	}
-	chain[0].New = newRef
 	src, err := m.disks.Attach(o.ctx, o.uuid, newRef, false)
 	if err != nil {
 		m.destroyVDI(bg, c, newRef)
