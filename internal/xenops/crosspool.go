@@ -529,46 +529,88 @@ func (m *Manager) vmMigrateSendRemote(c *api.Call, a dm.VMMigrateSendArgs, row *
 // there.
 func (m *Manager) crossOut(o *opCtx, cp *crossPlan, options map[string]string) (string, error) {
 	t0 := time.Now()
-	rp := cp.rp
-	mig, ok := m.be.(backend.Migrator)
-	if !ok {
-		return "", xerr.New(xerr.VMMigrateFailed, o.vm, m.host, rp.host, "the "+m.be.Name()+" backend cannot migrate live")
-	}
-	row, ok := m.db.Snapshot().Get(dm.VM.Class, o.vm)
-	if !ok {
-		return "", xerr.New(xerr.HandleInvalid, "VM", o.vm)
+	mig, row, info, err := m.checkCrossOut(o, cp)
+	if err != nil {
+		return "", err
 	}
 	power := row.String(dm.VM.PowerState)
-	info, ok := m.be.Info(o.uuid)
-	if !ok || info.State.Stopped() {
-		return "", xerr.New(xerr.VMBadPowerState, o.vm, powerName(psRunning), powerName(psHalted))
-	}
 	o.prog.Progress(0.01)
 	xs, err := m.crossOpen(o, cp, power, options)
 	if err != nil {
 		return "", err
 	}
 	defer xs.close()
-	mc := xs.mc
-	failed := func(err error) (string, error) { return "", m.crossFailed(o, cp, err) }
 	newVM := xs.ready.NewVM
 	o.prog.Progress(0.1)
 	mopts := migrateOptions(row)
 	memLo := 0.1
 	var mirrorTime time.Duration
-	// What nothing writes (read-only disks, the snapshots') is copied
-	// first; the destination then ends those exports and builds its
-	// domain.
 	tm := time.Now()
+	sm, err := m.crossDisks(o, cp, xs, info, mopts.Bandwidth)
+	if sm != nil {
+		defer sm.cancel(o.ctx)
+	}
+	if err != nil {
+		return "", err
+	}
+	if sm != nil {
+		mirrorTime = time.Since(tm)
+		mopts.BeforeSwitchover = sm.complete
+		memLo = 0.5
+	}
+	cw, send, err := m.sendMemory(o, mig, xs.mc, mopts, memLo)
+	if err != nil {
+		return "", m.crossFailed(o, cp, err)
+	}
+	m.journal(journal.Stop, o.uuid)
+	if err := m.crossSwitchOver(o, cp, xs, cw, power, newVM); err != nil {
+		return "", err
+	}
+	o.prog.Progress(0.95)
+	m.removeMovedDomain(o, info)
+	total := time.Since(t0)
+	m.mig.last.Store(&MigrationTimes{Total: total, Send: send, Mirror: mirrorTime})
+	m.log.Info("VM migrated to another pool", "vm", o.uuid, "dest", cp.rp.host, "total", total, "send", send, "mirror", mirrorTime)
+	return newVM, nil
+}
+
+// checkCrossOut checks that o's VM can move live to the other pool: the
+// backend can migrate and the VM runs here. It returns the backend's
+// migrator, the VM's row and its domain.
+func (m *Manager) checkCrossOut(o *opCtx, cp *crossPlan) (backend.Migrator, *db.Row, backend.DomainInfo, error) {
+	mig, ok := m.be.(backend.Migrator)
+	if !ok {
+		return nil, nil, backend.DomainInfo{}, xerr.New(xerr.VMMigrateFailed, o.vm, m.host, cp.rp.host, "the "+m.be.Name()+" backend cannot migrate live")
+	}
+	row, ok := m.db.Snapshot().Get(dm.VM.Class, o.vm)
+	if !ok {
+		return nil, nil, backend.DomainInfo{}, xerr.New(xerr.HandleInvalid, "VM", o.vm)
+	}
+	info, ok := m.be.Info(o.uuid)
+	if !ok || info.State.Stopped() {
+		return nil, nil, backend.DomainInfo{}, xerr.New(xerr.VMBadPowerState, o.vm, powerName(psRunning), powerName(psHalted))
+	}
+	return mig, row, info, nil
+}
+
+// crossDisks moves o's disks to the other pool while the guest runs:
+// what nothing writes (read-only disks, the snapshots') is copied first;
+// the destination then ends those exports and builds its domain, and the
+// other disks are mirrored until they are in step (the mirrors complete
+// at the switchover). It returns the mirrors (nil when no disk is
+// mirrored), the caller's to cancel, even with an error; a failure is
+// crossFailed's.
+func (m *Manager) crossDisks(o *opCtx, cp *crossPlan, xs *crossStream, info backend.DomainInfo, bandwidth int64) (*sourceMirrors, error) {
+	mc := xs.mc
 	th := xs.hdr.migrateHeader
-	th.VM = newVM
+	th.VM = xs.ready.NewVM
 	lo := 0.15
 	if slices.ContainsFunc(xs.moves, func(mv diskMove) bool { return mv.Copy }) {
-		if err := m.copyChain(o, rp.host, th, xs.moves, mc, xs.dial, 0.1, 0.2); err != nil {
-			return failed(err)
+		if err := m.copyChain(o, cp.rp.host, th, xs.moves, mc, xs.dial, 0.1, 0.2); err != nil {
+			return nil, m.crossFailed(o, cp, err)
 		}
 		if err := mc.send(migrateMsg{Step: stepCopied}, migrateMsgTimeout); err != nil {
-			return failed(err)
+			return nil, m.crossFailed(o, cp, err)
 		}
 		lo = 0.2
 	}
@@ -577,31 +619,34 @@ func (m *Manager) crossOut(o *opCtx, cp *crossPlan, options map[string]string) (
 		err = takeTokens(xs.moves, built.Disks)
 	}
 	if err != nil {
-		return failed(err)
+		return nil, m.crossFailed(o, cp, err)
 	}
-	if len(xs.moves) > 0 {
-		sm, err := m.startMirrors(o, rp.host, info, xs.moves, th, xs.dial, mopts.Bandwidth)
-		if err != nil {
-			return failed(err)
-		}
-		defer sm.cancel(o.ctx)
-		o.prog.Progress(lo) // the mirrors run
-		if err := sm.wait(o, lo, 0.5); err != nil {
-			return failed(err)
-		}
-		mirrorTime = time.Since(tm)
-		mopts.BeforeSwitchover = sm.complete
-		memLo = 0.5
+	if len(xs.moves) == 0 {
+		return nil, nil
 	}
-	cw, send, err := m.sendMemory(o, mig, mc, mopts, memLo)
+	sm, err := m.startMirrors(o, cp.rp.host, info, xs.moves, th, xs.dial, bandwidth)
 	if err != nil {
-		return failed(err)
+		return nil, m.crossFailed(o, cp, err)
 	}
-	m.journal(journal.Stop, o.uuid)
-	rollback := func(cause error) (string, error) {
+	o.prog.Progress(lo) // the mirrors run
+	if err := sm.wait(o, lo, 0.5); err != nil {
+		return sm, m.crossFailed(o, cp, err)
+	}
+	return sm, nil
+}
+
+// crossSwitchOver ends a move to the other pool whose guest is stopped
+// here, its memory sent down cw: it waits for the destination to have
+// received it all, then tells it to go, the commit point. Before the
+// commit, or when the other pool says it does not have newVM, a failure
+// resumes the guest here (in power state power). It returns nil once the
+// other pool has the VM.
+func (m *Manager) crossSwitchOver(o *opCtx, cp *crossPlan, xs *crossStream, cw *chunkWriter, power, newVM string) error {
+	rp, mc := cp.rp, xs.mc
+	rollback := func(cause error) error {
 		xs.abort()
 		m.resumeAfterFailedMove(o, power)
-		return failed(cause)
+		return m.crossFailed(o, cp, cause)
 	}
 	if err := cw.Close(); err != nil {
 		return rollback(err)
@@ -623,17 +668,12 @@ func (m *Manager) crossOut(o *opCtx, cp *crossPlan, options map[string]string) (
 		switch moved, known := m.remoteHas(o.ctx, rp, newVM); {
 		case !known:
 			m.log.Error("cannot tell whether the other pool took the VM: the guest stays stopped here", "vm", o.uuid)
-			return "", xerr.New(xerr.VMMigrateFailed, o.vm, m.host, rp.host, "the destination pool did not confirm the move")
+			return xerr.New(xerr.VMMigrateFailed, o.vm, m.host, rp.host, "the destination pool did not confirm the move")
 		case !moved:
 			return rollback(xerr.New(xerr.VMMigrateFailed, o.vm, m.host, rp.host, "the destination did not take the VM"))
 		}
 	}
-	o.prog.Progress(0.95)
-	m.removeMovedDomain(o, info)
-	total := time.Since(t0)
-	m.mig.last.Store(&MigrationTimes{Total: total, Send: send, Mirror: mirrorTime})
-	m.log.Info("VM migrated to another pool", "vm", o.uuid, "dest", rp.host, "total", total, "send", send, "mirror", mirrorTime)
-	return newVM, nil
+	return nil
 }
 
 // remoteHas asks the other pool whether newVM runs on the destination

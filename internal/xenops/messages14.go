@@ -897,15 +897,7 @@ func (m *Manager) revert(o *opCtx, c *api.Call, snapRef string) error {
 		return xerr.New(xerr.HandleInvalid, dm.VM.Class.Name, snapRef)
 	}
 	o.window(0, 1, 5)
-	// First the VM stops, as by hard_shutdown (its own mark stays: the
-	// copy of the context releases nothing).
-	if p := vm.String(dm.VM.PowerState); p != psHalted {
-		hard := *o
-		hard.key = ""
-		if err := m.hardShutdown(&hard); err != nil {
-			return err
-		}
-	} else if err := o.run("halted", func(context.Context) error { return nil }); err != nil {
+	if err := m.stopForRevert(o, vm); err != nil {
 		return err
 	}
 	plan := revertPlanOf(m.db.Snapshot(), o.vm, snapRef)
@@ -913,85 +905,29 @@ func (m *Manager) revert(o *opCtx, c *api.Call, snapRef string) error {
 	// go first, to make room; the VBDs of the others go too (their disks
 	// stay, detached).
 	if err := o.run("remove-disks", func(ctx context.Context) error {
-		if _, err := m.db.Update(func(tx *db.Tx) error {
-			for _, ref := range plan.dropVBDs {
-				if _, ok := tx.Get(dm.VBD.Class, ref); ok {
-					if err := tx.Delete(dm.VBD.Class, ref); err != nil {
-						return err
-					}
-				}
-			}
-			return nil
-		}); err != nil {
-			return err
-		}
-		for _, vdi := range plan.dropVDIs {
-			if err := m.destroyVDIStrict(ctx, c, vdi); err != nil {
-				return err
-			}
-		}
-		// A suspended VM's memory image went with hard_shutdown above.
-		return nil
+		return m.removeRevertedDisks(ctx, c, plan)
 	}); err != nil {
 		return err
 	}
 	// Then clones of the snapshot's disks, and of its memory image.
-	var created []string
-	clones := map[string]string{} // snapshot VBD -> VDI for the VM's copy
-	suspendVDI := schema.NullRef
+	rc := &revertCopies{clones: map[string]string{}, suspendVDI: schema.NullRef}
 	fail := func(err error) error {
-		for _, v := range created {
+		for _, v := range rc.created {
 			m.destroyVDI(o.ctx, c, v)
 		}
 		return err
 	}
 	if err := o.run("clone-disks", func(ctx context.Context) error {
-		for _, v := range plan.cloneVBDs {
-			nv, err := m.copyVDI(ctx, c, v.vdi, CopyClone, schema.NullRef)
-			if err != nil {
-				return err
-			}
-			created = append(created, nv)
-			clones[v.vbd] = nv
-		}
-		if s.String(dm.VM.PowerState) != psSuspended {
-			return nil
-		}
-		if sv := s.String(dm.VM.SuspendVDI); validRef(snap, dm.VDI.Class, sv) {
-			// A suspend image belongs to one VM: storage copies it for
-			// this one.
-			var nv string
-			var err error
-			if store, ok := m.disks.(SuspendStore); ok {
-				nv, err = store.CopySuspendVDI(ctx, sv, vm.UUID(), schema.NullRef)
-			} else {
-				nv, err = m.copyVDI(ctx, c, sv, CopyClone, schema.NullRef)
-			}
-			if err != nil {
-				return err
-			}
-			created = append(created, nv)
-			suspendVDI = nv
-			return nil
-		}
-		from, err := m.suspendPath(s.UUID())
-		if err != nil {
-			return err
-		}
-		to, err := m.suspendPath(vm.UUID())
-		if err != nil {
-			return err
-		}
-		return backend.CopyFile(from, to)
+		return m.cloneForRevert(ctx, c, snap, vm, s, plan, rc)
 	}); err != nil {
 		return fail(err)
 	}
 	err := o.run("records", func(ctx context.Context) error {
-		_, err := m.db.Update(func(tx *db.Tx) error { return m.recordRevert(tx, o.vm, snapRef, plan, clones, suspendVDI) })
+		_, err := m.db.Update(func(tx *db.Tx) error { return m.recordRevert(tx, o.vm, snapRef, plan, rc.clones, rc.suspendVDI) })
 		return err
 	})
 	if err != nil {
-		if s.String(dm.VM.PowerState) == psSuspended && suspendVDI == schema.NullRef {
+		if s.String(dm.VM.PowerState) == psSuspended && rc.suspendVDI == schema.NullRef {
 			if p, perr := m.suspendPath(vm.UUID()); perr == nil {
 				_ = os.Remove(p)
 			}
@@ -999,6 +935,93 @@ func (m *Manager) revert(o *opCtx, c *api.Call, snapRef string) error {
 		return fail(err)
 	}
 	return nil
+}
+
+// stopForRevert stops o's VM (vm its row) before a revert, as by
+// hard_shutdown (its own mark stays: the copy of the context releases
+// nothing); a VM halted already only has the step recorded.
+func (m *Manager) stopForRevert(o *opCtx, vm *db.Row) error {
+	if p := vm.String(dm.VM.PowerState); p != psHalted {
+		hard := *o
+		hard.key = ""
+		return m.hardShutdown(&hard)
+	}
+	return o.run("halted", func(context.Context) error { return nil })
+}
+
+// removeRevertedDisks deletes the VBDs a revert drops and destroys the
+// VM's disks that the snapshot has copies of.
+func (m *Manager) removeRevertedDisks(ctx context.Context, c *api.Call, plan revertPlan) error {
+	if _, err := m.db.Update(func(tx *db.Tx) error {
+		for _, ref := range plan.dropVBDs {
+			if _, ok := tx.Get(dm.VBD.Class, ref); ok {
+				if err := tx.Delete(dm.VBD.Class, ref); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	for _, vdi := range plan.dropVDIs {
+		if err := m.destroyVDIStrict(ctx, c, vdi); err != nil {
+			return err
+		}
+	}
+	// A suspended VM's memory image went with hard_shutdown above.
+	return nil
+}
+
+// revertCopies are the copies a revert makes of a snapshot's disks and
+// memory image for the VM.
+type revertCopies struct {
+	created    []string          // the VDIs made, destroyed if the revert fails
+	clones     map[string]string // snapshot VBD -> VDI for the VM's copy
+	suspendVDI string            // the copy of the snapshot's suspend VDI, or NullRef
+}
+
+// cloneForRevert clones the snapshot s's disks in plan for the VM vm
+// and, when s is suspended, copies its memory image; what it makes goes
+// in rc as it is made. snap is the database as the revert began.
+func (m *Manager) cloneForRevert(ctx context.Context, c *api.Call, snap *db.Snapshot, vm, s *db.Row, plan revertPlan, rc *revertCopies) error {
+	for _, v := range plan.cloneVBDs {
+		nv, err := m.copyVDI(ctx, c, v.vdi, CopyClone, schema.NullRef)
+		if err != nil {
+			return err
+		}
+		rc.created = append(rc.created, nv)
+		rc.clones[v.vbd] = nv
+	}
+	if s.String(dm.VM.PowerState) != psSuspended {
+		return nil
+	}
+	if sv := s.String(dm.VM.SuspendVDI); validRef(snap, dm.VDI.Class, sv) {
+		// A suspend image belongs to one VM: storage copies it for
+		// this one.
+		var nv string
+		var err error
+		if store, ok := m.disks.(SuspendStore); ok {
+			nv, err = store.CopySuspendVDI(ctx, sv, vm.UUID(), schema.NullRef)
+		} else {
+			nv, err = m.copyVDI(ctx, c, sv, CopyClone, schema.NullRef)
+		}
+		if err != nil {
+			return err
+		}
+		rc.created = append(rc.created, nv)
+		rc.suspendVDI = nv
+		return nil
+	}
+	from, err := m.suspendPath(s.UUID())
+	if err != nil {
+		return err
+	}
+	to, err := m.suspendPath(vm.UUID())
+	if err != nil {
+		return err
+	}
+	return backend.CopyFile(from, to)
 }
 
 // revertPlan is what a revert removes and copies.
@@ -1087,6 +1110,27 @@ func (m *Manager) recordRevert(tx *db.Tx, vmRef, snapRef string, p revertPlan, c
 			}
 		}
 	}
+	if err := recordRevertVBDs(tx, vmRef, p, clones); err != nil {
+		return err
+	}
+	if err := recordRevertVIFs(tx, vmRef, vm, s); err != nil {
+		return err
+	}
+	if err := m.recordRevertMetrics(tx, vmRef, vm, s); err != nil {
+		return err
+	}
+	if err := recordRevertFields(tx, vmRef, snapRef, s); err != nil {
+		return err
+	}
+	if s.String(dm.VM.PowerState) == psSuspended {
+		return m.setSuspended(tx, vmRef, suspendVDI)
+	}
+	return m.setHalted(tx, vmRef)
+}
+
+// recordRevertVBDs gives the VM vmRef copies of the snapshot's VBDs in
+// p: its disks on their clones, its CD drives on the same VDIs.
+func recordRevertVBDs(tx *db.Tx, vmRef string, p revertPlan, clones map[string]string) error {
 	copyVBD := func(ref, vdi string) error {
 		row, ok := tx.Get(dm.VBD.Class, ref)
 		if !ok {
@@ -1112,7 +1156,12 @@ func (m *Manager) recordRevert(tx *db.Tx, vmRef, snapRef string, p revertPlan, c
 			}
 		}
 	}
-	// VIFs: the VM's go, the snapshot's are copied with their MACs.
+	return nil
+}
+
+// recordRevertVIFs replaces the VIFs of the VM vmRef (vm its row) with
+// copies of the snapshot s's, with their MACs.
+func recordRevertVIFs(tx *db.Tx, vmRef string, vm, s *db.Row) error {
 	for _, ref := range strs(tx.Value(vm, dm.VM.VIFs)) {
 		if row, ok := tx.Get(dm.VIF.Class, ref); ok {
 			if _, ok := tx.Get(dm.VIFMetrics.Class, row.String(dm.VIF.Metrics)); ok {
@@ -1138,7 +1187,13 @@ func (m *Manager) recordRevert(tx *db.Tx, vmRef, snapRef string, p revertPlan, c
 			return err
 		}
 	}
-	// Metrics and guest metrics: the snapshot's, copied.
+	return nil
+}
+
+// recordRevertMetrics replaces the metrics and guest metrics of the VM
+// vmRef (vm its row) with copies of the snapshot s's; a VM whose
+// snapshot has no metrics gets new ones.
+func (m *Manager) recordRevertMetrics(tx *db.Tx, vmRef string, vm, s *db.Row) error {
 	for _, mf := range []struct {
 		field *schema.Field
 		cls   *schema.Class
@@ -1166,7 +1221,13 @@ func (m *Manager) recordRevert(tx *db.Tx, vmRef, snapRef string, p revertPlan, c
 			return err
 		}
 	}
-	// The fields.
+	return nil
+}
+
+// recordRevertFields sets the VM vmRef's fields from the snapshot s
+// (snapRef), makes the snapshot its parent and gives it a fresh
+// generation ID when the snapshot has one.
+func recordRevertFields(tx *db.Tx, vmRef, snapRef string, s *db.Row) error {
 	for _, f := range dm.VM.Class.Fields {
 		if f.Derived || f.Internal || revertKeeps[f.Name] {
 			continue
@@ -1197,10 +1258,7 @@ func (m *Manager) recordRevert(tx *db.Tx, vmRef, snapRef string, p revertPlan, c
 			return err
 		}
 	}
-	if s.String(dm.VM.PowerState) == psSuspended {
-		return m.setSuspended(tx, vmRef, suspendVDI)
-	}
-	return m.setHalted(tx, vmRef)
+	return nil
 }
 
 // freshGenerationID is a new VM generation ID in xapi's form: two

@@ -471,27 +471,11 @@ func (m *Manager) migrateOut(o *opCtx, dest string, options map[string]string) e
 // on the way (storagemigrate.go).
 func (m *Manager) migrateOutMoving(o *opCtx, dest string, options map[string]string, moves []diskMove) error {
 	t0 := time.Now()
-	mig, ok := m.be.(backend.Migrator)
-	if !ok {
-		return xerr.New(xerr.VMMigrateFailed, o.vm, m.host, dest, "the "+m.be.Name()+" backend cannot migrate live")
-	}
-	pp := m.mig.peers.Load()
-	if pp == nil {
-		return xerr.New(xerr.VMMigrateFailed, o.vm, m.host, dest, "this host has no pool to migrate in")
-	}
-	snap := m.db.Snapshot()
-	row, ok := snap.Get(dm.VM.Class, o.vm)
-	if !ok {
-		return xerr.New(xerr.HandleInvalid, "VM", o.vm)
-	}
-	if err := m.assertCanMigrateMoving(snap, row, dest, moves); err != nil {
+	mig, pp, row, info, err := m.checkMigrateOut(o, dest, moves)
+	if err != nil {
 		return err
 	}
 	power := row.String(dm.VM.PowerState)
-	info, ok := m.be.Info(o.uuid)
-	if !ok || info.State.Stopped() {
-		return xerr.New(xerr.VMBadPowerState, o.vm, powerName(psRunning), powerName(psHalted))
-	}
 	o.prog.Progress(0.01)
 	// Storage's hold of the disks moves with the VM: it is let go here
 	// (the guest keeps its disks open) so that the destination can take
@@ -514,7 +498,6 @@ func (m *Manager) migrateOutMoving(o *opCtx, dest string, options map[string]str
 	}
 	moves = hdr.Disks
 	defer out.close()
-	mc := out.mc
 	prep := time.Since(t0)
 	o.prog.Progress(0.1)
 	mopts := migrateOptions(row)
@@ -524,34 +507,12 @@ func (m *Manager) migrateOutMoving(o *opCtx, dest string, options map[string]str
 		// The disks first: mirrored while the guest runs, completed at
 		// the switchover.
 		tm := time.Now()
-		if err := m.takeReady(o.ctx, moves, ready.Disks, false); err != nil {
-			return m.migrateFailed(o, dest, err)
-		}
-		// What nothing writes (the snapshots' disks) is copied first;
-		// then the destination builds its domain on the new disks.
-		if err := m.copyChain(o, dest, hdr, moves, mc, out.dial, 0.1, 0.2); err != nil {
-			return m.migrateFailed(o, dest, err)
-		}
-		if slices.ContainsFunc(moves, func(mv diskMove) bool { return mv.Copy }) {
-			if err := mc.send(migrateMsg{Step: stepCopied}, migrateMsgTimeout); err != nil {
-				return m.migrateFailed(o, dest, err)
-			}
-		}
-		built, err := mc.recvMsg(stepMirrors, migratePrepTimeout)
-		if err == nil {
-			err = m.takeReady(o.ctx, moves, built.Disks, true)
+		sm, err := m.mirrorOut(o, dest, info, hdr, out, ready, moves, mopts.Bandwidth)
+		if sm != nil {
+			defer sm.cancel(o.ctx)
 		}
 		if err != nil {
-			return m.migrateFailed(o, dest, err)
-		}
-		sm, err := m.startMirrors(o, dest, info, moves, hdr, out.dial, mopts.Bandwidth)
-		if err != nil {
-			return m.migrateFailed(o, dest, err)
-		}
-		defer sm.cancel(o.ctx)
-		if err := sm.wait(o, 0.2, 0.5); err != nil {
-			m.log.Info("storage migration failed while mirroring", "vm", o.uuid, "dest", dest, "err", err)
-			return m.migrateFailed(o, dest, err)
+			return err
 		}
 		mirrorTime = time.Since(tm)
 		mopts.BeforeSwitchover = sm.complete
@@ -559,7 +520,7 @@ func (m *Manager) migrateOutMoving(o *opCtx, dest string, options map[string]str
 	}
 
 	// The memory. On failure SendLive leaves the guest running here.
-	cw, send, err := m.sendMemory(o, mig, mc, mopts, memLo)
+	cw, send, err := m.sendMemory(o, mig, out.mc, mopts, memLo)
 	if err != nil {
 		m.log.Info("migration failed while sending", "vm", o.uuid, "dest", dest, "err", err)
 		return m.migrateFailed(o, dest, err)
@@ -567,6 +528,102 @@ func (m *Manager) migrateOutMoving(o *opCtx, dest string, options map[string]str
 	// The guest is stopped here from now on: until the commit, any
 	// failure resumes it.
 	m.journal(journal.Stop, o.uuid)
+	if err := m.switchOver(o, out, cw, dest, power, moves); err != nil {
+		return err
+	}
+	committed = true
+	m.leaveMoved(o, out.mc, dest, info, moves)
+	total := time.Since(t0)
+	m.mig.last.Store(&MigrationTimes{Total: total, Prepare: prep, Send: send, Mirror: mirrorTime})
+	m.log.Info("VM migrated", "vm", o.uuid, "dest", dest, "total", total, "send", send, "prepare", prep, "mirror", mirrorTime)
+	return nil
+}
+
+// leaveMoved ends a move of o's VM to dest once it is recorded: the VM is
+// handed over, and its domain (info) here and the disks it left (the
+// old VDIs of moves) go.
+func (m *Manager) leaveMoved(o *opCtx, mc *migConn, dest string, info backend.DomainInfo, moves []diskMove) {
+	_ = mc.c.SetDeadline(time.Time{})
+	o.prog.Progress(0.95)
+	m.handOver(o, mc, dest)
+	m.removeMovedDomain(o, info)
+	m.destroyVDIs(o.ctx, oldVDIs(moves), "a storage migration moved away from")
+}
+
+// checkMigrateOut checks that o's VM can move live to dest with its disks
+// in moves: the backend can migrate, this host is in a pool, and the VM
+// is running here. It returns the backend's migrator, the pool's peers,
+// the VM's row and its domain.
+func (m *Manager) checkMigrateOut(o *opCtx, dest string, moves []diskMove) (backend.Migrator, *MigrationPeers, *db.Row, backend.DomainInfo, error) {
+	mig, ok := m.be.(backend.Migrator)
+	if !ok {
+		return nil, nil, nil, backend.DomainInfo{}, xerr.New(xerr.VMMigrateFailed, o.vm, m.host, dest, "the "+m.be.Name()+" backend cannot migrate live")
+	}
+	pp := m.mig.peers.Load()
+	if pp == nil {
+		return nil, nil, nil, backend.DomainInfo{}, xerr.New(xerr.VMMigrateFailed, o.vm, m.host, dest, "this host has no pool to migrate in")
+	}
+	snap := m.db.Snapshot()
+	row, ok := snap.Get(dm.VM.Class, o.vm)
+	if !ok {
+		return nil, nil, nil, backend.DomainInfo{}, xerr.New(xerr.HandleInvalid, "VM", o.vm)
+	}
+	if err := m.assertCanMigrateMoving(snap, row, dest, moves); err != nil {
+		return nil, nil, nil, backend.DomainInfo{}, err
+	}
+	info, ok := m.be.Info(o.uuid)
+	if !ok || info.State.Stopped() {
+		return nil, nil, nil, backend.DomainInfo{}, xerr.New(xerr.VMBadPowerState, o.vm, powerName(psRunning), powerName(psHalted))
+	}
+	return mig, pp, row, info, nil
+}
+
+// mirrorOut moves o's disks in moves to dest while the guest runs: what
+// nothing writes (the snapshots' disks) is copied, then, once the
+// destination has built its domain on the new disks, the others are
+// mirrored until they are in step; the mirrors complete at the
+// switchover. The mirrors it returns, when not nil, are the caller's to
+// cancel, even with an error.
+func (m *Manager) mirrorOut(o *opCtx, dest string, info backend.DomainInfo, hdr migrateHeader, out *outStream,
+	ready migrateMsg, moves []diskMove, bandwidth int64) (*sourceMirrors, error) {
+	mc := out.mc
+	if err := m.takeReady(o.ctx, moves, ready.Disks, false); err != nil {
+		return nil, m.migrateFailed(o, dest, err)
+	}
+	if err := m.copyChain(o, dest, hdr, moves, mc, out.dial, 0.1, 0.2); err != nil {
+		return nil, m.migrateFailed(o, dest, err)
+	}
+	if slices.ContainsFunc(moves, func(mv diskMove) bool { return mv.Copy }) {
+		if err := mc.send(migrateMsg{Step: stepCopied}, migrateMsgTimeout); err != nil {
+			return nil, m.migrateFailed(o, dest, err)
+		}
+	}
+	built, err := mc.recvMsg(stepMirrors, migratePrepTimeout)
+	if err == nil {
+		err = m.takeReady(o.ctx, moves, built.Disks, true)
+	}
+	if err != nil {
+		return nil, m.migrateFailed(o, dest, err)
+	}
+	sm, err := m.startMirrors(o, dest, info, moves, hdr, out.dial, bandwidth)
+	if err != nil {
+		return nil, m.migrateFailed(o, dest, err)
+	}
+	if err := sm.wait(o, 0.2, 0.5); err != nil {
+		m.log.Info("storage migration failed while mirroring", "vm", o.uuid, "dest", dest, "err", err)
+		return sm, m.migrateFailed(o, dest, err)
+	}
+	return sm, nil
+}
+
+// switchOver ends a move whose guest is stopped here, its memory sent
+// down cw: it waits for the destination to have received it all, then
+// records the move, the commit point. Before the commit a failure
+// resumes the guest here (in power state power) and tells the
+// destination to drop the move. It returns nil once the move is
+// recorded.
+func (m *Manager) switchOver(o *opCtx, out *outStream, cw *chunkWriter, dest, power string, moves []diskMove) error {
+	mc := out.mc
 	rollback := func(cause error) error {
 		out.abort()
 		m.resumeAfterFailedMove(o, power)
@@ -601,15 +658,6 @@ func (m *Manager) migrateOutMoving(o *opCtx, dest string, options map[string]str
 		}
 		m.log.Warn("recording a migration reported an error, but the database has it", "vm", o.uuid, "err", err)
 	}
-	committed = true
-	_ = mc.c.SetDeadline(time.Time{})
-	o.prog.Progress(0.95)
-	m.handOver(o, mc, dest)
-	m.removeMovedDomain(o, info)
-	m.destroyVDIs(o.ctx, oldVDIs(moves), "a storage migration moved away from")
-	total := time.Since(t0)
-	m.mig.last.Store(&MigrationTimes{Total: total, Prepare: prep, Send: send, Mirror: mirrorTime})
-	m.log.Info("VM migrated", "vm", o.uuid, "dest", dest, "total", total, "send", send, "prepare", prep, "mirror", mirrorTime)
 	return nil
 }
 

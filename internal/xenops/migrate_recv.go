@@ -116,10 +116,6 @@ func (m *Manager) acceptMigration(h migrateHeader) (string, error) {
 // domain and what it holds.
 func (m *Manager) migrateIn(ctx context.Context, mc *migConn, h migrateHeader, ref string) (err error) {
 	o := m.internalOp(ctx, ref, h.UUID, "pool_migrate_in")
-	fail := func(err error) error {
-		_ = mc.send(failedMsg(err), time.Second)
-		return err
-	}
 	// A storage migration's disks: new VDIs here, destroyed unless the
 	// move commits (after the domain that uses them, deferred below).
 	adopted := false
@@ -131,7 +127,7 @@ func (m *Manager) migrateIn(ctx context.Context, mc *migConn, h migrateHeader, r
 		}
 	}()
 	if err != nil {
-		return fail(err)
+		return failIncoming(mc, err)
 	}
 	var exports *incomingExports
 	if len(moves) > 0 {
@@ -143,14 +139,14 @@ func (m *Manager) migrateIn(ctx context.Context, mc *migConn, h migrateHeader, r
 			func(ie *incomingExports, i int) error { return m.cloneMoved(ctx, ie, moves, i, &newVDIs) })
 		defer exports.close(ctx)
 		if err != nil {
-			return fail(err)
+			return failIncoming(mc, err)
 		}
 	}
 	// The reservation ends when the domain counts as complete (adopted),
 	// or with the migration: never both at once.
 	p, release, err := m.planIncoming(ref, movedSet(moves))
 	if err != nil {
-		return fail(err)
+		return failIncoming(mc, err)
 	}
 	defer release()
 	var made bootMade
@@ -162,23 +158,39 @@ func (m *Manager) migrateIn(ctx context.Context, mc *migConn, h migrateHeader, r
 	defer exports.close(ctx) // before the domain goes (once)
 	// A broken stream ends the build as well.
 	if err := m.buildDomain(o, p, &made); err != nil {
-		return fail(err)
+		return failIncoming(mc, err)
 	}
 	next := migrateMsg{Step: stepReady}
 	if len(moves) > 0 {
 		if err := exports.exportMirrors(ctx, h, p, moves); err != nil {
-			return fail(err)
+			return failIncoming(mc, err)
 		}
 		next = migrateMsg{Step: stepMirrors, Disks: moves}
 	}
 	if err := mc.send(next, migrateMsgTimeout); err != nil {
 		return err
 	}
+	return m.receiveIncoming(ctx, o, mc, h, p, release, exports, &adopted)
+}
+
+// failIncoming tells the source of an incoming migration that it failed
+// with err, and returns err.
+func failIncoming(mc *migConn, err error) error {
+	_ = mc.send(failedMsg(err), time.Second)
+	return err
+}
+
+// receiveIncoming receives the guest's memory into the domain built for
+// an incoming migration of h (p its plan), then waits for the source's
+// go and adopts the VM; without go, the database decides. *adopted is
+// set once the VM is this host's (from then on its domain stays).
+func (m *Manager) receiveIncoming(ctx context.Context, o *opCtx, mc *migConn, h migrateHeader, p *bootPlan, release func(),
+	exports *incomingExports, adopted *bool) error {
 	m.log.Info("receiving a migrating VM", "vm", h.UUID, "source", h.Source)
 	t0 := time.Now()
 	info, err := m.receiveMemory(ctx, mc, h.UUID, exports, len(h.Disks) > 0) // acceptMigration checked the backend
 	if err != nil {
-		return fail(err)
+		return failIncoming(mc, err)
 	}
 	m.log.Debug("migration received", "vm", h.UUID, "took", time.Since(t0))
 	// Without go, the database decides.
@@ -188,7 +200,7 @@ func (m *Manager) migrateIn(ctx context.Context, mc *migConn, h migrateHeader, r
 			return cause
 		}
 		m.log.Warn("lost the source of a migration after its commit: running the VM here", "vm", h.UUID, "err", cause)
-		adopted = true
+		*adopted = true
 		m.adoptIncoming(o, p, h, release)
 		return nil
 	}
@@ -210,7 +222,7 @@ func (m *Manager) migrateIn(ctx context.Context, mc *migConn, h migrateHeader, r
 		m.log.Warn("told to run a migrated VM whose move this host's replica does not show yet", "vm", h.UUID)
 	}
 	m.testFault(faultDestCommitted)
-	adopted = true
+	*adopted = true
 	m.adoptIncoming(o, p, h, release)
 	m.receiveRRD(mc, h)
 	_ = mc.send(migrateMsg{Step: stepDone}, migrateMsgTimeout)

@@ -221,25 +221,11 @@ func (m *Manager) markVDIMirror(c *api.Call, ref string) (func(), error) {
 
 // moveVDI runs steps 2 to 5 on the VM's queue and returns the new VDI.
 func (m *Manager) moveVDI(o *opCtx, c *api.Call, mv vdiMove, unmark func()) (string, error) {
-	mir, ok := m.be.(backend.DiskMirrorer)
-	if !ok {
-		return "", xerr.New(xerr.OperationNotAllowed, "the "+m.be.Name()+" backend cannot mirror disks")
-	}
-	disk, ok := m.attachedDisk(o.uuid, mv.vbd)
-	if !ok || disk.VDI != mv.vdi {
-		return "", xerr.New(xerr.OperationNotAllowed, "VBD "+mv.vbd+" is not plugged; VDI.pool_migrate mirrors a disk the VM uses")
+	mir, disk, err := m.mirroredDisk(o, mv)
+	if err != nil {
+		return "", err
 	}
 	bg := context.WithoutCancel(o.ctx)
-	failed := func(err error) error {
-		if o.ctx.Err() != nil {
-			return cancelledErr(o.task)
-		}
-		var xe *xerr.Error
-		if errors.As(err, &xe) {
-			return xe
-		}
-		return xerr.New(xerr.MirrorFailed, mv.vdi)
-	}
 	o.prog.Progress(0.01)
 
 	// 2. The new VDI, attached for the VM.
@@ -254,11 +240,11 @@ func (m *Manager) moveVDI(o *opCtx, c *api.Call, mv vdiMove, unmark func()) (str
 	}()
 	chain, err := m.copyVDISnapshots(o, c, mv, &made)
 	if err != nil {
-		return "", failed(err)
+		return "", vdiMoveFailed(o, mv, err)
 	}
 	newRef, tg, undoTarget, err := m.mirrorTarget(o, c, mv, chain)
 	if err != nil {
-		return "", failed(err)
+		return "", vdiMoveFailed(o, mv, err)
 	}
 	chain[0].New = newRef
 	defer func() {
@@ -269,7 +255,7 @@ func (m *Manager) moveVDI(o *opCtx, c *api.Call, mv vdiMove, unmark func()) (str
 
 	// 3. The mirror.
 	if err := mir.StartMirror(o.ctx, o.uuid, disk.Device, tg); err != nil {
-		return "", failed(err)
+		return "", vdiMoveFailed(o, mv, err)
 	}
 	started := time.Now()
 	defer func() {
@@ -282,31 +268,78 @@ func (m *Manager) moveVDI(o *opCtx, c *api.Call, mv vdiMove, unmark func()) (str
 			m.log.Error("VDI.pool_migrate: cancelling the mirror", "vm", o.uuid, "device", disk.Device, "err", cerr)
 		}
 	}()
-	lo := 0.02 // after the snapshots' copies (copyVDISnapshots: up to 0.31)
-	if len(chain) > 1 {
-		lo = 0.32
-	}
-	if err := mir.WaitMirrorReady(o.ctx, o.uuid, disk.Device, func(p float64) { o.prog.Progress(lo + (0.95-lo)*p) }); err != nil {
-		return "", failed(err)
-	}
-	if o.ctx.Err() != nil {
-		return "", cancelledErr(o.task)
+	if err := waitVDIMirror(o, mv, mir, disk.Device, len(chain)); err != nil {
+		return "", err
 	}
 
 	// 4. The pivot: the commit point.
 	pctx, cancel := context.WithTimeout(bg, vdiPivotTimeout)
 	defer cancel()
 	if err := mir.CompleteMirror(pctx, o.uuid, disk.Device, true); err != nil {
-		return "", failed(err)
+		return "", vdiMoveFailed(o, mv, err)
 	}
 	pivoted = true
 	m.log.Info("VDI.pool_migrate: the disk is on its new VDI", "vm", o.uuid, "device", disk.Device,
 		"vdi", newRef, "sr", mv.sr, "mirror", time.Since(started))
+	if err := m.finishVDIMove(pctx, o, c, mv, chain, newRef, unmark); err != nil {
+		return "", err
+	}
+	return newRef, nil
+}
 
-	// 5. The record, then the old VDI goes.
+// mirroredDisk checks that the backend can mirror disks and that mv's
+// VBD is plugged on mv's VDI; it returns the backend's mirrorer and the
+// domain's disk.
+func (m *Manager) mirroredDisk(o *opCtx, mv vdiMove) (backend.DiskMirrorer, backend.Disk, error) {
+	mir, ok := m.be.(backend.DiskMirrorer)
+	if !ok {
+		return nil, backend.Disk{}, xerr.New(xerr.OperationNotAllowed, "the "+m.be.Name()+" backend cannot mirror disks")
+	}
+	disk, ok := m.attachedDisk(o.uuid, mv.vbd)
+	if !ok || disk.VDI != mv.vdi {
+		return nil, backend.Disk{}, xerr.New(xerr.OperationNotAllowed, "VBD "+mv.vbd+" is not plugged; VDI.pool_migrate mirrors a disk the VM uses")
+	}
+	return mir, disk, nil
+}
+
+// vdiMoveFailed is the error of a VDI.pool_migrate of mv that failed
+// with err before its pivot: the task's cancellation, an API error as it
+// is, else MIRROR_FAILED.
+func vdiMoveFailed(o *opCtx, mv vdiMove, err error) error {
+	if o.ctx.Err() != nil {
+		return cancelledErr(o.task)
+	}
+	var xe *xerr.Error
+	if errors.As(err, &xe) {
+		return xe
+	}
+	return xerr.New(xerr.MirrorFailed, mv.vdi)
+}
+
+// waitVDIMirror waits for the mirror of the VM's disk device to be in
+// step, progress going to 0.95 from after the copies of the chainLen-1
+// snapshots' disks.
+func waitVDIMirror(o *opCtx, mv vdiMove, mir backend.DiskMirrorer, device string, chainLen int) error {
+	lo := 0.02 // after the snapshots' copies (copyVDISnapshots: up to 0.31)
+	if chainLen > 1 {
+		lo = 0.32
+	}
+	if err := mir.WaitMirrorReady(o.ctx, o.uuid, device, func(p float64) { o.prog.Progress(lo + (0.95-lo)*p) }); err != nil {
+		return vdiMoveFailed(o, mv, err)
+	}
+	if o.ctx.Err() != nil {
+		return cancelledErr(o.task)
+	}
+	return nil
+}
+
+// finishVDIMove is step 5, once the disk is on its new VDI: the move is
+// recorded (newRef the new VDI), the old VDI detached and unmarked, and
+// the old chain destroyed (a failure there is logged).
+func (m *Manager) finishVDIMove(pctx context.Context, o *opCtx, c *api.Call, mv vdiMove, chain []diskMove, newRef string, unmark func()) error {
 	if err := m.recordVDIMove(mv, chain); err != nil {
 		m.log.Error("VDI.pool_migrate: the domain uses the new VDI but the VBD cannot be recorded", "vbd", mv.vbd, "vdi", newRef, "err", err)
-		return "", err
+		return err
 	}
 	o.prog.Progress(0.97)
 	if err := m.disks.Detach(pctx, o.uuid, mv.vdi); err != nil {
@@ -321,7 +354,7 @@ func (m *Manager) moveVDI(o *opCtx, c *api.Call, mv vdiMove, unmark func()) (str
 		}
 	}
 	o.prog.Progress(1)
-	return newRef, nil
+	return nil
 }
 
 // mirrorTarget makes the VDI the disk chain[0] is mirrored to, attached

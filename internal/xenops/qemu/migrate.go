@@ -176,60 +176,91 @@ func (q *QEMU) ReceiveLive(ctx context.Context, uuid string, from io.Reader) err
 		return err
 	}
 	defer func(c func() error) { _ = c() }(sock.Close)
-	mr := backend.NewMigrateReader(from, "qemu")
-	copied := make(chan copyResult, 1)
-	started := false
-	stop := func() {
-		_ = sock.Close()
-		if !backend.InterruptIO(from) {
-			return // the goroutine ends with the carrier (it holds nothing of ours open)
-		}
-		if started {
-			select {
-			case <-copied:
-			case <-time.After(migSettle):
-				q.log.Warn("qemu: migration stream reader would not stop", "vm", uuid)
-			}
-		}
-	}
+	ic := &incomingCopy{q: q, uuid: uuid, sock: sock, from: from, mr: backend.NewMigrateReader(from, "qemu"), copied: make(chan copyResult, 1)}
 	if err := qmp.Execute(ctx, "migrate-incoming", map[string]any{"uri": "fd:migin"}, nil); err != nil {
-		stop()
+		ic.stop()
 		return fmt.Errorf("qemu: migrate-incoming: %w", err)
 	}
-	started = true
-	go func() {
-		res := copyOut(sock, mr)
-		if res.err == nil {
-			res.n = int64(mr.Total()) //nolint:gosec // bounded by what arrived
-		}
-		copied <- res
-	}()
-	fail := func(err error) error {
-		stop()
+	ic.start()
+	if err := awaitIncoming(ctx, d, qmp, ic); err != nil {
+		ic.stop()
 		return err
 	}
+	ok = true
+	d.mu.Lock()
+	d.state = backend.DomainPaused
+	d.j.Spec.Incoming, d.j.Received = false, true
+	d.mu.Unlock()
+	return q.save(d)
+}
+
+// incomingCopy is the copy of an incoming migration stream into the
+// emulator's migration socket, on a goroutine of its own.
+type incomingCopy struct {
+	q       *QEMU
+	uuid    string
+	sock    *os.File
+	from    io.Reader
+	mr      *backend.MigrateReader // reads from
+	copied  chan copyResult        // the copy's result
+	started bool                   // the copy runs and its result is not read yet
+}
+
+// start starts the copy.
+func (ic *incomingCopy) start() {
+	ic.started = true
+	go func() {
+		res := copyOut(ic.sock, ic.mr)
+		if res.err == nil {
+			res.n = int64(ic.mr.Total()) //nolint:gosec // bounded by what arrived
+		}
+		ic.copied <- res
+	}()
+}
+
+// stop ends the copy: the socket closes, and the stream is interrupted
+// when it can be, the copy then given migSettle to end.
+func (ic *incomingCopy) stop() {
+	_ = ic.sock.Close()
+	if !backend.InterruptIO(ic.from) {
+		return // the goroutine ends with the carrier (it holds nothing of ours open)
+	}
+	if ic.started {
+		select {
+		case <-ic.copied:
+		case <-time.After(migSettle):
+			ic.q.log.Warn("qemu: migration stream reader would not stop", "vm", ic.uuid)
+		}
+	}
+}
+
+// awaitIncoming waits until the incoming stream of d has been copied in
+// full and the emulator has loaded it (it is paused), polling its status
+// every migPoll. An error is the stream's, the emulator's exit or ctx's;
+// the caller stops the copy then.
+func awaitIncoming(ctx context.Context, d *qemuDomain, qmp *QMP, ic *incomingCopy) error {
 	var streamDone, loaded bool
 	tick := time.NewTicker(migPoll)
 	defer tick.Stop()
 	for !streamDone || !loaded {
 		select {
-		case res := <-copied:
-			started = false
+		case res := <-ic.copied:
+			ic.started = false
 			if res.err != nil {
 				if res.writeErr {
 					select {
 					case <-d.exited:
-						return fail(incomingExited(d))
+						return incomingExited(d)
 					case <-time.After(time.Second):
 					}
 				}
-				return fail(fmt.Errorf("qemu: incoming migration: %w", res.err))
+				return fmt.Errorf("qemu: incoming migration: %w", res.err)
 			}
 			streamDone = true
 		case <-d.exited:
-			return fail(incomingExited(d))
+			return incomingExited(d)
 		case <-ctx.Done():
-			return fail(ctx.Err())
+			return ctx.Err()
 		case <-tick.C:
 			if loaded {
 				continue
@@ -243,16 +274,11 @@ func (q *QEMU) ReceiveLive(ctx context.Context, uuid string, from io.Reader) err
 			case "paused", "prelaunch":
 				loaded = true
 			default:
-				return fail(fmt.Errorf("qemu: incoming migration left the emulator %s", st.Status))
+				return fmt.Errorf("qemu: incoming migration left the emulator %s", st.Status)
 			}
 		}
 	}
-	ok = true
-	d.mu.Lock()
-	d.state = backend.DomainPaused
-	d.j.Spec.Incoming, d.j.Received = false, true
-	d.mu.Unlock()
-	return q.save(d)
+	return nil
 }
 
 // incomingExited is ReceiveLive's error for an emulator that ended:
