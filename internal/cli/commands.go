@@ -44,12 +44,20 @@ func (s *Server) addCommands() {
 	})
 
 	// VM lifecycle: these act on the VMs the selectors pick.
-	vmOp := func(name, help string, o selectOpts, op func(c *Ctx, vm *db.Row) error) {
-		s.register(name, help, func(c *Ctx) error {
-			return c.eachSelected(vmSelector, o, true, func(row *db.Row, _ formatter) error { return op(c, row) })
-		})
-	}
-	vmOp("vm-start", "Starts the selected VMs (on=<host> to choose where, --paused to leave them paused).", selectOpts{},
+	s.addVMPowerCommands()
+	s.addVMCopyCommands()
+	s.addVMInstallCommands()
+
+	s.addNetworkStorageCommands()
+	s.addDeviceCommands()
+	s.addUtilityCommands()
+	s.addMessageCommands()
+}
+
+// addVMPowerCommands registers the commands that start, stop, reboot,
+// suspend, resume and pause VMs.
+func (s *Server) addVMPowerCommands() {
+	s.vmCommand("vm-start", "Starts the selected VMs (on=<host> to choose where, --paused to leave them paused).", selectOpts{},
 		func(c *Ctx, vm *db.Row) error {
 			paused, err := c.boolParam("paused")
 			if err != nil {
@@ -57,21 +65,26 @@ func (s *Server) addCommands() {
 			}
 			return c.startOn(vm, "VM.start", paused)
 		})
-	vmOp("vm-shutdown", "Shuts the selected VMs down: cleanly, or at once with --force.", selectOpts{},
+	s.vmCommand("vm-shutdown", "Shuts the selected VMs down: cleanly, or at once with --force.", selectOpts{},
 		func(c *Ctx, vm *db.Row) error { return c.forced(vm, "VM.hard_shutdown", "VM.clean_shutdown") })
-	vmOp("vm-reboot", "Reboots the selected VMs: cleanly, or at once with --force.", selectOpts{},
+	s.vmCommand("vm-reboot", "Reboots the selected VMs: cleanly, or at once with --force.", selectOpts{},
 		func(c *Ctx, vm *db.Row) error { return c.forced(vm, "VM.hard_reboot", "VM.clean_reboot") })
-	vmOp("vm-suspend", "Suspends the selected VMs to disk.", selectOpts{},
+	s.vmCommand("vm-suspend", "Suspends the selected VMs to disk.", selectOpts{},
 		func(c *Ctx, vm *db.Row) error { _, err := c.call("VM.suspend", vm.Ref); return err })
-	vmOp("vm-resume", "Resumes the selected suspended VMs (on=<host> to choose where).", selectOpts{},
+	s.vmCommand("vm-resume", "Resumes the selected suspended VMs (on=<host> to choose where).", selectOpts{},
 		func(c *Ctx, vm *db.Row) error {
 			return c.startOn(vm, "VM.resume", false)
 		})
-	vmOp("vm-pause", "Pauses the selected running VMs.", selectOpts{},
+	s.vmCommand("vm-pause", "Pauses the selected running VMs.", selectOpts{},
 		func(c *Ctx, vm *db.Row) error { _, err := c.call("VM.pause", vm.Ref); return err })
-	vmOp("vm-unpause", "Unpauses the selected paused VMs.", selectOpts{},
+	s.vmCommand("vm-unpause", "Unpauses the selected paused VMs.", selectOpts{},
 		func(c *Ctx, vm *db.Row) error { _, err := c.call("VM.unpause", vm.Ref); return err })
-	vmOp("vm-clone", "Clones the selected VM, fast where the storage allows, and prints the new VM's uuid.", selectOpts{templates: true},
+}
+
+// addVMCopyCommands registers the commands that clone, copy and
+// snapshot VMs.
+func (s *Server) addVMCopyCommands() {
+	s.vmCommand("vm-clone", "Clones the selected VM, fast where the storage allows, and prints the new VM's uuid.", selectOpts{templates: true},
 		func(c *Ctx, vm *db.Row) error {
 			ref, err := c.call("VM.clone", vm.Ref, c.require("new-name-label"))
 			if err != nil {
@@ -79,7 +92,7 @@ func (s *Server) addCommands() {
 			}
 			return c.finishNewVM(ref.(string))
 		})
-	vmOp("vm-copy", "Copies the selected VM, with full copies of its disks (to sr-uuid if given), and prints the new VM's uuid.",
+	s.vmCommand("vm-copy", "Copies the selected VM, with full copies of its disks (to sr-uuid if given), and prints the new VM's uuid.",
 		selectOpts{templates: true},
 		func(c *Ctx, vm *db.Row) error {
 			sr, err := c.refOf(dm.SR.Class, c.paramOr("sr-uuid", ""))
@@ -92,7 +105,7 @@ func (s *Server) addCommands() {
 			}
 			return c.finishNewVM(ref.(string))
 		})
-	vmOp("vm-snapshot", "Snapshots the selected VM and prints the snapshot's uuid.", selectOpts{},
+	s.vmCommand("vm-snapshot", "Snapshots the selected VM and prints the snapshot's uuid.", selectOpts{},
 		func(c *Ctx, vm *db.Row) error {
 			ignore, err := c.objectRefs(dm.VDI.Class, "ignore-vdi-uuids")
 			if err != nil {
@@ -104,7 +117,12 @@ func (s *Server) addCommands() {
 			}
 			return c.finishNewVM(ref.(string))
 		})
-	vmOp("vm-uninstall", "Destroys the selected VM and the disks only it uses. Asks for confirmation unless --force is given.",
+}
+
+// addVMInstallCommands registers the commands that install, uninstall
+// and destroy VMs.
+func (s *Server) addVMInstallCommands() {
+	s.vmCommand("vm-uninstall", "Destroys the selected VM and the disks only it uses. Asks for confirmation unless --force is given.",
 		selectOpts{}, func(c *Ctx, vm *db.Row) error { return c.uninstall(vm) })
 	s.register("vm-destroy", "Removes the VM with this uuid from the database, leaving its disks.", func(c *Ctx) error {
 		ref, err := c.objectRef(dm.VM.Class, c.require("uuid"))
@@ -116,82 +134,102 @@ func (s *Server) addCommands() {
 	})
 	s.register("vm-install", "Installs a new VM from a template (template=<name or uuid>), with its disks on "+
 		"sr-uuid or sr-name-label (default: the pool's default SR), and prints its uuid.", s.vmInstall)
+}
 
-	s.register("network-create", "Creates a network and prints its uuid.", func(c *Ctx) error {
-		mtu, err := c.parseValue(schema.Int, c.paramOr("MTU", "1500"), "MTU")
-		if err != nil {
-			return err
-		}
-		managed, err := c.boolParamOr("managed", true)
-		if err != nil {
-			return err
-		}
-		rec := map[string]any{
-			"name_label": c.require("name-label"), "name_description": c.paramOr("name-description", ""),
-			"MTU": mtu, "bridge": c.paramOr("bridge", ""), "managed": managed, "other_config": map[string]string{},
-		}
-		return c.create("network.create", rec)
-	})
+// addNetworkStorageCommands registers the commands that create and
+// destroy networks, SRs and disks, rescan SRs, and copy a disk's data to
+// and from a local file.
+func (s *Server) addNetworkStorageCommands() {
+	s.register("network-create", "Creates a network and prints its uuid.", s.networkCreate)
 	s.register("network-destroy", "Destroys the network with this uuid.", c1("network.destroy", dm.Network.Class))
 	s.register("sr-create", "Creates a storage repository of a type (device-config:<key>=<value> for its settings) "+
-		"and prints its uuid.", func(c *Ctx) error {
-		host := c.s.api.Cfg.HostRef
-		if u, ok := c.param("host-uuid"); ok {
-			var err error
-			if host, err = c.objectRef(dm.Host.Class, u); err != nil {
-				return err
-			}
-		}
-		size, err := c.parseValue(schema.Int, c.paramOr("physical-size", "0"), "physical-size")
-		if err != nil {
-			return err
-		}
-		shared, err := c.boolParam("shared")
-		if err != nil {
-			return err
-		}
-		ref, err := c.call("SR.create", host, c.mapParams("device-config"), size, c.require("name-label"),
-			c.paramOr("name-description", ""), c.require("type"), c.paramOr("content-type", ""), shared, c.mapParams("sm-config"))
-		if err != nil {
-			return err
-		}
-		return c.printUUID(dm.SR.Class, ref)
-	})
+		"and prints its uuid.", s.srCreate)
 	s.register("sr-scan", "Rescans the storage repository with this uuid for disks.", c1("SR.scan", dm.SR.Class))
 	s.register("vdi-create", "Creates a disk on a storage repository (virtual-size in bytes, or with a suffix: KiB, MiB, GiB, TiB) "+
-		"and prints its uuid.", func(c *Ctx) error {
-		sr, err := c.objectRef(dm.SR.Class, c.require("sr-uuid"))
-		if err != nil {
-			return err
-		}
-		size, err := parseBytes("virtual-size", c.require("virtual-size"))
-		if err != nil {
-			return err
-		}
-		sharable, err := c.boolParam("sharable")
-		if err != nil {
-			return err
-		}
-		typ, err := c.parseValue(dm.VDI.Type.Type, c.paramOr("type", "user"), "type")
-		if err != nil {
-			return err
-		}
-		tags := []string{}
-		for k := range c.mapParams("tags") {
-			tags = append(tags, k)
-		}
-		rec := map[string]any{
-			"SR": sr, "name_label": c.require("name-label"), "name_description": c.paramOr("name-description", ""),
-			"virtual_size": size, "type": typ, "sharable": sharable, "read_only": false,
-			"other_config": map[string]string{}, "sm_config": c.mapParams("sm-config"), "tags": tags,
-		}
-		return c.create("VDI.create", rec)
-	}, params([]string{"sr-uuid", "name-label", "virtual-size"}, []string{"sm-config:", "sharable", "tags:", "type", "name-description"}))
+		"and prints its uuid.", s.vdiCreate,
+		params([]string{"sr-uuid", "name-label", "virtual-size"}, []string{"sm-config:", "sharable", "tags:", "type", "name-description"}))
 	s.register("vdi-destroy", "Destroys the disk with this uuid and its data.", c1("VDI.destroy", dm.VDI.Class))
 	s.register("vdi-import", "Writes a local file into the disk with this uuid (format=raw by default), uploading it over HTTP.",
 		func(c *Ctx) error { return c.vdiTransfer(true) })
 	s.register("vdi-export", "Reads the disk with this uuid into a new local file (format=raw by default), downloading it over HTTP.",
 		func(c *Ctx) error { return c.vdiTransfer(false) })
+}
+
+// networkCreate is network-create.
+func (s *Server) networkCreate(c *Ctx) error {
+	mtu, err := c.parseValue(schema.Int, c.paramOr("MTU", "1500"), "MTU")
+	if err != nil {
+		return err
+	}
+	managed, err := c.boolParamOr("managed", true)
+	if err != nil {
+		return err
+	}
+	rec := map[string]any{
+		"name_label": c.require("name-label"), "name_description": c.paramOr("name-description", ""),
+		"MTU": mtu, "bridge": c.paramOr("bridge", ""), "managed": managed, "other_config": map[string]string{},
+	}
+	return c.create("network.create", rec)
+}
+
+// srCreate is sr-create: on host-uuid, or this host.
+func (s *Server) srCreate(c *Ctx) error {
+	host := c.s.api.Cfg.HostRef
+	if u, ok := c.param("host-uuid"); ok {
+		var err error
+		if host, err = c.objectRef(dm.Host.Class, u); err != nil {
+			return err
+		}
+	}
+	size, err := c.parseValue(schema.Int, c.paramOr("physical-size", "0"), "physical-size")
+	if err != nil {
+		return err
+	}
+	shared, err := c.boolParam("shared")
+	if err != nil {
+		return err
+	}
+	ref, err := c.call("SR.create", host, c.mapParams("device-config"), size, c.require("name-label"),
+		c.paramOr("name-description", ""), c.require("type"), c.paramOr("content-type", ""), shared, c.mapParams("sm-config"))
+	if err != nil {
+		return err
+	}
+	return c.printUUID(dm.SR.Class, ref)
+}
+
+// vdiCreate is vdi-create: tags:<tag>= gives the disk its tags.
+func (s *Server) vdiCreate(c *Ctx) error {
+	sr, err := c.objectRef(dm.SR.Class, c.require("sr-uuid"))
+	if err != nil {
+		return err
+	}
+	size, err := parseBytes("virtual-size", c.require("virtual-size"))
+	if err != nil {
+		return err
+	}
+	sharable, err := c.boolParam("sharable")
+	if err != nil {
+		return err
+	}
+	typ, err := c.parseValue(dm.VDI.Type.Type, c.paramOr("type", "user"), "type")
+	if err != nil {
+		return err
+	}
+	tags := []string{}
+	for k := range c.mapParams("tags") {
+		tags = append(tags, k)
+	}
+	rec := map[string]any{
+		"SR": sr, "name_label": c.require("name-label"), "name_description": c.paramOr("name-description", ""),
+		"virtual_size": size, "type": typ, "sharable": sharable, "read_only": false,
+		"other_config": map[string]string{}, "sm_config": c.mapParams("sm-config"), "tags": tags,
+	}
+	return c.create("VDI.create", rec)
+}
+
+// addDeviceCommands registers the commands that create VBDs and VIFs and
+// plug and unplug VBDs.
+func (s *Server) addDeviceCommands() {
 	s.register("vbd-create", "Creates a virtual block device: attaches a disk (vdi-uuid) to a VM as a device "+
 		"(type=Disk or CD, mode=RW or RO), and prints its uuid.", s.vbdCreate)
 	s.register("vbd-plug", "Hot-plugs the virtual block device with this uuid into its running VM.", c1("VBD.plug", dm.VBD.Class))
@@ -214,6 +252,11 @@ func (s *Server) addCommands() {
 		})
 	s.register("vif-create", "Creates a virtual network interface for a VM on a network and prints its uuid "+
 		"(mac=random or omitted: one is generated).", s.vifCreate)
+}
+
+// addUtilityCommands registers the commands on tasks, events, the
+// caller's password, VM consoles and the pool database.
+func (s *Server) addUtilityCommands() {
 	s.register("task-cancel", "Asks the task with this uuid to stop.", c1("task.cancel", dm.Task.Class))
 	s.register("event-wait", "Waits until an object of a class (class=vm, host, ...) has every field=value given "+
 		"(field=/=value: differs), then returns.", s.eventWait, func(c *Command) {
@@ -231,49 +274,61 @@ func (s *Server) addCommands() {
 		})
 	s.register("pool-restore-database", "Replaces the pool database with one from a local file made by pool-dump-database.",
 		s.restoreDatabase)
-	s.register("message-create", "Creates a message (an alert) about a VM, host, SR or the pool.", func(c *Ctx) error {
-		prio, err := strconv.ParseInt(c.require("priority"), 10, 64)
+}
+
+// addMessageCommands registers the commands that create and destroy
+// messages.
+func (s *Server) addMessageCommands() {
+	s.register("message-create", "Creates a message (an alert) about a VM, host, SR or the pool.", s.messageCreate)
+	s.register("message-destroy", "Destroys the messages given by uuid or uuids (a comma-separated list).", s.messageDestroy)
+}
+
+// messageCreate is message-create: about the object of the first of
+// vm-uuid, pool-uuid, sr-uuid and host-uuid given.
+func (s *Server) messageCreate(c *Ctx) error {
+	prio, err := strconv.ParseInt(c.require("priority"), 10, 64)
+	if err != nil {
+		return failf("Priority field should be an integer")
+	}
+	var cls, id string
+	for _, k := range []struct{ param, cls string }{{"vm-uuid", "VM"}, {"pool-uuid", "Pool"}, {"sr-uuid", "SR"}, {"host-uuid", "Host"}} {
+		if v, ok := c.param(k.param); ok {
+			cls, id = k.cls, v
+			break
+		}
+	}
+	if cls == "" {
+		return failf("Need one of: vm-uuid, host-uuid, sr-uuid or pool-uuid")
+	}
+	_, err = c.call("message.create", c.require("name"), prio, cls, id, c.require("body"))
+	return err
+}
+
+// messageDestroy is message-destroy: uuid= or uuids=, not both.
+func (s *Server) messageDestroy(c *Ctx) error {
+	one, hasOne := c.param("uuid")
+	many, hasMany := c.param("uuids")
+	var ids []string
+	switch {
+	case hasOne && hasMany:
+		return failf("Ambiguous arguments; need one of uuid, uuids")
+	case hasOne:
+		ids = []string{one}
+	case hasMany:
+		ids = strings.Split(many, ",")
+	default:
+		return failf("Need one of uuid, uuids")
+	}
+	refs := make([]string, 0, len(ids))
+	for _, id := range ids {
+		ref, err := c.call("message.get_by_uuid", id)
 		if err != nil {
-			return failf("Priority field should be an integer")
+			return err
 		}
-		var cls, id string
-		for _, k := range []struct{ param, cls string }{{"vm-uuid", "VM"}, {"pool-uuid", "Pool"}, {"sr-uuid", "SR"}, {"host-uuid", "Host"}} {
-			if v, ok := c.param(k.param); ok {
-				cls, id = k.cls, v
-				break
-			}
-		}
-		if cls == "" {
-			return failf("Need one of: vm-uuid, host-uuid, sr-uuid or pool-uuid")
-		}
-		_, err = c.call("message.create", c.require("name"), prio, cls, id, c.require("body"))
-		return err
-	})
-	s.register("message-destroy", "Destroys the messages given by uuid or uuids (a comma-separated list).", func(c *Ctx) error {
-		one, hasOne := c.param("uuid")
-		many, hasMany := c.param("uuids")
-		var ids []string
-		switch {
-		case hasOne && hasMany:
-			return failf("Ambiguous arguments; need one of uuid, uuids")
-		case hasOne:
-			ids = []string{one}
-		case hasMany:
-			ids = strings.Split(many, ",")
-		default:
-			return failf("Need one of uuid, uuids")
-		}
-		refs := make([]string, 0, len(ids))
-		for _, id := range ids {
-			ref, err := c.call("message.get_by_uuid", id)
-			if err != nil {
-				return err
-			}
-			refs = append(refs, ref.(string))
-		}
-		_, err := c.call("message.destroy_many", refs)
-		return err
-	})
+		refs = append(refs, ref.(string))
+	}
+	_, err := c.call("message.destroy_many", refs)
+	return err
 }
 
 // c1 is a command that calls one method on the object named by uuid.

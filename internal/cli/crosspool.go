@@ -17,6 +17,7 @@ import (
 
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
+	"toolstackd/internal/schema"
 	"toolstackd/internal/xerr"
 )
 
@@ -164,14 +165,7 @@ func (c *Ctx) migrateToPool() error {
 		return err
 	}
 	c.out.msg("Performing a storage live migration. Your VM's VDIs will be migrated with the VM.")
-	d := &net.Dialer{Timeout: 10 * time.Second}
-	var tlsConfig *tls.Config
-	if c.s.opts.ClientTLS != nil {
-		tlsConfig = c.s.opts.ClientTLS()
-	}
-	r := &remoteXE{ctx: c.ctx, u: u, hc: &http.Client{Timeout: remoteTimeout,
-		Transport: &http.Transport{DialContext: d.DialContext, TLSHandshakeTimeout: 10 * time.Second, MaxIdleConnsPerHost: 2,
-			TLSClientConfig: tlsConfig}}}
+	r := c.newRemoteXE(u)
 	defer r.hc.CloseIdleConnections()
 	s, err := r.str("session.login_with_password", user, pw, "1.3", "xe")
 	if err != nil {
@@ -187,68 +181,21 @@ func (c *Ctx) migrateToPool() error {
 	if err != nil {
 		return err
 	}
-	host := ""
-	if h, ok := c.param("host"); ok {
-		if host = pick(hosts, h, "hostname", "name_label", "uuid"); host == "" {
-			return failf("Failed to find host: %s", h)
-		}
-	} else {
-		for ref := range hosts {
-			if host == "" || ref < host {
-				host = ref
-			}
-		}
-		if host == "" {
-			return failf("Failed to find a suitable host")
-		}
+	host, err := c.remoteHost(hosts)
+	if err != nil {
+		return err
 	}
-	network := ""
-	if n, ok := c.param("remote-network"); ok {
-		nets, err := r.records("network")
-		if err != nil {
-			return err
-		}
-		if network = pick(nets, n, "bridge", "name_label", "uuid"); network == "" {
-			return failf("Failed to find network: %s", n)
-		}
-	} else {
-		pifs, err := r.records("PIF")
-		if err != nil {
-			return err
-		}
-		for _, p := range pifs {
-			if p["host"] == host && p["management"] == true {
-				network, _ = p["network"].(string)
-			}
-		}
-		if network == "" {
-			uuid, _ := hosts[host]["uuid"].(string)
-			return failf("Could not find management PIF on host %s", uuid)
-		}
+	network, err := c.remoteNetwork(r, hosts, host)
+	if err != nil {
+		return err
 	}
-	vifMap := map[string]string{}
-	for vif, n := range c.mapParams("vif") {
-		vref, err := c.objectRef(dm.VIF.Class, vif)
-		if err != nil {
-			return err
-		}
-		nref, err := r.str("network.get_by_uuid", n)
-		if err != nil {
-			return err
-		}
-		vifMap[vref] = nref
+	vifMap, err := c.remoteMap(r, "vif", dm.VIF.Class, "network.get_by_uuid")
+	if err != nil {
+		return err
 	}
-	vdiMap := map[string]string{}
-	for vdi, sr := range c.mapParams("vdi") {
-		vref, err := c.objectRef(dm.VDI.Class, vdi)
-		if err != nil {
-			return err
-		}
-		sref, err := r.str("SR.get_by_uuid", sr)
-		if err != nil {
-			return err
-		}
-		vdiMap[vref] = sref
+	vdiMap, err := c.remoteMap(r, "vdi", dm.VDI.Class, "SR.get_by_uuid")
+	if err != nil {
+		return err
 	}
 	preferred := r.preferredSR(host)
 	raw, err := r.call("host.migrate_receive", host, network, map[string]string{})
@@ -260,27 +207,118 @@ func (c *Ctx) migrateToPool() error {
 		return failf("Unexpected answer from the remote pool to host.migrate_receive")
 	}
 	return c.eachSelected(vmSelector, selectOpts{controlDomains: true}, true, func(vm *db.Row, _ formatter) error {
-		snap := c.s.api.DB.Snapshot()
-		vdis, vifs := maps.Clone(vdiMap), maps.Clone(vifMap)
-		vbds, _ := snap.Value(vm, dm.VM.VBDs).([]string)
-		for _, vbd := range vbds {
-			row, ok := snap.Get(dm.VBD.Class, vbd)
-			if !ok || row.Get(dm.VBD.Empty) == true {
-				continue
-			}
-			if _, named := vdis[row.String(dm.VBD.VDI)]; !named && preferred != "" {
-				vdis[row.String(dm.VBD.VDI)] = preferred
-			}
-		}
-		vifRefs, _ := snap.Value(vm, dm.VM.VIFs).([]string)
-		for _, vif := range vifRefs {
-			if _, named := vifs[vif]; !named {
-				vifs[vif] = network
-			}
-		}
+		vdis, vifs := c.sendMaps(vm, vdiMap, vifMap, preferred, network)
 		_, err := c.call("VM.migrate_send", vm.Ref, dest, true, vdis, vifs, options, map[string]string{}, map[string]string{})
 		return err
 	})
+}
+
+// newRemoteXE is the other pool at u, not logged in yet.
+func (c *Ctx) newRemoteXE(u *url.URL) *remoteXE {
+	d := &net.Dialer{Timeout: 10 * time.Second}
+	var tlsConfig *tls.Config
+	if c.s.opts.ClientTLS != nil {
+		tlsConfig = c.s.opts.ClientTLS()
+	}
+	return &remoteXE{ctx: c.ctx, u: u, hc: &http.Client{Timeout: remoteTimeout,
+		Transport: &http.Transport{DialContext: d.DialContext, TLSHandshakeTimeout: 10 * time.Second, MaxIdleConnsPerHost: 2,
+			TLSClientConfig: tlsConfig}}}
+}
+
+// remoteHost is the other pool's host (of hosts) to receive the VMs: the
+// one host= names, by hostname, name or uuid, else the first.
+func (c *Ctx) remoteHost(hosts map[string]map[string]any) (string, error) {
+	host := ""
+	if h, ok := c.param("host"); ok {
+		if host = pick(hosts, h, "hostname", "name_label", "uuid"); host == "" {
+			return "", failf("Failed to find host: %s", h)
+		}
+		return host, nil
+	}
+	for ref := range hosts {
+		if host == "" || ref < host {
+			host = ref
+		}
+	}
+	if host == "" {
+		return "", failf("Failed to find a suitable host")
+	}
+	return host, nil
+}
+
+// remoteNetwork is the other pool's network to receive on: the one
+// remote-network= names, by bridge, name or uuid, else the management
+// network of host (hosts the other pool's).
+func (c *Ctx) remoteNetwork(r *remoteXE, hosts map[string]map[string]any, host string) (string, error) {
+	network := ""
+	if n, ok := c.param("remote-network"); ok {
+		nets, err := r.records("network")
+		if err != nil {
+			return "", err
+		}
+		if network = pick(nets, n, "bridge", "name_label", "uuid"); network == "" {
+			return "", failf("Failed to find network: %s", n)
+		}
+		return network, nil
+	}
+	pifs, err := r.records("PIF")
+	if err != nil {
+		return "", err
+	}
+	for _, p := range pifs {
+		if p["host"] == host && p["management"] == true {
+			network, _ = p["network"].(string)
+		}
+	}
+	if network == "" {
+		uuid, _ := hosts[host]["uuid"].(string)
+		return "", failf("Could not find management PIF on host %s", uuid)
+	}
+	return network, nil
+}
+
+// remoteMap reads the map parameter prefix:<uuid>=<remote uuid> as refs:
+// the object of class cls here to the other pool's object that
+// getByUUID finds there.
+func (c *Ctx) remoteMap(r *remoteXE, prefix string, cls *schema.Class, getByUUID string) (map[string]string, error) {
+	refs := map[string]string{}
+	for local, remote := range c.mapParams(prefix) {
+		lref, err := c.objectRef(cls, local)
+		if err != nil {
+			return nil, err
+		}
+		rref, err := r.str(getByUUID, remote)
+		if err != nil {
+			return nil, err
+		}
+		refs[lref] = rref
+	}
+	return refs, nil
+}
+
+// sendMaps are VM.migrate_send's VDI and VIF maps for vm: vdiMap and
+// vifMap, with the disks they do not name going to the preferred SR
+// (when there is one) and the VIFs to network.
+func (c *Ctx) sendMaps(vm *db.Row, vdiMap, vifMap map[string]string, preferred, network string) (vdis, vifs map[string]string) {
+	snap := c.s.api.DB.Snapshot()
+	vdis, vifs = maps.Clone(vdiMap), maps.Clone(vifMap)
+	vbds, _ := snap.Value(vm, dm.VM.VBDs).([]string)
+	for _, vbd := range vbds {
+		row, ok := snap.Get(dm.VBD.Class, vbd)
+		if !ok || row.Get(dm.VBD.Empty) == true {
+			continue
+		}
+		if _, named := vdis[row.String(dm.VBD.VDI)]; !named && preferred != "" {
+			vdis[row.String(dm.VBD.VDI)] = preferred
+		}
+	}
+	vifRefs, _ := snap.Value(vm, dm.VM.VIFs).([]string)
+	for _, vif := range vifRefs {
+		if _, named := vifs[vif]; !named {
+			vifs[vif] = network
+		}
+	}
+	return vdis, vifs
 }
 
 // preferredSR is where xapi's xe sends disks vdi: does not name: of the

@@ -30,6 +30,17 @@ func (s *Server) vmCommand(name, help string, o selectOpts, op func(c *Ctx, vm *
 // addVMCommands registers the commands on VMs, their disks, CDs and
 // network interfaces, snapshots and templates.
 func (s *Server) addVMCommands() {
+	s.addVMDiskCommands()
+	s.addVMCDCommands()
+	s.addVMInfoCommands()
+	s.addVMStateCommands()
+	s.addMemoryCommands()
+	s.addSnapshotCommands()
+}
+
+// addVMDiskCommands registers the commands that add, remove and list
+// the disks of VMs and snapshots (and list VMs' CD drives).
+func (s *Server) addVMDiskCommands() {
 	s.vmCommand("vm-disk-add", "Adds a new disk (disk-size, in bytes or with a suffix) to the selected VMs as device "+
 		"(one of the VM's allowed-VBD-devices), on sr-uuid or the pool's default SR.", selectOpts{}, (*Ctx).vmDiskAdd)
 	s.vmCommand("vm-disk-remove", "Removes the disk at device from the selected VMs and destroys it.", selectOpts{},
@@ -57,6 +68,11 @@ func (s *Server) addVMCommands() {
 		}
 		return c.diskList(snap, false)
 	})
+}
+
+// addVMCDCommands registers the commands that put CDs in VMs' drives,
+// take them out, and list the CDs.
+func (s *Server) addVMCDCommands() {
 	s.vmCommand("vm-cd-add", "Puts the CD called cd-name (a disk on an ISO SR) into a new CD drive of the selected VMs "+
 		"at device.", selectOpts{}, func(c *Ctx, vm *db.Row) error {
 		cds, err := c.isoVDIs(c.require("cd-name"))
@@ -69,29 +85,7 @@ func (s *Server) addVMCommands() {
 		return c.addVBD(vm, cds[0].Ref, c.require("device"), dm.VBDTypeCD, dm.VBDModeRO, false)
 	})
 	s.vmCommand("vm-cd-remove", "Removes the CD drive holding the CD called cd-name (<EMPTY> for an empty drive) from "+
-		"the selected VMs.", selectOpts{}, func(c *Ctx, vm *db.Row) error {
-		name := c.require("cd-name")
-		snap := c.s.api.DB.Snapshot()
-		for _, ref := range strs(snap.Value(vm, dm.VM.VBDs)) {
-			vbd, ok := snap.Get(dm.VBD.Class, ref)
-			if !ok {
-				continue
-			}
-			vdi, ok := snap.Get(dm.VDI.Class, vbd.String(dm.VBD.VDI))
-			var match bool
-			if ok {
-				sr, _ := snap.Get(dm.SR.Class, vdi.String(dm.VDI.SR))
-				match = sr != nil && sr.String(dm.SR.ContentType) == "iso" && vdi.String(dm.VDI.NameLabel) == name
-			} else {
-				match = name == "<EMPTY>"
-			}
-			if match {
-				_, err := c.call("VBD.destroy", ref)
-				return err
-			}
-		}
-		return failf("Disk not found")
-	})
+		"the selected VMs.", selectOpts{}, (*Ctx).vmCDRemove)
 	s.vmCommand("vm-cd-eject", "Ejects the CD from the selected VM's only CD drive (vbd-eject for a VM with more).",
 		selectOpts{}, func(c *Ctx, vm *db.Row) error {
 			cds := c.cdDrives(vm, false)
@@ -106,76 +100,92 @@ func (s *Server) addVMCommands() {
 			return err
 		})
 	s.vmCommand("vm-cd-insert", "Inserts the CD called cd-name into the selected VM's only empty CD drive "+
-		"(vbd-insert for a VM with more).", selectOpts{}, func(c *Ctx, vm *db.Row) error {
-		name := c.require("cd-name")
-		cds, err := c.isoVDIs(name)
-		if err != nil {
+		"(vbd-insert for a VM with more).", selectOpts{}, (*Ctx).vmCDInsert)
+	s.register("cd-list", "Lists the CDs: the disks on ISO SRs (params= chooses the fields).", s.cdList)
+}
+
+// vmCDRemove is vm-cd-remove for vm.
+func (c *Ctx) vmCDRemove(vm *db.Row) error {
+	name := c.require("cd-name")
+	snap := c.s.api.DB.Snapshot()
+	for _, ref := range strs(snap.Value(vm, dm.VM.VBDs)) {
+		vbd, ok := snap.Get(dm.VBD.Class, ref)
+		if !ok {
+			continue
+		}
+		vdi, ok := snap.Get(dm.VDI.Class, vbd.String(dm.VBD.VDI))
+		var match bool
+		if ok {
+			sr, _ := snap.Get(dm.SR.Class, vdi.String(dm.VDI.SR))
+			match = sr != nil && sr.String(dm.SR.ContentType) == "iso" && vdi.String(dm.VDI.NameLabel) == name
+		} else {
+			match = name == "<EMPTY>"
+		}
+		if match {
+			_, err := c.call("VBD.destroy", ref)
 			return err
 		}
-		switch len(cds) {
-		case 0:
-			return failf("CD %s not found", name)
-		case 1:
-		default:
-			return failf("Multiple CDs named %s found. Please use vbd-insert and specify uuids", name)
-		}
-		drives := c.cdDrives(vm, true)
-		switch len(drives) {
-		case 0:
-			return xerr.New(xerr.VMNoEmptyCDVBD, vm.Ref)
-		case 1:
-		default:
-			return failf("Two or more empty CD devices found. Please use vbd-insert")
-		}
-		_, err = c.call("VBD.insert", drives[0].Ref, cds[0].Ref)
+	}
+	return failf("Disk not found")
+}
+
+// vmCDInsert is vm-cd-insert for vm: the CD name must be the only one
+// of its name, and vm must have exactly one empty CD drive.
+func (c *Ctx) vmCDInsert(vm *db.Row) error {
+	name := c.require("cd-name")
+	cds, err := c.isoVDIs(name)
+	if err != nil {
 		return err
-	})
-	s.register("cd-list", "Lists the CDs: the disks on ISO SRs (params= chooses the fields).", func(c *Ctx) error {
-		srs, err := c.allRows(c.s.classes["sr"])
-		if err != nil {
-			return err
+	}
+	switch len(cds) {
+	case 0:
+		return failf("CD %s not found", name)
+	case 1:
+	default:
+		return failf("Multiple CDs named %s found. Please use vbd-insert and specify uuids", name)
+	}
+	drives := c.cdDrives(vm, true)
+	switch len(drives) {
+	case 0:
+		return xerr.New(xerr.VMNoEmptyCDVBD, vm.Ref)
+	case 1:
+	default:
+		return failf("Two or more empty CD devices found. Please use vbd-insert")
+	}
+	_, err = c.call("VBD.insert", drives[0].Ref, cds[0].Ref)
+	return err
+}
+
+// cdList is cd-list.
+func (s *Server) cdList(c *Ctx) error {
+	srs, err := c.allRows(c.s.classes["sr"])
+	if err != nil {
+		return err
+	}
+	snap := c.s.api.DB.Snapshot()
+	fm := formatter{snap}
+	v := c.s.classes["vdi"]
+	only := c.pickFields(v, "params", []string{"name-label", "uuid"})
+	var recs [][]field
+	for _, sr := range srs {
+		if sr.String(dm.SR.ContentType) != "iso" {
+			continue
 		}
-		snap := c.s.api.DB.Snapshot()
-		fm := formatter{snap}
-		v := c.s.classes["vdi"]
-		only := c.pickFields(v, "params", []string{"name-label", "uuid"})
-		var recs [][]field
-		for _, sr := range srs {
-			if sr.String(dm.SR.ContentType) != "iso" {
-				continue
-			}
-			for _, ref := range strs(snap.Value(sr, dm.SR.VDIs)) {
-				if vdi, ok := snap.Get(dm.VDI.Class, ref); ok {
-					recs = append(recs, fm.record(v, vdi, only))
-				}
+		for _, ref := range strs(snap.Value(sr, dm.SR.VDIs)) {
+			if vdi, ok := snap.Get(dm.VDI.Class, ref); ok {
+				recs = append(recs, fm.record(v, vdi, only))
 			}
 		}
-		c.out.table(recs)
-		return nil
-	})
+	}
+	c.out.table(recs)
+	return nil
+}
+
+// addVMInfoCommands registers the commands that list VMs' network
+// interfaces and crash dumps and say whether their BIOS is customised.
+func (s *Server) addVMInfoCommands() {
 	s.register("vm-vif-list", "Lists the network interfaces of the selected VMs (params= chooses the fields).",
-		func(c *Ctx) error {
-			v := c.s.classes["vif"]
-			only := c.pickFields(v, "params", []string{"uuid", "device", "MAC", "network-uuid", "network-name-label", "vm-name-label"})
-			// Every selected VM, --multiple or not, as xapi lists them.
-			vms, fm, err := c.selectRows(vmSelector, selectOpts{})
-			if err != nil {
-				return err
-			}
-			if len(vms) == 0 {
-				return failf("No matching VMs found")
-			}
-			var recs [][]field
-			for _, vm := range vms {
-				for _, ref := range strs(fm.snap.Value(vm, dm.VM.VIFs)) {
-					if vif, ok := fm.snap.Get(dm.VIF.Class, ref); ok {
-						recs = append(recs, fm.record(v, vif, only))
-					}
-				}
-			}
-			c.out.table(recs)
-			return nil
-		}, params(nil, []string{"params"}))
+		s.vmVIFList, params(nil, []string{"params"}))
 	s.vmCommand("vm-crashdump-list", "Lists the crash dumps of the selected VMs.", selectOpts{}, func(c *Ctx, vm *db.Row) error {
 		v := c.s.classes["crashdump"]
 		snap := c.s.api.DB.Snapshot()
@@ -202,6 +212,35 @@ func (s *Server) addVMCommands() {
 		}
 		return nil
 	})
+}
+
+// vmVIFList is vm-vif-list.
+func (s *Server) vmVIFList(c *Ctx) error {
+	v := c.s.classes["vif"]
+	only := c.pickFields(v, "params", []string{"uuid", "device", "MAC", "network-uuid", "network-name-label", "vm-name-label"})
+	// Every selected VM, --multiple or not, as xapi lists them.
+	vms, fm, err := c.selectRows(vmSelector, selectOpts{})
+	if err != nil {
+		return err
+	}
+	if len(vms) == 0 {
+		return failf("No matching VMs found")
+	}
+	var recs [][]field
+	for _, vm := range vms {
+		for _, ref := range strs(fm.snap.Value(vm, dm.VM.VIFs)) {
+			if vif, ok := fm.snap.Get(dm.VIF.Class, ref); ok {
+				recs = append(recs, fm.record(v, vif, only))
+			}
+		}
+	}
+	c.out.table(recs)
+	return nil
+}
+
+// addVMStateCommands registers the commands that reset a VM's power
+// state, change its VCPUs live and checkpoint it.
+func (s *Server) addVMStateCommands() {
 	s.vmCommand("vm-reset-powerstate", "Records the selected VMs as halted without touching their domains, for a VM whose "+
 		"host is gone (--force required).", selectOpts{}, func(c *Ctx, vm *db.Row) error {
 		_, err := c.call("VM.power_state_reset", vm.Ref)
@@ -225,8 +264,6 @@ func (s *Server) addVMCommands() {
 			}
 			return c.finishNewVM(ref.(string))
 		})
-	s.addMemoryCommands()
-	s.addSnapshotCommands()
 }
 
 // genericBIOS are the BIOS strings of a VM not made to look like a
