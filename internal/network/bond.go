@@ -54,12 +54,7 @@ func validMode(mode dm.BondMode) bool {
 // (PIF_IS_MANAGEMENT_INTERFACE): moving the host's address onto a bond
 // is not done here yet.
 func (m *Manager) createBond(c *api.Call, a dm.BondCreateArgs) (dm.BondRef, error) {
-	members := []string{}
-	for _, p := range a.Members {
-		if !slices.Contains(members, string(p)) {
-			members = append(members, string(p))
-		}
-	}
+	members := uniqueMembers(a.Members)
 	if len(members) < 2 {
 		return "", xerr.New(xerr.PIFBondNeedsMoreMembers)
 	}
@@ -89,28 +84,78 @@ func (m *Manager) createBond(c *api.Call, a dm.BondCreateArgs) (dm.BondRef, erro
 	if err != nil {
 		return "", err
 	}
+	primary, err := bondPrimary(members, recs, host)
+	if err != nil {
+		return "", err
+	}
+	if host != m.cfg.HostRef {
+		if _, err := m.localPIF(c, members[0]); err != nil {
+			return "", err
+		}
+	}
+	device := m.bondDevice(snap, host)
+	mac, auto := a.MAC, false
+	if mac == "" {
+		mac, auto = recs[primary].MAC, true
+	}
+	var bond string
+	err = m.change(c.Ctx, func(tx *db.Tx) error {
+		master, err := insertBondMaster(tx, device, network, host, mac, recs, primary)
+		if err != nil {
+			return err
+		}
+		if bond, err = tx.Insert(dm.Bond.Class, "", (&dm.BondRecord{Master: dm.PIFRef(master), PrimarySlave: dm.PIFRef(members[primary]),
+			Mode: a.Mode, Properties: props, AutoUpdateMAC: auto, OtherConfig: map[string]string{}}).Row()); err != nil {
+			return err
+		}
+		if err := enslaveTx(tx, members, bond); err != nil {
+			return err
+		}
+		return plugTx(tx, master)
+	})
+	return dm.BondRef(bond), err
+}
+
+// uniqueMembers is the PIFs of refs, each once, in the order given.
+func uniqueMembers(refs []dm.PIFRef) []string {
+	members := []string{}
+	for _, p := range refs {
+		if !slices.Contains(members, string(p)) {
+			members = append(members, string(p))
+		}
+	}
+	return members
+}
+
+// bondPrimary checks, as xapi_bond.ml does, that the PIFs members (recs
+// their records) can make a bond on host: managed, in no bond, VLAN or
+// tunnel, not the management interface, on that host, with the same
+// primary address type and properties and, at most one of them, an IP
+// configuration. It returns the index of the primary member: the one
+// with an IP configuration, else the first.
+func bondPrimary(members []string, recs []dm.PIFRecord, host string) (int, error) {
 	primary, withIP := -1, 0
 	for i, p := range recs {
 		ref := members[i]
 		if err := assertManaged(ref, &p); err != nil {
-			return "", err
+			return 0, err
 		}
 		switch {
 		case !isNull(string(p.BondSlaveOf)) || len(p.BondMasterOf) > 0:
-			return "", xerr.New(xerr.PIFAlreadyBonded, ref)
+			return 0, xerr.New(xerr.PIFAlreadyBonded, ref)
 		case !isNull(string(p.VLANMasterOf)):
-			return "", xerr.New(xerr.PIFVLANExists, p.Device)
+			return 0, xerr.New(xerr.PIFVLANExists, p.Device)
 		case len(p.TunnelAccessPIFOf) > 0:
-			return "", xerr.New(xerr.IsTunnelAccessPIF, ref)
+			return 0, xerr.New(xerr.IsTunnelAccessPIF, ref)
 		case p.Management:
-			return "", xerr.New(xerr.PIFIsManagementInterface, ref)
+			return 0, xerr.New(xerr.PIFIsManagementInterface, ref)
 		case len(p.VLANSlaveOf) > 0:
-			return "", xerr.New(xerr.PIFVLANStillExists, ref)
+			return 0, xerr.New(xerr.PIFVLANStillExists, ref)
 		case len(p.TunnelTransportPIFOf) > 0:
-			return "", xerr.New(xerr.PIFTunnelStillExists, ref)
+			return 0, xerr.New(xerr.PIFTunnelStillExists, ref)
 		}
 		if string(p.Host) != host {
-			return "", xerr.New(xerr.PIFCannotBondCrossHost)
+			return 0, xerr.New(xerr.PIFCannotBondCrossHost)
 		}
 		if p.IPConfigurationMode != dm.IPConfigurationModeNone && p.IPConfigurationMode != "" {
 			withIP++
@@ -124,65 +169,58 @@ func (m *Manager) createBond(c *api.Call, a dm.BondCreateArgs) (dm.BondRef, erro
 	}
 	for i, p := range recs {
 		if p.PrimaryAddressType != recs[primary].PrimaryAddressType {
-			return "", xerr.New(xerr.PIFIncompatiblePrimaryAddressType, members[i])
+			return 0, xerr.New(xerr.PIFIncompatiblePrimaryAddressType, members[i])
 		}
 		if !maps.Equal(p.Properties, recs[0].Properties) {
-			return "", xerr.New(xerr.IncompatiblePIFProperties)
+			return 0, xerr.New(xerr.IncompatiblePIFProperties)
 		}
 	}
 	if withIP > 1 {
-		return "", xerr.New(xerr.PIFBondMoreThanOneIP)
+		return 0, xerr.New(xerr.PIFBondMoreThanOneIP)
 	}
-	if host != m.cfg.HostRef {
-		if _, err := m.localPIF(c, members[0]); err != nil {
-			return "", err
-		}
-	}
-	device := m.bondDevice(snap, host)
-	mac, auto := a.MAC, false
-	if mac == "" {
-		mac, auto = recs[primary].MAC, true
-	}
+	return primary, nil
+}
+
+// insertBondMaster records the master PIF of a new bond, device on host,
+// and its metrics: on network, with mac, the IP configuration of the
+// primary member (recs the members' records) and the first member's
+// properties; it may not be unplugged if a member may not. It returns
+// the master's ref.
+func insertBondMaster(tx *db.Tx, device, network, host, mac string, recs []dm.PIFRecord, primary int) (string, error) {
 	ps := recs[primary]
 	disallow := false
 	for _, p := range recs {
 		disallow = disallow || p.DisallowUnplug
 	}
-	var bond string
-	err = m.change(c.Ctx, func(tx *db.Tx) error {
-		metrics, err := tx.Insert(dm.PIFMetrics.Class, "", (&dm.PIFMetricsRecord{OtherConfig: map[string]string{}}).Row())
-		if err != nil {
+	metrics, err := tx.Insert(dm.PIFMetrics.Class, "", (&dm.PIFMetricsRecord{OtherConfig: map[string]string{}}).Row())
+	if err != nil {
+		return "", err
+	}
+	return tx.Insert(dm.PIF.Class, "", (&dm.PIFRecord{Device: device, Network: dm.NetworkRef(network), Host: dm.HostRef(host),
+		MAC: mac, MTU: int64(mtuOf(tx, network)), VLAN: -1, Metrics: dm.PIFMetricsRef(metrics),
+		IPConfigurationMode: ps.IPConfigurationMode, IP: ps.IP, Netmask: ps.Netmask, Gateway: ps.Gateway, DNS: ps.DNS,
+		IPV6ConfigurationMode: dm.IPV6ConfigurationModeNone, PrimaryAddressType: ps.PrimaryAddressType, Managed: true,
+		DisallowUnplug: disallow, OtherConfig: map[string]string{}, Properties: cloneMap(recs[0].Properties), Capabilities: []string{}}).Row())
+}
+
+// enslaveTx makes the PIFs members bond's members: their IP
+// configuration cleared (the master has it), pluggable, and attached.
+func enslaveTx(tx *db.Tx, members []string, bond string) error {
+	for _, ref := range members {
+		if err := tx.Set(dm.PIF.BondSlaveOf, ref, bond); err != nil {
 			return err
 		}
-		master, err := tx.Insert(dm.PIF.Class, "", (&dm.PIFRecord{Device: device, Network: dm.NetworkRef(network), Host: dm.HostRef(host),
-			MAC: mac, MTU: int64(mtuOf(tx, network)), VLAN: -1, Metrics: dm.PIFMetricsRef(metrics),
-			IPConfigurationMode: ps.IPConfigurationMode, IP: ps.IP, Netmask: ps.Netmask, Gateway: ps.Gateway, DNS: ps.DNS,
-			IPV6ConfigurationMode: dm.IPV6ConfigurationModeNone, PrimaryAddressType: ps.PrimaryAddressType, Managed: true,
-			DisallowUnplug: disallow, OtherConfig: map[string]string{}, Properties: cloneMap(recs[0].Properties), Capabilities: []string{}}).Row())
-		if err != nil {
+		if err := clearIPTx(tx, ref); err != nil {
 			return err
 		}
-		if bond, err = tx.Insert(dm.Bond.Class, "", (&dm.BondRecord{Master: dm.PIFRef(master), PrimarySlave: dm.PIFRef(members[primary]),
-			Mode: a.Mode, Properties: props, AutoUpdateMAC: auto, OtherConfig: map[string]string{}}).Row()); err != nil {
+		if err := tx.Set(dm.PIF.DisallowUnplug, ref, false); err != nil {
 			return err
 		}
-		for _, ref := range members {
-			if err := tx.Set(dm.PIF.BondSlaveOf, ref, bond); err != nil {
-				return err
-			}
-			if err := clearIPTx(tx, ref); err != nil {
-				return err
-			}
-			if err := tx.Set(dm.PIF.DisallowUnplug, ref, false); err != nil {
-				return err
-			}
-			if err := tx.Set(dm.PIF.CurrentlyAttached, ref, true); err != nil {
-				return err
-			}
+		if err := tx.Set(dm.PIF.CurrentlyAttached, ref, true); err != nil {
+			return err
 		}
-		return plugTx(tx, master)
-	})
-	return dm.BondRef(bond), err
+	}
+	return nil
 }
 
 func clearIPTx(tx *db.Tx, ref string) error {
