@@ -242,30 +242,8 @@ func (s *Service) serveImport(w http.ResponseWriter, r *http.Request) {
 	if toEOF {
 		declared = 0
 	}
-	snap := s.db.Snapshot()
-	vdi, err := resolveVDI(snap, q.VDI)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	if r.ContentLength == 0 && r.Header.Get("Content-Length") == "0" && q.Task == "" {
-		// Xen Orchestra's probe before it streams a disk (to learn of a
-		// redirect): xapi answers 200 before reading the empty body, and
-		// nothing is written.
-		w.WriteHeader(http.StatusOK)
-		return
-	}
-	if s.srv.ProxyHTTP(w, r, sess, forwarding.VDIHost(snap, s.srv.Cfg.HostRef, vdi.Ref)) {
-		return // served by the host with the disk
-	}
-	srRef := vdi.String(dm.VDI.SR)
-	b, err := s.attached(srRef)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	if err := s.admitImport(r.Context(), b, vdi, q.Format, declared); err != nil {
-		writeError(w, err)
+	vdi, b, ok := s.importTarget(w, r, sess, q, declared)
+	if !ok {
 		return
 	}
 	rctx := r.Context()
@@ -283,47 +261,11 @@ func (s *Service) serveImport(w http.ResponseWriter, r *http.Request) {
 	body := io.Reader(r.Body)
 	var conn net.Conn
 	if toEOF {
-		// xapi's protocol: answer at once, then read to the end.
-		hj, ok := w.(http.Hijacker)
-		if !ok {
-			task.finish(xerr.New(xerr.ImportError, "this connection cannot carry an upload without a length"))
-			writeError(w, xerr.New(xerr.ImportError, "send a Content-Length or use chunked encoding"))
+		var release func()
+		if conn, body, release, ok = s.hijackUpload(ctx, w, task, vdi, q.Format); !ok {
 			return
 		}
-		c, brw, err := hj.Hijack()
-		if err != nil {
-			task.finish(err)
-			return
-		}
-		// A transfer that moves no byte for the stall timeout is dropped.
-		conn = netguard.Transfer(c, brw.Reader)
-		defer func(c func() error) { _ = c() }(conn.Close)
-		conn.SetDeadline(time.Time{})
-		_, _ = brw.WriteString("HTTP/1.1 200 OK\r\nConnection: close\r\nTask-Id: " + task.ref + "\r\n\r\n") // sticky: the Flush reports it
-		if err := brw.Flush(); err != nil {
-			task.finish(err)
-			return
-		}
-		stop := context.AfterFunc(ctx, func() { conn.SetReadDeadline(time.Now()) })
-		defer stop()
-		// Nothing is attached before the first byte: Xen Orchestra's
-		// probe for a redirect is this same request with no data, closed
-		// as soon as it is answered, while the upload itself follows on
-		// another connection and must be the VDI's only writer.
-		br := bufio.NewReaderSize(conn, 64<<10)
-		if _, err := br.Peek(1); err != nil {
-			switch {
-			case errors.Is(err, io.EOF) && q.Format == "raw":
-				err = nil // an empty disk image: nothing to write
-			case errors.Is(err, io.EOF):
-				err = xerr.New(xerr.ImportError, "an empty upload is not a "+q.Format+" image")
-			default:
-				err = s.importError(task, err, vdi.Ref)
-			}
-			task.finish(err)
-			return
-		}
-		body = br
+		defer release()
 	} else {
 		w.Header().Set("Task-Id", task.ref)
 	}
@@ -332,7 +274,7 @@ func (s *Service) serveImport(w http.ResponseWriter, r *http.Request) {
 		s.log.Warn("VDI import failed", "vdi", vdi.UUID(), "task_ref", task.ref, "err", err)
 	}
 	task.finish(err)
-	s.updateSRStats(context.Background(), srRef)
+	s.updateSRStats(context.Background(), vdi.String(dm.VDI.SR))
 	if conn != nil {
 		return
 	}
@@ -341,6 +283,92 @@ func (s *Service) serveImport(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusOK)
+}
+
+// importTarget finds the VDI an import of declared bytes writes and its
+// SR, attached here, and admits the upload. When the import is not for
+// this host to serve (an error, Xen Orchestra's probe, a disk on another
+// host), the response is written and ok is false.
+func (s *Service) importTarget(w http.ResponseWriter, r *http.Request, sess *api.Session, q xferQuery, declared int64) (*db.Row, *boundSR, bool) {
+	snap := s.db.Snapshot()
+	vdi, err := resolveVDI(snap, q.VDI)
+	if err != nil {
+		writeError(w, err)
+		return nil, nil, false
+	}
+	if r.ContentLength == 0 && r.Header.Get("Content-Length") == "0" && q.Task == "" {
+		// Xen Orchestra's probe before it streams a disk (to learn of a
+		// redirect): xapi answers 200 before reading the empty body, and
+		// nothing is written.
+		w.WriteHeader(http.StatusOK)
+		return nil, nil, false
+	}
+	if s.srv.ProxyHTTP(w, r, sess, forwarding.VDIHost(snap, s.srv.Cfg.HostRef, vdi.Ref)) {
+		return nil, nil, false // served by the host with the disk
+	}
+	b, err := s.attached(vdi.String(dm.VDI.SR))
+	if err != nil {
+		writeError(w, err)
+		return nil, nil, false
+	}
+	if err := s.admitImport(r.Context(), b, vdi, q.Format, declared); err != nil {
+		writeError(w, err)
+		return nil, nil, false
+	}
+	return vdi, b, true
+}
+
+// hijackUpload takes over the connection of an upload without a length
+// into vdi, as xapi's protocol has it: the answer goes at once, then the
+// rest of the connection is the body, which it returns once its first
+// byte has come. release (stop the task's hold on the connection, then
+// close it) is the caller's. When ok is false the task is finished, the
+// connection closed, and there is nothing to write.
+func (s *Service) hijackUpload(ctx context.Context, w http.ResponseWriter, task *xferTask, vdi *db.Row, format string) (conn net.Conn, body io.Reader, release func(), ok bool) {
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		task.finish(xerr.New(xerr.ImportError, "this connection cannot carry an upload without a length"))
+		writeError(w, xerr.New(xerr.ImportError, "send a Content-Length or use chunked encoding"))
+		return nil, nil, nil, false
+	}
+	c, brw, err := hj.Hijack()
+	if err != nil {
+		task.finish(err)
+		return nil, nil, nil, false
+	}
+	// A transfer that moves no byte for the stall timeout is dropped.
+	conn = netguard.Transfer(c, brw.Reader)
+	conn.SetDeadline(time.Time{})
+	_, _ = brw.WriteString("HTTP/1.1 200 OK\r\nConnection: close\r\nTask-Id: " + task.ref + "\r\n\r\n") // sticky: the Flush reports it
+	if err := brw.Flush(); err != nil {
+		task.finish(err)
+		_ = conn.Close()
+		return nil, nil, nil, false
+	}
+	stop := context.AfterFunc(ctx, func() { conn.SetReadDeadline(time.Now()) })
+	release = func() {
+		stop()
+		_ = conn.Close()
+	}
+	// Nothing is attached before the first byte: Xen Orchestra's
+	// probe for a redirect is this same request with no data, closed
+	// as soon as it is answered, while the upload itself follows on
+	// another connection and must be the VDI's only writer.
+	br := bufio.NewReaderSize(conn, 64<<10)
+	if _, err := br.Peek(1); err != nil {
+		switch {
+		case errors.Is(err, io.EOF) && format == "raw":
+			err = nil // an empty disk image: nothing to write
+		case errors.Is(err, io.EOF):
+			err = xerr.New(xerr.ImportError, "an empty upload is not a "+format+" image")
+		default:
+			err = s.importError(task, err, vdi.Ref)
+		}
+		task.finish(err)
+		release()
+		return nil, nil, nil, false
+	}
+	return conn, br, release, true
 }
 
 // admitImport checks an upload of declared bytes (0: unknown) in format

@@ -52,6 +52,8 @@ func (s *Service) ImportBlocks(ctx context.Context, t *api.Task, vdiRef string, 
 	return nil
 }
 
+// importBlocks is ImportBlocks' work, into vdi on the SR b: the runs of
+// src are read on this goroutine and written on another.
 func (s *Service) importBlocks(ctx context.Context, task *xferTask, b *boundSR, vdi *db.Row, src Blocks, size int64) error {
 	d, detach, err := s.transferAttach(ctx, "import/"+task.ref, vdi.Ref, true)
 	if err != nil {
@@ -62,36 +64,13 @@ func (s *Service) importBlocks(ctx context.Context, task *xferTask, b *boundSR, 
 	if d.Kind == "file" && d.Path != "" {
 		g.dirs = append(g.dirs, filepath.Dir(d.Path))
 	}
-	var write func(off int64, p []byte) error
-	var finish func(failed error) error
-	if appendable(d) {
-		a, err := imageformat.OpenAppender(d.Path)
-		if err != nil {
-			return BackendError(smVDIUnavailable, err.Error())
-		}
-		write = a.Write
-		finish = func(failed error) error {
-			if isSpaceErr(failed) {
-				return a.Abort() // out of room: give the space back
-			}
-			return a.Commit()
-		}
-	} else {
-		dev, err := openDevice(ctx, d, true, s.run)
-		if err != nil {
-			return BackendError(smVDIUnavailable, err.Error())
-		}
-		write = func(off int64, p []byte) error { return writeChunk(dev, p, off) }
-		finish = func(error) error { return errors.Join(flushDevice(dev), dev.Close()) }
+	write, finish, err := s.blockWriter(ctx, d)
+	if err != nil {
+		return err
 	}
 	// One goroutine reads src while another writes, with a few buffers
 	// between them.
-	type run struct {
-		bp  *[]byte
-		n   int
-		off int64
-	}
-	ch := make(chan run, xferDepth)
+	ch := make(chan blockRun, xferDepth)
 	werr := make(chan error, 1)
 	wctx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -107,43 +86,7 @@ func (s *Service) importBlocks(ctx context.Context, task *xferTask, b *boundSR, 
 		}
 		werr <- err
 	}()
-	rerr := func() error {
-		var written, nextCheck int64
-		for {
-			if err := wctx.Err(); err != nil {
-				return err
-			}
-			off, data, err := src.Next()
-			if err == io.EOF {
-				return nil
-			}
-			if err != nil {
-				return err
-			}
-			if off < 0 || int64(len(data)) > size || off > size-int64(len(data)) {
-				return imageformat.TooBigError{Size: size}
-			}
-			if written >= nextCheck {
-				if err := g.check(min(written, xferInflight) + int64(len(data))); err != nil {
-					return err
-				}
-				nextCheck = written + spaceCheckEvery
-			}
-			for len(data) > 0 {
-				bp := bufPool.Get().(*[]byte)
-				n := copy(*bp, data)
-				select {
-				case ch <- run{bp, n, off}:
-				case <-wctx.Done():
-					bufPool.Put(bp)
-					return wctx.Err()
-				}
-				data, off = data[n:], off+int64(n)
-				written += int64(n)
-			}
-			task.progress(float64(off) / float64(max(size, 1)))
-		}
-	}()
+	rerr := readBlocks(wctx, task, g, src, size, ch)
 	close(ch)
 	err = <-werr
 	if err == nil {
@@ -153,6 +96,82 @@ func (s *Service) importBlocks(ctx context.Context, task *xferTask, b *boundSR, 
 		err = ferr
 	}
 	return err
+}
+
+// blockWriter opens the datapath d for importBlocks: write writes p at
+// off, and finish ends the writes, told the import's error (an image
+// that ran out of room gives the space back).
+func (s *Service) blockWriter(ctx context.Context, d Datapath) (write func(off int64, p []byte) error, finish func(failed error) error, err error) {
+	if appendable(d) {
+		a, err := imageformat.OpenAppender(d.Path)
+		if err != nil {
+			return nil, nil, BackendError(smVDIUnavailable, err.Error())
+		}
+		write = a.Write
+		finish = func(failed error) error {
+			if isSpaceErr(failed) {
+				return a.Abort() // out of room: give the space back
+			}
+			return a.Commit()
+		}
+		return write, finish, nil
+	}
+	dev, err := openDevice(ctx, d, true, s.run)
+	if err != nil {
+		return nil, nil, BackendError(smVDIUnavailable, err.Error())
+	}
+	write = func(off int64, p []byte) error { return writeChunk(dev, p, off) }
+	finish = func(error) error { return errors.Join(flushDevice(dev), dev.Close()) }
+	return write, finish, nil
+}
+
+// blockRun is a run of importBlocks' data on its way to the writer: the
+// first n bytes of a buffer of bufPool, for offset off.
+type blockRun struct {
+	bp  *[]byte
+	n   int
+	off int64
+}
+
+// readBlocks reads src, runs within size bytes, into ch until it ends or
+// ctx is done, checking the guard g for room as it goes and telling task
+// the progress.
+func readBlocks(ctx context.Context, task *xferTask, g *spaceGuard, src Blocks, size int64, ch chan<- blockRun) error {
+	var written, nextCheck int64
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		off, data, err := src.Next()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if off < 0 || int64(len(data)) > size || off > size-int64(len(data)) {
+			return imageformat.TooBigError{Size: size}
+		}
+		if written >= nextCheck {
+			if err := g.check(min(written, xferInflight) + int64(len(data))); err != nil {
+				return err
+			}
+			nextCheck = written + spaceCheckEvery
+		}
+		for len(data) > 0 {
+			bp := bufPool.Get().(*[]byte)
+			n := copy(*bp, data)
+			select {
+			case ch <- blockRun{bp, n, off}:
+			case <-ctx.Done():
+				bufPool.Put(bp)
+				return ctx.Err()
+			}
+			data, off = data[n:], off+int64(n)
+			written += int64(n)
+		}
+		task.progress(float64(off) / float64(max(size, 1)))
+	}
 }
 
 // ExportRaw writes a VDI's whole contents, raw, to w, reporting the bytes
