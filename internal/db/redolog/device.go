@@ -506,22 +506,9 @@ func (d *FileDevice) WriteDB(gen uint64, marker string, r io.Reader) (err error)
 			d.needDB = true
 		}
 	}()
-	v, err := d.validity()
+	src, err := d.readableHalf()
 	if err != nil {
 		return err
-	}
-	src := 0
-	if v != 0 {
-		for _, h := range [2]int{v, 3 - v} {
-			_, ok, err := d.probeDB(h)
-			if err != nil {
-				return err
-			}
-			if ok {
-				src = h
-				break
-			}
-		}
 	}
 	target := 1
 	if src == 1 {
@@ -537,63 +524,14 @@ func (d *FileDevice) WriteDB(gen uint64, marker string, r io.Reader) (err error)
 	total := int64(n)
 	if rerr == io.EOF || rerr == io.ErrUnexpectedEOF {
 		// The whole database is in hand: one write.
-		if total == 0 {
-			return ErrEmptyDB
-		}
-		if dbOverhead+total > d.half {
-			return ErrNoSpace
-		}
-		putDec(buf[MarkerSize:MarkerSize+LengthSize], uint64(total))
-		tail := body[total:]
-		putDec(tail[:GenerationSize], gen)
-		copy(tail[GenerationSize:], marker)
-		term := min(TerminatorSize, d.half-dbOverhead-total)
-		clear(tail[GenerationSize+MarkerSize : GenerationSize+MarkerSize+term])
-		if _, err := d.st.WriteAt(buf[:dbOverhead+total+term], start); err != nil {
+		if err := d.writeWholeDB(buf, total, gen, marker, start); err != nil {
 			return err
 		}
 	} else {
 		if rerr != nil {
 			return fmt.Errorf("redolog: reading database: %w", rerr)
 		}
-		// Stream: header with the length left blank, the data chunk by
-		// chunk, the trailer, and finally the length.
-		clear(buf[MarkerSize : MarkerSize+LengthSize])
-		if dbOverhead+total > d.half {
-			return ErrNoSpace
-		}
-		if _, err := d.st.WriteAt(buf[:MarkerSize+LengthSize+n], start); err != nil {
-			return err
-		}
-		for {
-			n, rerr = io.ReadFull(r, buf[:chunk])
-			if n > 0 {
-				if dbOverhead+total+int64(n) > d.half {
-					return ErrNoSpace
-				}
-				if _, err := d.st.WriteAt(buf[:n], start+MarkerSize+LengthSize+total); err != nil {
-					return err
-				}
-				total += int64(n)
-			}
-			if rerr == io.EOF || rerr == io.ErrUnexpectedEOF {
-				break
-			}
-			if rerr != nil {
-				return fmt.Errorf("redolog: reading database: %w", rerr)
-			}
-		}
-		term := min(TerminatorSize, d.half-dbOverhead-total)
-		tail := buf[:GenerationSize+MarkerSize+term]
-		putDec(tail[:GenerationSize], gen)
-		copy(tail[GenerationSize:], marker)
-		clear(tail[GenerationSize+MarkerSize:])
-		if _, err := d.st.WriteAt(tail, start+MarkerSize+LengthSize+total); err != nil {
-			return err
-		}
-		var l [LengthSize]byte
-		putDec(l[:], uint64(total))
-		if _, err := d.st.WriteAt(l[:], start+MarkerSize); err != nil {
+		if total, err = d.streamDB(r, buf, n, gen, marker, start); err != nil {
 			return err
 		}
 	}
@@ -606,6 +544,95 @@ func (d *FileDevice) WriteDB(gen uint64, marker string, r io.Reader) (err error)
 	d.active, d.marker, d.lastGen = target, marker, gen
 	d.next = start + dbOverhead + total
 	return nil
+}
+
+// readableHalf is the half holding the current readable state: the one
+// the validity byte names if it holds a database record, else the other
+// if it does; 0 when neither does.
+func (d *FileDevice) readableHalf() (int, error) {
+	v, err := d.validity()
+	if err != nil {
+		return 0, err
+	}
+	if v == 0 {
+		return 0, nil
+	}
+	for _, h := range [2]int{v, 3 - v} {
+		_, ok, err := d.probeDB(h)
+		if err != nil {
+			return 0, err
+		}
+		if ok {
+			return h, nil
+		}
+	}
+	return 0, nil
+}
+
+// writeWholeDB writes a database record at start in one write: buf
+// holds the marker and then the total bytes of the database, and has
+// room for the length, the trailer (gen and marker) and the terminator.
+func (d *FileDevice) writeWholeDB(buf []byte, total int64, gen uint64, marker string, start int64) error {
+	if total == 0 {
+		return ErrEmptyDB
+	}
+	if dbOverhead+total > d.half {
+		return ErrNoSpace
+	}
+	body := buf[MarkerSize+LengthSize:]
+	putDec(buf[MarkerSize:MarkerSize+LengthSize], uint64(total))
+	tail := body[total:]
+	putDec(tail[:GenerationSize], gen)
+	copy(tail[GenerationSize:], marker)
+	term := min(TerminatorSize, d.half-dbOverhead-total)
+	clear(tail[GenerationSize+MarkerSize : GenerationSize+MarkerSize+term])
+	_, err := d.st.WriteAt(buf[:dbOverhead+total+term], start)
+	return err
+}
+
+// streamDB writes a database record at start as r gives it: the header
+// with the length left blank and the first n bytes of data already in
+// buf (after the marker), the rest of r chunk by chunk through buf, the
+// trailer, and finally the length. It returns the database's size.
+func (d *FileDevice) streamDB(r io.Reader, buf []byte, n int, gen uint64, marker string, start int64) (int64, error) {
+	total := int64(n)
+	clear(buf[MarkerSize : MarkerSize+LengthSize])
+	if dbOverhead+total > d.half {
+		return total, ErrNoSpace
+	}
+	if _, err := d.st.WriteAt(buf[:MarkerSize+LengthSize+n], start); err != nil {
+		return total, err
+	}
+	for {
+		n, rerr := io.ReadFull(r, buf[:d.chunk])
+		if n > 0 {
+			if dbOverhead+total+int64(n) > d.half {
+				return total, ErrNoSpace
+			}
+			if _, err := d.st.WriteAt(buf[:n], start+MarkerSize+LengthSize+total); err != nil {
+				return total, err
+			}
+			total += int64(n)
+		}
+		if rerr == io.EOF || rerr == io.ErrUnexpectedEOF {
+			break
+		}
+		if rerr != nil {
+			return total, fmt.Errorf("redolog: reading database: %w", rerr)
+		}
+	}
+	term := min(TerminatorSize, d.half-dbOverhead-total)
+	tail := buf[:GenerationSize+MarkerSize+term]
+	putDec(tail[:GenerationSize], gen)
+	copy(tail[GenerationSize:], marker)
+	clear(tail[GenerationSize+MarkerSize:])
+	if _, err := d.st.WriteAt(tail, start+MarkerSize+LengthSize+total); err != nil {
+		return total, err
+	}
+	var l [LengthSize]byte
+	putDec(l[:], uint64(total))
+	_, err := d.st.WriteAt(l[:], start+MarkerSize)
+	return total, err
 }
 
 // WriteDelta implements Device. The record and its terminator go out in a
