@@ -149,56 +149,9 @@ func Check(t *Type, v any) error {
 			return bad("year out of range")
 		}
 	case KSet:
-		switch s := v.(type) {
-		case []string:
-			if !t.Elem.StringLike() {
-				return bad("")
-			}
-			for _, e := range s {
-				if err := Check(t.Elem, e); err != nil {
-					return err
-				}
-			}
-		case []int64:
-			if t.Elem.Kind != KInt {
-				return bad("")
-			}
-		case []any:
-			for _, e := range s {
-				if err := Check(t.Elem, e); err != nil {
-					return err
-				}
-			}
-		default:
-			return bad("")
-		}
+		return checkSet(t, v)
 	case KMap:
-		switch mv := v.(type) {
-		case map[string]string:
-			if !t.Elem.StringLike() {
-				return bad("")
-			}
-			return checkEntries(t, mv, true)
-		case map[string]int64:
-			if t.Elem.Kind != KInt {
-				return bad("")
-			}
-			return checkEntries(t, mv, false)
-		case map[string]float64:
-			if t.Elem.Kind != KFloat {
-				return bad("")
-			}
-			return checkEntries(t, mv, false)
-		case map[string][]string:
-			if t.Elem.Kind != KSet || !t.Elem.Elem.StringLike() {
-				return bad("")
-			}
-			return checkEntries(t, mv, false)
-		case map[string]any:
-			return checkEntries(t, mv, true)
-		default:
-			return bad("")
-		}
+		return checkMap(t, v)
 	case KOption:
 		if v == nil {
 			return nil
@@ -214,7 +167,63 @@ func Check(t *Type, v any) error {
 	return nil
 }
 
-// checkKey checks a map key held in string form.
+// checkSet is Check for the set type t.
+func checkSet(t *Type, v any) error {
+	switch s := v.(type) {
+	case []string:
+		if !t.Elem.StringLike() {
+			return &TypeError{Type: t, Value: v}
+		}
+		for _, e := range s {
+			if err := Check(t.Elem, e); err != nil {
+				return err
+			}
+		}
+	case []int64:
+		if t.Elem.Kind != KInt {
+			return &TypeError{Type: t, Value: v}
+		}
+	case []any:
+		for _, e := range s {
+			if err := Check(t.Elem, e); err != nil {
+				return err
+			}
+		}
+	default:
+		return &TypeError{Type: t, Value: v}
+	}
+	return nil
+}
+
+// checkMap is Check for the map type t.
+func checkMap(t *Type, v any) error {
+	switch mv := v.(type) {
+	case map[string]string:
+		if !t.Elem.StringLike() {
+			return &TypeError{Type: t, Value: v}
+		}
+		return checkEntries(t, mv, true)
+	case map[string]int64:
+		if t.Elem.Kind != KInt {
+			return &TypeError{Type: t, Value: v}
+		}
+		return checkEntries(t, mv, false)
+	case map[string]float64:
+		if t.Elem.Kind != KFloat {
+			return &TypeError{Type: t, Value: v}
+		}
+		return checkEntries(t, mv, false)
+	case map[string][]string:
+		if t.Elem.Kind != KSet || !t.Elem.Elem.StringLike() {
+			return &TypeError{Type: t, Value: v}
+		}
+		return checkEntries(t, mv, false)
+	case map[string]any:
+		return checkEntries(t, mv, true)
+	}
+	return &TypeError{Type: t, Value: v}
+}
+
 // checkEntries checks every key of a map of type t and, with values,
 // every value too (the callers check the elements' kind once where the
 // Go type already fixes it).
@@ -232,6 +241,7 @@ func checkEntries[V any](t *Type, m map[string]V, values bool) error {
 	return nil
 }
 
+// checkKey checks a map key held in string form.
 func checkKey(t *Type, k string) error {
 	switch t.Kind {
 	case KInt:
