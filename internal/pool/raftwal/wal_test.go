@@ -2,10 +2,12 @@ package raftwal
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -363,9 +365,11 @@ func TestDeleteSuffixAtASegmentStart(t *testing.T) {
 	check(t, w, 0, 0, 0)
 }
 
-// FuzzOperations runs a sequence of appends, prefix and suffix deletes,
-// whole deletes and reopens on a log with small segments, and checks it
-// after each step against a model of what it should hold.
+// FuzzOperations runs a sequence of appends (synced, or synced behind),
+// prefix and suffix deletes,
+// whole deletes, reopens and crashes (files left as they are, extensions
+// included) on a log with small segments, and checks it after each step
+// against a model of what it should hold.
 func FuzzOperations(f *testing.F) {
 	f.Add([]byte{0, 9, 0, 9, 0, 9, 2, 3, 4, 0, 5, 1, 2, 4})
 	f.Add([]byte{0, 200, 3, 0, 0, 7, 4, 0, 1, 2, 7, 2, 1, 4})
@@ -375,7 +379,7 @@ func FuzzOperations(f *testing.F) {
 			ops = ops[:64]
 		}
 		dir := t.TempDir()
-		opts := Options{SegmentBytes: 300, NoSync: true}
+		opts := Options{SegmentBytes: 300, PreallocBytes: 100, NoSync: true}
 		w, err := Open(dir, opts)
 		if err != nil {
 			t.Fatal(err)
@@ -384,7 +388,7 @@ func FuzzOperations(f *testing.F) {
 		var first, last uint64
 		size := map[uint64]int{} // the model: each kept index's payload size
 		for i := 0; i+1 < len(ops); i += 2 {
-			op, arg := ops[i]%5, uint64(ops[i+1])
+			op, arg := ops[i]%6, uint64(ops[i+1])
 			switch {
 			case op == 0: // append 1 to 8 entries
 				from := last + 1
@@ -397,7 +401,11 @@ func FuzzOperations(f *testing.F) {
 					logs = append(logs, entry(from+j, n))
 					size[from+j] = n
 				}
-				if err := w.StoreLogs(logs); err != nil {
+				store := w.StoreLogs
+				if arg%2 == 1 {
+					store = w.StoreLogsAsync // synced behind
+				}
+				if err := store(logs); err != nil {
 					t.Fatal(err)
 				}
 				if first == 0 {
@@ -426,6 +434,11 @@ func FuzzOperations(f *testing.F) {
 				if w, err = Open(dir, opts); err != nil {
 					t.Fatal(err)
 				}
+			case op == 5:
+				crash(w)
+				if w, err = Open(dir, opts); err != nil {
+					t.Fatal(err)
+				}
 			}
 			f, _ := w.FirstIndex()
 			l, _ := w.LastIndex()
@@ -443,4 +456,164 @@ func FuzzOperations(f *testing.F) {
 			}
 		}
 	})
+}
+
+// crash closes w's files as a process that stopped would leave them:
+// not cut to their records.
+func crash(w *WAL) {
+	for _, s := range w.segs {
+		_ = s.f.Close()
+	}
+	w.segs = nil
+}
+
+// TestExtensionAheadOfRecords checks that the segment being written is
+// extended ahead of its records, that a crash leaves a log that opens
+// with every entry (the extension cut), that a full segment is cut to
+// its records before the next begins, and that Close cuts the last.
+func TestExtensionAheadOfRecords(t *testing.T) {
+	dir := t.TempDir()
+	opts := Options{SegmentBytes: 4 << 10, PreallocBytes: 16 << 10}
+	w, err := Open(dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := uint64(1); i <= 40; i++ {
+		store(t, w, i, i, 200)
+	}
+	names, _ := w.segmentNames()
+	if len(names) < 2 {
+		t.Fatalf("%d segments, want several", len(names))
+	}
+	for i, n := range names {
+		fi, err := os.Stat(filepath.Join(dir, n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		seg := w.segs[i]
+		switch {
+		case i < len(names)-1 && fi.Size() != seg.size:
+			t.Errorf("full segment %s: %d bytes on disk, %d of records", n, fi.Size(), seg.size)
+		case i == len(names)-1 && fi.Size() < seg.size+opts.PreallocBytes/2:
+			t.Errorf("last segment %s: %d bytes on disk, %d of records: not extended ahead", n, fi.Size(), seg.size)
+		}
+	}
+	crash(w)
+	w = open(t, dir, opts)
+	check(t, w, 1, 40, 200)
+	store(t, w, 41, 45, 200)
+	crash(w)
+	w = open(t, dir, opts)
+	check(t, w, 1, 45, 200)
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	names, _ = w.segmentNames()
+	last := filepath.Join(dir, names[len(names)-1])
+	fi, _ := os.Stat(last)
+	w = open(t, dir, opts)
+	if got := w.segs[len(w.segs)-1].size; fi.Size() != got {
+		t.Fatalf("closed log's last segment: %d bytes on disk, %d of records", fi.Size(), got)
+	}
+	check(t, w, 1, 45, 200)
+}
+
+// TestSyncBehind checks StoreLogsAsync: entries readable at once, made
+// durable behind the writer, a suffix delete taking back what it covered,
+// and the log reopening with the entries written last.
+func TestSyncBehind(t *testing.T) {
+	dir := t.TempDir()
+	w := open(t, dir, Options{SegmentBytes: 2 << 10})
+	ctx := context.Background()
+	for i := uint64(1); i <= 30; i++ {
+		if err := w.StoreLogsAsync([]*raft.Log{entry(i, 100)}); err != nil {
+			t.Fatal(err)
+		}
+		var got raft.Log
+		if err := w.GetLog(i, &got); err != nil {
+			t.Fatalf("entry %d just stored: %v", i, err)
+		}
+	}
+	if err := w.WaitDurable(ctx, 30); err != nil {
+		t.Fatal(err)
+	}
+	if d := w.DurableIndex(); d != 30 {
+		t.Fatalf("durable %d, want 30", d)
+	}
+	if err := w.DeleteRange(21, 30); err != nil {
+		t.Fatal(err)
+	}
+	if d := w.DurableIndex(); d != 20 {
+		t.Fatalf("durable %d after deleting from 21, want 20", d)
+	}
+	store(t, w, 21, 25, 100) // synced
+	if d := w.DurableIndex(); d != 25 {
+		t.Fatalf("durable %d after a synced store, want 25", d)
+	}
+	short, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
+	defer cancel()
+	if err := w.WaitDurable(short, 26); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("waiting for an entry never stored: %v", err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	w = open(t, dir, Options{})
+	check(t, w, 1, 25, 100)
+	if d := w.DurableIndex(); d != 25 {
+		t.Fatalf("durable %d after reopening, want 25", d)
+	}
+}
+
+// TestSyncBehindConcurrent runs async stores across many segments while
+// readers read and wait for durability, and suffix deletes take entries
+// back (run it with -race).
+func TestSyncBehindConcurrent(t *testing.T) {
+	w := open(t, t.TempDir(), Options{SegmentBytes: 4 << 10, PreallocBytes: 1 << 10})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // a reader of whatever is there
+		defer wg.Done()
+		for ctx.Err() == nil {
+			last, _ := w.LastIndex()
+			var l raft.Log
+			_ = w.GetLog(last, &l)
+			_ = w.DurableIndex()
+		}
+	}()
+	var last uint64
+	for round := range 200 {
+		n := uint64(1 + round%7)
+		if err := w.StoreLogsAsync(logsFrom(last+1, n)); err != nil {
+			t.Fatal(err)
+		}
+		last += n
+		if round%10 == 9 {
+			if err := w.DeleteRange(last-2, last); err != nil {
+				t.Fatal(err)
+			}
+			last -= 3
+		}
+		if round%5 == 4 {
+			if err := w.WaitDurable(ctx, last); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := w.WaitDurable(ctx, last); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	wg.Wait()
+	check(t, w, 1, last, 30)
+}
+
+func logsFrom(from, n uint64) []*raft.Log {
+	var logs []*raft.Log
+	for i := range n {
+		logs = append(logs, entry(from+i, 30))
+	}
+	return logs
 }
