@@ -652,3 +652,94 @@ func TestLogMovesOutOfRaftDB(t *testing.T) {
 		}
 	}
 }
+
+// TestNothingAppliedBeforeTheLeadersDiskHasIt checks the rule that lets
+// the leader sync its log behind the writer (leaderLog): no host applies
+// an entry (and so no writer is released) before the leader's disk
+// holds it. It also checks that the leader does write behind: some
+// samples find entries in its log not yet on its disk.
+func TestNothingAppliedBeforeTheLeadersDiskHasIt(t *testing.T) {
+	p := newPool(t, 3)
+	p.waitLeader()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ctx.Err() == nil; i++ {
+				// Whoever leads now takes the write; a refusal while
+				// leadership moves is retried.
+				for _, n := range p.nodes {
+					if n.r.leading() {
+						_, _ = createVM(n.d, fmt.Sprintf("w%d-%d", w, i))
+						break
+					}
+				}
+			}
+		}()
+	}
+	defer func() { cancel(); wg.Wait() }()
+	behind, samples := 0, 0
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline) && (samples < 20000 || behind == 0); samples++ {
+		applied := make([]uint64, len(p.nodes))
+		for i, n := range p.nodes {
+			applied[i] = n.r.AppliedIndex()
+		}
+		for _, n := range p.nodes {
+			if !n.r.leading() {
+				continue
+			}
+			wal := n.r.stores.log
+			durable := wal.DurableIndex()
+			for i, a := range applied {
+				if a > durable {
+					t.Fatalf("host %d applied entry %d; the leader's disk holds the log only up to %d", i, a, durable)
+				}
+			}
+			if last, _ := wal.LastIndex(); last > durable {
+				behind++
+			}
+		}
+	}
+	if behind == 0 {
+		t.Fatalf("in %d samples the leader's log was never ahead of its disk: it does not write behind", samples)
+	}
+	t.Logf("%d samples, %d with the leader writing behind", samples, behind)
+}
+
+// blockingLog is a log whose entries reach the disk when the test says.
+type blockingLog struct{ release chan struct{} }
+
+func (b blockingLog) WaitDurable(ctx context.Context, _ uint64) error {
+	select {
+	case <-b.release:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// The FSM applies nothing before raft's log has it on disk.
+func TestFSMWaitsForTheDisk(t *testing.T) {
+	p := newPool(t, 1)
+	n := p.waitLeader()
+	before := n.r.AppliedIndex()
+	log := blockingLog{make(chan struct{})}
+	f := fsm{r: n.r, durable: log}
+	done := make(chan []any, 1)
+	go func() {
+		done <- f.ApplyBatch([]*raft.Log{{Index: before + 1, Type: raft.LogNoop}, {Index: before + 2, Type: raft.LogNoop}})
+	}()
+	select {
+	case <-done:
+		t.Fatal("entries were applied before the log had them on disk")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(log.release)
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("entries not applied once on disk")
+	}
+}

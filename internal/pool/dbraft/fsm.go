@@ -2,6 +2,7 @@ package dbraft
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -18,7 +19,14 @@ import (
 const maxSnapshot = 4 << 30
 
 // fsm is raft's view of the replicator.
-type fsm struct{ r *Replicator }
+type fsm struct {
+	r *Replicator
+	// durable, if set, is raft's log: an entry is applied only once it
+	// is on this host's disk (see leaderLog).
+	durable interface {
+		WaitDurable(ctx context.Context, index uint64) error
+	}
+}
 
 var _ raft.BatchingFSM = fsm{}
 
@@ -30,6 +38,12 @@ func (f fsm) Apply(l *raft.Log) any { return f.ApplyBatch([]*raft.Log{l})[0] }
 func (f fsm) ApplyBatch(logs []*raft.Log) []any {
 	r := f.r
 	out := make([]any, len(logs))
+	if f.durable != nil && len(logs) > 0 {
+		if err := f.durable.WaitDurable(context.Background(), logs[len(logs)-1].Index); err != nil {
+			f.refuse(logs, out, err)
+			return out
+		}
+	}
 	var run [][]replica.Row
 	var runIndex uint64
 	for i, l := range logs {
@@ -67,6 +81,24 @@ func (f fsm) ApplyBatch(logs []*raft.Log) []any {
 	}
 	f.applyRun(run, runIndex)
 	return out
+}
+
+// refuse answers entries that cannot be applied because this host's
+// log could not make them durable (its disk failed a sync): this
+// leader's writers fail, and the host's database no longer follows the
+// pool's until it restarts and replays its log.
+func (f fsm) refuse(logs []*raft.Log, out []any, err error) {
+	r := f.r
+	r.log.Error("ALERT: raft's log could not be synced; committed entries are not applied here, restart this host",
+		"from", logs[0].Index, "to", logs[len(logs)-1].Index, "err", err)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, l := range logs {
+		out[i] = err
+		if own := r.ownFlight(l.Extensions); own != nil {
+			r.settleLocked(own, l.Index, err)
+		}
+	}
 }
 
 // applyRun applies entries of others in one transaction tagged with the

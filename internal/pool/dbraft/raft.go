@@ -58,7 +58,11 @@ func (r *Replicator) Start(o StartOptions) (err error) {
 	}()
 	notify := make(chan bool, 16)
 	conf.NotifyCh = notify
-	trans := raftnet.Conservative(o.Transport)
+	// The leader syncs its own log behind the writer (leaderLog): no
+	// follower learns of a commit its disk does not hold yet.
+	trans := raftnet.ConservativeGated(o.Transport, func(commit uint64) error {
+		return store.log.WaitDurable(context.Background(), commit)
+	})
 	if o.Bootstrap {
 		has, err := raft.HasExistingState(store.log, store.stable, snaps)
 		if err != nil {
@@ -83,7 +87,7 @@ func (r *Replicator) Start(o StartOptions) (err error) {
 		r.setMode(Standalone)
 		return err
 	}
-	rf, err := raft.NewRaft(conf, fsm{r}, store.log, store.stable, snaps, trans)
+	rf, err := raft.NewRaft(conf, fsm{r: r, durable: store.log}, leaderLog{store.log, r.leading}, store.stable, snaps, trans)
 	if err != nil {
 		_ = r.store.SetSync(true)
 		r.setMode(Standalone)
@@ -140,7 +144,7 @@ func (r *Replicator) catchUp(snaps raft.SnapshotStore) error {
 	}
 	r.log.Warn("the database file is behind raft's snapshot; restoring the snapshot",
 		"file", r.AppliedIndex(), "snapshot", index)
-	return fsm{r}.Restore(readCloser{io.MultiReader(bytes.NewReader(head[:n]), rc), rc})
+	return fsm{r: r}.Restore(readCloser{io.MultiReader(bytes.NewReader(head[:n]), rc), rc})
 }
 
 type readCloser struct {
@@ -192,7 +196,7 @@ func (r *Replicator) Recover(o StartOptions, servers []raft.Server) error {
 	}
 	defer func() { _ = store.Close() }()
 	trans := raftnet.Conservative(o.Transport)
-	return raft.RecoverCluster(conf, fsm{r}, store.log, store.stable, snaps, trans, raft.Configuration{Servers: servers})
+	return raft.RecoverCluster(conf, fsm{r: r}, store.log, store.stable, snaps, trans, raft.Configuration{Servers: servers})
 }
 
 // Forget drops what this host holds of raft (its files go with the

@@ -41,9 +41,9 @@
 // not the durable record: it is written without fsync, after the writers
 // were released, and a write that fails is tried again instead of
 // refusing anything (persist.Store.SetSync). Whatever it lacks when the
-// process or the machine stops is in raft's log, and raft's log on
-// internal/pool/raftstore is synced before raft counts an entry
-// committed. Before the whole file is replaced (a snapshot restored) the
+// process or the machine stops is in raft's log (internal/pool/raftwal),
+// which holds an entry on a quorum's disks, the leader's among them,
+// before it is applied anywhere (see leaderLog). Before the whole file is replaced (a snapshot restored) the
 // writes queued for it are flushed, so that none lands on top. With raft
 // stopped (Standalone) a batch goes to the file, synced, before its
 // writer returns, as on a host that never was in a pool.
@@ -308,6 +308,12 @@ func (r *Replicator) abortForward() {
 		r.fwdCancel()
 		r.fwdCancel = nil
 	}
+}
+
+// leading says whether raft runs here as the leader now.
+func (r *Replicator) leading() bool {
+	rf := r.raft.Load()
+	return rf != nil && rf.State() == raft.Leader
 }
 
 // AppliedIndex is the last raft index this host's database holds.

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"path/filepath"
 
+	"github.com/hashicorp/raft"
+
 	"toolstackd/internal/pool/raftstore"
 	"toolstackd/internal/pool/raftwal"
 )
@@ -62,4 +64,41 @@ func (s *logStores) openLog(dir string) error {
 
 func (s *logStores) Close() error {
 	return errors.Join(s.log.Close(), s.stable.Close())
+}
+
+// leaderLog is the log raft runs on. On the leader, an append of
+// commands is written and sent to the followers at once, and synced
+// behind (raftwal's StoreLogsAsync): the leader's sync runs alongside
+// the followers' instead of before them, which takes one sync off every
+// replicated write's path. Anything else (a follower's append, the
+// leader's no-op, barrier and configuration entries) is synced before
+// StoreLogs returns, as raft expects.
+//
+// raft counts the leader's own copy toward a commit as soon as StoreLogs
+// returns, so an entry may be "committed" before the leader's disk holds
+// it. Two gates keep anything from acting on that: the FSM applies an
+// entry only once this host's log has it on disk (fsm.ApplyBatch), and an
+// append telling followers a commit index is sent only once the leader's
+// disk holds it (raftnet.ConservativeGated). So a write is acknowledged,
+// and applied anywhere, only once a quorum's disks hold it, the
+// leader's among them, as when the leader synced first. A leader that
+// loses power with entries not yet synced loses only entries no one
+// applied or acknowledged; raft treats them as uncommitted.
+type leaderLog struct {
+	*raftwal.WAL
+	leading func() bool
+}
+
+func (l leaderLog) StoreLog(log *raft.Log) error { return l.StoreLogs([]*raft.Log{log}) }
+
+func (l leaderLog) StoreLogs(logs []*raft.Log) error {
+	if !l.leading() {
+		return l.WAL.StoreLogs(logs)
+	}
+	for _, e := range logs {
+		if e.Type != raft.LogCommand {
+			return l.WAL.StoreLogs(logs)
+		}
+	}
+	return l.WAL.StoreLogsAsync(logs)
 }

@@ -316,3 +316,59 @@ func TestNetCluster(t *testing.T) {
 	sixteen := drive(t, leader, 16, d, "sixteen")
 	t.Logf("3 nodes over the HTTP stream layer, fsync, Conservative: %.0f commits/s with 1 writer, %.0f with 16", one, sixteen)
 }
+
+// ConservativeGated holds an append that carries a commit index until
+// the gate passes it, returns the gate's error, and lets heartbeats
+// (no commit index) through untouched.
+func TestGatedAppendWaitsForTheGate(t *testing.T) {
+	_, a := raft.NewInmemTransport("a")
+	_, b := raft.NewInmemTransport("b")
+	a.Connect("b", b)
+	go func() {
+		for rpc := range b.Consumer() {
+			rpc.Respond(&raft.AppendEntriesResponse{Success: true}, nil)
+		}
+	}()
+	release := make(chan struct{})
+	var asked []uint64
+	var mu sync.Mutex
+	refuse := errors.New("the log failed")
+	w := raftnet.ConservativeGated(a, func(commit uint64) error {
+		mu.Lock()
+		asked = append(asked, commit)
+		mu.Unlock()
+		if commit == 99 {
+			return refuse
+		}
+		<-release
+		return nil
+	})
+	var resp raft.AppendEntriesResponse
+	if err := w.AppendEntries("b", "b", &raft.AppendEntriesRequest{Term: 1}, &resp); err != nil || !resp.Success {
+		t.Fatalf("heartbeat: %v %+v", err, resp)
+	}
+	done := make(chan error, 1)
+	go func() {
+		done <- w.AppendEntries("b", "b", &raft.AppendEntriesRequest{Term: 1, LeaderCommitIndex: 7}, &raft.AppendEntriesResponse{})
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("an append with commit index 7 was sent before the gate passed it (%v)", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := w.AppendEntries("b", "b", &raft.AppendEntriesRequest{Term: 1, LeaderCommitIndex: 99}, &resp); !errors.Is(err, refuse) {
+		t.Fatalf("the gate's error: got %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if fmt.Sprint(asked) != "[7 99]" {
+		t.Fatalf("gate asked for %v, want [7 99] (never for the heartbeat)", asked)
+	}
+	if raftnet.Unwrap(w) != raft.Transport(a) {
+		t.Fatal("Unwrap of a gated wrapper")
+	}
+}

@@ -62,13 +62,32 @@ import (
 // accepts a wrapped peer transport and unwraps it). Wrapping twice
 // returns the first wrapper.
 func Conservative(t raft.Transport) raft.Transport {
-	if t == nil {
-		return nil
-	}
 	if _, ok := t.(conservativeMarker); ok {
 		return t
 	}
-	b := base{t}
+	return conservative(t, nil)
+}
+
+// ConservativeGated is Conservative, and an append that tells the
+// follower the leader's commit index c (AppendEntriesRequest's
+// LeaderCommitIndex) is sent only once gate(c) returned nil; an error
+// from gate is the append's. A leader that syncs its own log behind the
+// writer (raftwal's StoreLogsAsync) passes its log's WaitDurable, so no
+// follower applies an entry before the leader's disk holds it
+// (internal/pool/dbraft). Heartbeats carry no commit index and are not
+// held. A wrapper from Conservative is unwrapped first.
+func ConservativeGated(t raft.Transport, gate func(commit uint64) error) raft.Transport {
+	return conservative(Unwrap(t), gate)
+}
+
+func conservative(t raft.Transport, gate func(uint64) error) raft.Transport {
+	if t == nil {
+		return nil
+	}
+	b := base{Transport: t}
+	if gate != nil {
+		b.gate = &commitGate{gate}
+	}
 	c, hasC := t.(raft.WithClose)
 	v, hasV := t.(raft.WithPreVote)
 	p, hasP := t.(raft.WithPeers)
@@ -134,8 +153,14 @@ type conservativeMarker interface {
 	conservative()
 }
 
-// base forwards raft.Transport except SetHeartbeatHandler.
-type base struct{ raft.Transport }
+// base forwards raft.Transport except SetHeartbeatHandler, holding
+// appends for gate (nil: none).
+type base struct {
+	raft.Transport
+	gate *commitGate // a pointer: wrappers stay comparable
+}
+
+type commitGate struct{ wait func(commit uint64) error }
 
 // SetHeartbeatHandler ignores the callback: heartbeats stay on the
 // consumer channel and so on raft's main goroutine.
@@ -163,6 +188,11 @@ func (base) AppendEntriesPipeline(raft.ServerID, raft.ServerAddress) (raft.Appen
 }
 
 func (b base) AppendEntries(id raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
+	if b.gate != nil && args.LeaderCommitIndex > 0 {
+		if err := b.gate.wait(args.LeaderCommitIndex); err != nil {
+			return err
+		}
+	}
 	return b.Transport.AppendEntries(id, target, args, resp)
 }
 
