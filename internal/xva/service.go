@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -439,31 +440,8 @@ func (s *Service) serveImport(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
-	snap := s.srv.DB.Snapshot()
-	opts := ImportOptions{FullRestore: boolParam(r, "restore", false), Force: boolParam(r, "force", false)}
-	switch {
-	case q.Get("sr_id") != "":
-		opts.SR = q.Get("sr_id")
-	case q.Get("sr_uuid") != "":
-		row, ok := snap.ByUUID(dm.SR.Class, q.Get("sr_uuid"))
-		if !ok {
-			s.refuse(w, r, sess, xerr.New(xerr.UUIDInvalid, dm.SR.Class.Name, clip(q.Get("sr_uuid"))))
-			return
-		}
-		opts.SR = row.Ref
-	}
-	sr, err := s.targetSR(snap, opts.SR)
-	if err != nil {
-		s.refuse(w, r, sess, err)
-		return
-	}
-	opts.SR = sr
-	// The disks are written where the SR is plugged.
-	if s.srv.ProxyHTTP(w, r, sess, srHost(snap, s.cfg.HostRef, sr)) {
-		return
-	}
-	if r.ContentLength == 0 && r.Header.Get("Content-Length") == "0" && q.Get("task_id") == "" {
-		w.WriteHeader(http.StatusOK) // a probe before the upload, as for /import_raw_vdi
+	opts, ok := s.importOptions(w, r, sess, q)
+	if !ok {
 		return
 	}
 	legacy := api.LegacyUpload(r)
@@ -482,29 +460,12 @@ func (s *Service) serveImport(w http.ResponseWriter, r *http.Request) {
 	var conn net.Conn
 	unwatch := func() bool { return false }
 	if legacy {
-		hj, ok := w.(http.Hijacker)
-		if !ok {
-			err := xerr.New(xerr.ImportError, "send a Content-Length or use chunked encoding")
-			task.Finish(schema.Void, nil, err)
-			api.WriteHTTPError(w, err)
+		var release func()
+		if conn, release, ok = hijackImport(ctx, w, task); !ok {
 			return
 		}
-		c, brw, err := hj.Hijack()
-		if err != nil {
-			task.Finish(schema.Void, nil, err)
-			return
-		}
-		conn = netguard.Transfer(c, brw.Reader)
-		defer func(c func() error) { _ = c() }(conn.Close)
-		_ = conn.SetDeadline(time.Time{})                                                                   // the stall guard of netguard.Transfer remains
-		_, _ = brw.WriteString("HTTP/1.1 200 OK\r\nConnection: close\r\nTask-Id: " + task.Ref + "\r\n\r\n") // sticky: Flush reports it
-		if err := brw.Flush(); err != nil {
-			task.Finish(schema.Void, nil, err)
-			return
-		}
+		defer release()
 		body = conn
-		stop := context.AfterFunc(ctx, func() { _ = conn.SetReadDeadline(time.Now()) })
-		defer stop()
 	} else {
 		w.Header().Set("Task-Id", task.Ref)
 		// A read of the body waits for the client whatever the context
@@ -533,6 +494,75 @@ func (s *Service) serveImport(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusOK)
+}
+
+// importOptions reads an import's options from its query q, its SR
+// resolved (sr_id, sr_uuid, else the pool's default SR). When the import
+// is not for this host to serve (an error, a probe before the upload,
+// an SR plugged on another host), the response is written and ok is
+// false.
+func (s *Service) importOptions(w http.ResponseWriter, r *http.Request, sess *api.Session, q url.Values) (ImportOptions, bool) {
+	snap := s.srv.DB.Snapshot()
+	opts := ImportOptions{FullRestore: boolParam(r, "restore", false), Force: boolParam(r, "force", false)}
+	switch {
+	case q.Get("sr_id") != "":
+		opts.SR = q.Get("sr_id")
+	case q.Get("sr_uuid") != "":
+		row, ok := snap.ByUUID(dm.SR.Class, q.Get("sr_uuid"))
+		if !ok {
+			s.refuse(w, r, sess, xerr.New(xerr.UUIDInvalid, dm.SR.Class.Name, clip(q.Get("sr_uuid"))))
+			return opts, false
+		}
+		opts.SR = row.Ref
+	}
+	sr, err := s.targetSR(snap, opts.SR)
+	if err != nil {
+		s.refuse(w, r, sess, err)
+		return opts, false
+	}
+	opts.SR = sr
+	// The disks are written where the SR is plugged.
+	if s.srv.ProxyHTTP(w, r, sess, srHost(snap, s.cfg.HostRef, sr)) {
+		return opts, false
+	}
+	if r.ContentLength == 0 && r.Header.Get("Content-Length") == "0" && q.Get("task_id") == "" {
+		w.WriteHeader(http.StatusOK) // a probe before the upload, as for /import_raw_vdi
+		return opts, false
+	}
+	return opts, true
+}
+
+// hijackImport takes over the connection of an upload without a length,
+// as xapi's protocol has it: the answer goes at once, and the rest of the
+// connection is the body. release (stop the task's hold on the
+// connection, then close it) is the caller's. When ok is false the task
+// is finished, the connection closed, and there is nothing to write.
+func hijackImport(ctx context.Context, w http.ResponseWriter, task *api.Task) (conn net.Conn, release func(), ok bool) {
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		err := xerr.New(xerr.ImportError, "send a Content-Length or use chunked encoding")
+		task.Finish(schema.Void, nil, err)
+		api.WriteHTTPError(w, err)
+		return nil, nil, false
+	}
+	c, brw, err := hj.Hijack()
+	if err != nil {
+		task.Finish(schema.Void, nil, err)
+		return nil, nil, false
+	}
+	conn = netguard.Transfer(c, brw.Reader)
+	_ = conn.SetDeadline(time.Time{})                                                                   // the stall guard of netguard.Transfer remains
+	_, _ = brw.WriteString("HTTP/1.1 200 OK\r\nConnection: close\r\nTask-Id: " + task.Ref + "\r\n\r\n") // sticky: Flush reports it
+	if err := brw.Flush(); err != nil {
+		task.Finish(schema.Void, nil, err)
+		_ = conn.Close()
+		return nil, nil, false
+	}
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetReadDeadline(time.Now()) })
+	return conn, func() {
+		stop()
+		_ = conn.Close()
+	}, true
 }
 
 // finishImport writes an import's outcome to its task: the new VMs.
