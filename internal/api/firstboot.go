@@ -121,97 +121,33 @@ func FirstBoot(d *db.DB, facts HostFacts, opts BootOptions) (string, error) {
 	}
 	var hostRef string
 	_, err := d.Update(func(tx *db.Tx) error {
-		ins := func(c *schema.Class, row []any) (string, error) { return tx.Insert(c, "", row) }
-		for _, r := range roleNames() {
-			if _, err := ins(dm.Role.Class, (&dm.RoleRecord{NameLabel: r[0], NameDescription: r[1]}).Row()); err != nil {
-				return err
-			}
-		}
-		if _, err := ins(dm.User.Class, (&dm.UserRecord{ShortName: "root", Fullname: "root", OtherConfig: map[string]string{},
-			PasswordHash: opts.RootPasswordHash}).Row()); err != nil {
+		if err := insertAccounts(tx, opts); err != nil {
 			return err
 		}
 		now := time.Now().UTC()
-		metrics, err := ins(dm.HostMetrics.Class, (&dm.HostMetricsRecord{MemoryTotal: facts.MemTotal, MemoryFree: facts.MemFree,
-			Live: true, LastUpdated: now, OtherConfig: map[string]string{}}).Row())
-		if err != nil {
-			return err
-		}
 		cpuInfo := map[string]string{
 			"cpu_count": strconv.Itoa(facts.CPUs), "socket_count": "1", "vendor": facts.CPUVendor,
 			"modelname": facts.CPUModel, "flags": facts.CPUFlags, "speed": "0", "family": "0", "model": "0", "stepping": "0",
 		}
-		host := &dm.HostRecord{
-			NameLabel: facts.Hostname, NameDescription: "Default install",
-			APIVersionMajor: APIVersionMajor, APIVersionMinor: APIVersionMinor, APIVersionVendor: "toolstackd",
-			APIVersionVendorImplementation: map[string]string{}, Enabled: true,
-			SoftwareVersion: map[string]string{
-				"product_version": ProductVersion, "product_version_text": ProductVersion, "product_version_text_short": ProductVersion,
-				"platform_name": "toolstackd", "platform_version": PlatformVersion, "product_brand": "toolstackd",
-				"xapi": XapiVersion, "xapi_build": XapiVersion, "xen": "kvm", "hostname": facts.Hostname,
-				"date": now.Format("2006-01-02"), "build_number": version.Version, "linux": kernelRelease(),
-			},
-			OtherConfig:  map[string]string{"agent_start_time": fmt.Sprint(now.Unix())},
-			Capabilities: []string{"hvm-3.0-x86_64"}, CPUConfiguration: map[string]string{}, SchedPolicy: "credit",
-			SupportedBootloaders: []string{"pygrub", "eliloader"}, Logging: map[string]string{},
-			Hostname: facts.Hostname, Address: facts.Address, Metrics: dm.HostMetricsRef(metrics),
-			LicenseParams: map[string]string{}, CPUInfo: cpuInfo, Edition: "free", Editions: []string{"free"},
-			MemoryOverhead: 0, BIOSStrings: map[string]string{}, ChipsetInfo: map[string]string{"iommu": "false"},
-			Display: dm.HostDisplayEnabled, NTPMode: dm.HostNTPModeDHCP, Timezone: "UTC",
-		}
-		if hostRef, err = ins(dm.Host.Class, host.Row()); err != nil {
+		var err error
+		if hostRef, err = insertHost(tx, facts, now, cpuInfo); err != nil {
 			return err
 		}
-		for i := 0; i < facts.CPUs; i++ {
-			if _, err := ins(dm.HostCPU.Class, (&dm.HostCPURecord{Host: dm.HostRef(hostRef), Number: int64(i), Vendor: facts.CPUVendor,
-				Modelname: facts.CPUModel, Flags: facts.CPUFlags, Features: "", OtherConfig: map[string]string{}}).Row()); err != nil {
-				return err
-			}
-		}
-		// The control domain: the host OS itself.
-		dom0Metrics, err := ins(dm.VMMetrics.Class, (&dm.VMMetricsRecord{MemoryActual: facts.MemTotal, VCPUsNumber: int64(facts.CPUs),
-			StartTime: now, InstallTime: now, LastUpdated: now, OtherConfig: map[string]string{}}).Row())
-		if err != nil {
+		if err := insertHostCPUs(tx, facts, hostRef); err != nil {
 			return err
 		}
-		dom0 := &dm.VMRecord{
-			NameLabel: "Control domain on host: " + facts.Hostname, NameDescription: "The domain which manages physical devices and manages other domains",
-			PowerState: dm.VMPowerStateRunning, IsControlDomain: true, ResidentOn: dm.HostRef(hostRef), Domid: 0,
-			MemoryStaticMax: facts.MemTotal, MemoryDynamicMax: facts.MemTotal, MemoryDynamicMin: facts.MemTotal, MemoryStaticMin: facts.MemTotal,
-			MemoryTarget: facts.MemTotal, VCPUsMax: int64(facts.CPUs), VCPUsAtStartup: int64(facts.CPUs), Metrics: dm.VMMetricsRef(dom0Metrics),
-			DomainType: dm.DomainTypePV, OtherConfig: map[string]string{"storage_driver_domain": ""},
-		}
-		dom0Ref, err := ins(dm.VM.Class, dom0.Row())
-		if err != nil {
+		if err := insertControlDomain(tx, facts, now, hostRef); err != nil {
 			return err
 		}
-		if err := tx.Set(dm.Host.ControlDomain, hostRef, dom0Ref); err != nil {
-			return err
-		}
-		// The management network and its PIF.
-		bridge := "xenbr0"
-		network, err := ins(dm.Network.Class, (&dm.NetworkRecord{NameLabel: "Pool-wide network associated with " + facts.Device,
-			MTU: 1500, Bridge: bridge, Managed: true, OtherConfig: map[string]string{}, Purpose: []dm.NetworkPurpose{}}).Row())
-		if err != nil {
-			return err
-		}
-		pifMetrics, err := ins(dm.PIFMetrics.Class, (&dm.PIFMetricsRecord{Carrier: true, Speed: 1000, Duplex: true, LastUpdated: now,
-			OtherConfig: map[string]string{}}).Row())
-		if err != nil {
-			return err
-		}
-		if _, err := ins(dm.PIF.Class, (&dm.PIFRecord{Device: facts.Device, Network: dm.NetworkRef(network), Host: dm.HostRef(hostRef),
-			MAC: facts.MAC, MTU: 1500, VLAN: -1, Metrics: dm.PIFMetricsRef(pifMetrics), Physical: true, CurrentlyAttached: true,
-			IPConfigurationMode: dm.IPConfigurationModeDHCP, IP: facts.Address, Management: true, OtherConfig: map[string]string{},
-			Managed: true, Properties: map[string]string{}, Capabilities: []string{}}).Row()); err != nil {
+		if err := insertManagementNetwork(tx, facts, now, hostRef); err != nil {
 			return err
 		}
 		for _, t := range builtinTemplates() {
-			if _, err := ins(dm.VM.Class, t.Row()); err != nil {
+			if _, err := tx.Insert(dm.VM.Class, "", t.Row()); err != nil {
 				return err
 			}
 		}
-		if _, err := ins(dm.Pool.Class, (&dm.PoolRecord{Master: dm.HostRef(hostRef), OtherConfig: map[string]string{},
+		if _, err := tx.Insert(dm.Pool.Class, "", (&dm.PoolRecord{Master: dm.HostRef(hostRef), OtherConfig: map[string]string{},
 			CPUInfo: cpuInfo, Restrictions: map[string]string{}, GuiConfig: map[string]string{}, HealthCheckConfig: map[string]string{},
 			GuestAgentConfig: map[string]string{}, HAConfiguration: map[string]string{}}).Row()); err != nil {
 			return err
@@ -219,6 +155,102 @@ func FirstBoot(d *db.DB, facts HostFacts, opts BootOptions) (string, error) {
 		return nil
 	})
 	return hostRef, err
+}
+
+// insertAccounts records the roles and the root account, with the
+// password hash of opts.
+func insertAccounts(tx *db.Tx, opts BootOptions) error {
+	for _, r := range roleNames() {
+		if _, err := tx.Insert(dm.Role.Class, "", (&dm.RoleRecord{NameLabel: r[0], NameDescription: r[1]}).Row()); err != nil {
+			return err
+		}
+	}
+	_, err := tx.Insert(dm.User.Class, "", (&dm.UserRecord{ShortName: "root", Fullname: "root", OtherConfig: map[string]string{},
+		PasswordHash: opts.RootPasswordHash}).Row())
+	return err
+}
+
+// insertHost records this host, as facts describe it, booted at now,
+// and its metrics; it returns the host's ref.
+func insertHost(tx *db.Tx, facts HostFacts, now time.Time, cpuInfo map[string]string) (string, error) {
+	metrics, err := tx.Insert(dm.HostMetrics.Class, "", (&dm.HostMetricsRecord{MemoryTotal: facts.MemTotal, MemoryFree: facts.MemFree,
+		Live: true, LastUpdated: now, OtherConfig: map[string]string{}}).Row())
+	if err != nil {
+		return "", err
+	}
+	host := &dm.HostRecord{
+		NameLabel: facts.Hostname, NameDescription: "Default install",
+		APIVersionMajor: APIVersionMajor, APIVersionMinor: APIVersionMinor, APIVersionVendor: "toolstackd",
+		APIVersionVendorImplementation: map[string]string{}, Enabled: true,
+		SoftwareVersion: map[string]string{
+			"product_version": ProductVersion, "product_version_text": ProductVersion, "product_version_text_short": ProductVersion,
+			"platform_name": "toolstackd", "platform_version": PlatformVersion, "product_brand": "toolstackd",
+			"xapi": XapiVersion, "xapi_build": XapiVersion, "xen": "kvm", "hostname": facts.Hostname,
+			"date": now.Format("2006-01-02"), "build_number": version.Version, "linux": kernelRelease(),
+		},
+		OtherConfig:  map[string]string{"agent_start_time": fmt.Sprint(now.Unix())},
+		Capabilities: []string{"hvm-3.0-x86_64"}, CPUConfiguration: map[string]string{}, SchedPolicy: "credit",
+		SupportedBootloaders: []string{"pygrub", "eliloader"}, Logging: map[string]string{},
+		Hostname: facts.Hostname, Address: facts.Address, Metrics: dm.HostMetricsRef(metrics),
+		LicenseParams: map[string]string{}, CPUInfo: cpuInfo, Edition: "free", Editions: []string{"free"},
+		MemoryOverhead: 0, BIOSStrings: map[string]string{}, ChipsetInfo: map[string]string{"iommu": "false"},
+		Display: dm.HostDisplayEnabled, NTPMode: dm.HostNTPModeDHCP, Timezone: "UTC",
+	}
+	return tx.Insert(dm.Host.Class, "", host.Row())
+}
+
+// insertHostCPUs records the CPUs of the host hostRef.
+func insertHostCPUs(tx *db.Tx, facts HostFacts, hostRef string) error {
+	for i := 0; i < facts.CPUs; i++ {
+		if _, err := tx.Insert(dm.HostCPU.Class, "", (&dm.HostCPURecord{Host: dm.HostRef(hostRef), Number: int64(i), Vendor: facts.CPUVendor,
+			Modelname: facts.CPUModel, Flags: facts.CPUFlags, Features: "", OtherConfig: map[string]string{}}).Row()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// insertControlDomain records the control domain of the host hostRef,
+// the host OS itself, started at now, with its metrics.
+func insertControlDomain(tx *db.Tx, facts HostFacts, now time.Time, hostRef string) error {
+	dom0Metrics, err := tx.Insert(dm.VMMetrics.Class, "", (&dm.VMMetricsRecord{MemoryActual: facts.MemTotal, VCPUsNumber: int64(facts.CPUs),
+		StartTime: now, InstallTime: now, LastUpdated: now, OtherConfig: map[string]string{}}).Row())
+	if err != nil {
+		return err
+	}
+	dom0 := &dm.VMRecord{
+		NameLabel: "Control domain on host: " + facts.Hostname, NameDescription: "The domain which manages physical devices and manages other domains",
+		PowerState: dm.VMPowerStateRunning, IsControlDomain: true, ResidentOn: dm.HostRef(hostRef), Domid: 0,
+		MemoryStaticMax: facts.MemTotal, MemoryDynamicMax: facts.MemTotal, MemoryDynamicMin: facts.MemTotal, MemoryStaticMin: facts.MemTotal,
+		MemoryTarget: facts.MemTotal, VCPUsMax: int64(facts.CPUs), VCPUsAtStartup: int64(facts.CPUs), Metrics: dm.VMMetricsRef(dom0Metrics),
+		DomainType: dm.DomainTypePV, OtherConfig: map[string]string{"storage_driver_domain": ""},
+	}
+	dom0Ref, err := tx.Insert(dm.VM.Class, "", dom0.Row())
+	if err != nil {
+		return err
+	}
+	return tx.Set(dm.Host.ControlDomain, hostRef, dom0Ref)
+}
+
+// insertManagementNetwork records the management network, on bridge
+// xenbr0, and the host hostRef's management PIF on it, with its metrics.
+func insertManagementNetwork(tx *db.Tx, facts HostFacts, now time.Time, hostRef string) error {
+	bridge := "xenbr0"
+	network, err := tx.Insert(dm.Network.Class, "", (&dm.NetworkRecord{NameLabel: "Pool-wide network associated with " + facts.Device,
+		MTU: 1500, Bridge: bridge, Managed: true, OtherConfig: map[string]string{}, Purpose: []dm.NetworkPurpose{}}).Row())
+	if err != nil {
+		return err
+	}
+	pifMetrics, err := tx.Insert(dm.PIFMetrics.Class, "", (&dm.PIFMetricsRecord{Carrier: true, Speed: 1000, Duplex: true, LastUpdated: now,
+		OtherConfig: map[string]string{}}).Row())
+	if err != nil {
+		return err
+	}
+	_, err = tx.Insert(dm.PIF.Class, "", (&dm.PIFRecord{Device: facts.Device, Network: dm.NetworkRef(network), Host: dm.HostRef(hostRef),
+		MAC: facts.MAC, MTU: 1500, VLAN: -1, Metrics: dm.PIFMetricsRef(pifMetrics), Physical: true, CurrentlyAttached: true,
+		IPConfigurationMode: dm.IPConfigurationModeDHCP, IP: facts.Address, Management: true, OtherConfig: map[string]string{},
+		Managed: true, Properties: map[string]string{}, Capabilities: []string{}}).Row())
+	return err
 }
 
 func roleNames() [][2]string {

@@ -23,7 +23,6 @@ func DecodeValue(t *schema.Type, v any, name string) (any, error) { return decod
 // t, accepting the spellings real clients send (ints as strings, dates as
 // strings, ...). name is what FIELD_TYPE_ERROR reports.
 func decodeValue(t *schema.Type, v any, name string) (any, error) {
-	bad := func() error { return xerr.New(xerr.FieldTypeError, name) }
 	switch t.Kind {
 	case schema.KString:
 		switch x := v.(type) {
@@ -32,7 +31,7 @@ func decodeValue(t *schema.Type, v any, name string) (any, error) {
 		case nil:
 			return "", nil
 		}
-		return nil, bad()
+		return nil, fieldTypeError(name)
 	case schema.KRef:
 		switch x := v.(type) {
 		case string:
@@ -43,83 +42,17 @@ func decodeValue(t *schema.Type, v any, name string) (any, error) {
 		case nil:
 			return schema.NullRef, nil
 		}
-		return nil, bad()
+		return nil, fieldTypeError(name)
 	case schema.KEnum:
-		s, ok := v.(string)
-		if !ok {
-			return nil, bad()
-		}
-		if t.Enum != nil && !t.Enum.Has(s) {
-			// xapi matches enum values without regard to case.
-			for _, e := range t.Enum.Values {
-				if strings.EqualFold(e, s) {
-					return e, nil
-				}
-			}
-			return nil, xerr.New(xerr.InvalidValue, name, s)
-		}
-		return s, nil
+		return decodeEnum(t, v, name)
 	case schema.KInt:
-		switch x := v.(type) {
-		case int64:
-			return x, nil
-		case string:
-			n, err := strconv.ParseInt(strings.TrimSpace(x), 10, 64)
-			if err != nil {
-				return nil, bad()
-			}
-			return n, nil
-		case float64:
-			if x == math.Trunc(x) && math.Abs(x) < 1<<63 {
-				return int64(x), nil
-			}
-		}
-		return nil, bad()
+		return decodeInt(v, name)
 	case schema.KFloat:
-		switch x := v.(type) {
-		case float64:
-			return x, nil
-		case int64:
-			return float64(x), nil
-		case string:
-			f, err := schema.ParseFloat(strings.TrimSpace(x))
-			if err != nil {
-				return nil, bad()
-			}
-			return f, nil
-		}
-		return nil, bad()
+		return decodeFloat(v, name)
 	case schema.KBool:
-		switch x := v.(type) {
-		case bool:
-			return x, nil
-		case string:
-			switch strings.ToLower(x) {
-			case "true", "1":
-				return true, nil
-			case "false", "0":
-				return false, nil
-			}
-		case int64:
-			return x != 0, nil
-		}
-		return nil, bad()
+		return decodeBool(v, name)
 	case schema.KDateTime:
-		switch x := v.(type) {
-		case time.Time:
-			return x.UTC(), nil
-		case string:
-			tm, err := schema.ParseTime(x)
-			if err != nil {
-				return nil, bad()
-			}
-			return tm, nil
-		case float64:
-			return time.Unix(0, int64(x*1e9)).UTC(), nil
-		case int64:
-			return time.Unix(x, 0).UTC(), nil
-		}
-		return nil, bad()
+		return decodeDateTime(v, name)
 	case schema.KSet:
 		return decodeSet(t, v, name)
 	case schema.KMap:
@@ -132,7 +65,106 @@ func decodeValue(t *schema.Type, v any, name string) (any, error) {
 	case schema.KRecord:
 		return decodeRecord(t, v, name)
 	}
-	return nil, bad()
+	return nil, fieldTypeError(name)
+}
+
+// fieldTypeError is FIELD_TYPE_ERROR for the value called name.
+func fieldTypeError(name string) error { return xerr.New(xerr.FieldTypeError, name) }
+
+// decodeEnum decodes a value of the enum type t: a string naming one of
+// its values, in any case.
+func decodeEnum(t *schema.Type, v any, name string) (any, error) {
+	s, ok := v.(string)
+	if !ok {
+		return nil, fieldTypeError(name)
+	}
+	if t.Enum != nil && !t.Enum.Has(s) {
+		// xapi matches enum values without regard to case.
+		for _, e := range t.Enum.Values {
+			if strings.EqualFold(e, s) {
+				return e, nil
+			}
+		}
+		return nil, xerr.New(xerr.InvalidValue, name, s)
+	}
+	return s, nil
+}
+
+// decodeInt decodes an int: an integer, a string holding one, or a
+// float with no fraction.
+func decodeInt(v any, name string) (any, error) {
+	switch x := v.(type) {
+	case int64:
+		return x, nil
+	case string:
+		n, err := strconv.ParseInt(strings.TrimSpace(x), 10, 64)
+		if err != nil {
+			return nil, fieldTypeError(name)
+		}
+		return n, nil
+	case float64:
+		if x == math.Trunc(x) && math.Abs(x) < 1<<63 {
+			return int64(x), nil
+		}
+	}
+	return nil, fieldTypeError(name)
+}
+
+// decodeFloat decodes a float: a float, an integer or a string holding
+// one.
+func decodeFloat(v any, name string) (any, error) {
+	switch x := v.(type) {
+	case float64:
+		return x, nil
+	case int64:
+		return float64(x), nil
+	case string:
+		f, err := schema.ParseFloat(strings.TrimSpace(x))
+		if err != nil {
+			return nil, fieldTypeError(name)
+		}
+		return f, nil
+	}
+	return nil, fieldTypeError(name)
+}
+
+// decodeBool decodes a bool: a bool, "true", "false", "1" or "0" in any
+// case, or an integer (true unless 0).
+func decodeBool(v any, name string) (any, error) {
+	switch x := v.(type) {
+	case bool:
+		return x, nil
+	case string:
+		switch strings.ToLower(x) {
+		case "true", "1":
+			return true, nil
+		case "false", "0":
+			return false, nil
+		}
+	case int64:
+		return x != 0, nil
+	}
+	return nil, fieldTypeError(name)
+}
+
+// decodeDateTime decodes a date and time, in UTC: a time, a string in
+// one of the forms schema.ParseTime reads, or seconds since the epoch.
+func decodeDateTime(v any, name string) (any, error) {
+	switch x := v.(type) {
+	case time.Time:
+		return x.UTC(), nil
+	case string:
+		tm, err := schema.ParseTime(x)
+		if err != nil {
+			return nil, fieldTypeError(name)
+		}
+		return tm, nil
+	case float64:
+		return time.Unix(0, int64(x*1e9)).UTC(), nil
+	case int64:
+		return time.Unix(x, 0).UTC(), nil
+	}
+	return nil, fieldTypeError(name)
 }
 
 // decodeSet decodes a set: an array (or a list of strings).
@@ -254,80 +286,11 @@ func (c *rowCache) value(e wire.Encoder, t *schema.Type, v any, snap db.Reader) 
 		tm, _ := v.(time.Time)
 		e.Time(tm)
 	case schema.KSet:
-		e.BeginArray()
-		switch s := v.(type) {
-		case []string:
-			for _, it := range s {
-				e.String(it)
-			}
-		case []int64:
-			for _, it := range s {
-				e.Int(it)
-			}
-		case []any:
-			for _, it := range s {
-				c.value(e, t.Elem, it, snap)
-			}
-		case []*db.Row:
-			for _, it := range s {
-				c.row(e, snap, it)
-			}
-		}
-		e.EndArray()
+		c.setValue(e, t, v, snap)
 	case schema.KMap:
-		e.BeginStruct()
-		switch m := v.(type) {
-		case map[string]string:
-			for _, k := range schema.SortedKeys(m) {
-				e.Member(k)
-				e.String(m[k])
-			}
-		case map[string]int64:
-			for _, k := range schema.SortedKeys(m) {
-				e.Member(k)
-				e.Int(m[k])
-			}
-		case map[string]float64:
-			for _, k := range schema.SortedKeys(m) {
-				e.Member(k)
-				e.Float(m[k])
-			}
-		case map[string][]string:
-			for _, k := range schema.SortedKeys(m) {
-				e.Member(k)
-				c.value(e, t.Elem, m[k], snap)
-			}
-		case map[string]any:
-			for _, k := range schema.SortedKeys(m) {
-				e.Member(k)
-				c.value(e, t.Elem, m[k], snap)
-			}
-		case []*db.Row: // ref -> record maps from get_all_records
-			for _, r := range m {
-				e.Member(r.Ref)
-				c.row(e, snap, r)
-			}
-		}
-		e.EndStruct()
+		c.mapValue(e, t, v, snap)
 	case schema.KRecord:
-		m, _ := v.(map[string]any)
-		if t.Class == nil {
-			wire.Encode(e, m)
-			return
-		}
-		e.BeginStruct()
-		for _, f := range t.Class.Fields {
-			if f.Internal {
-				continue
-			}
-			e.Member(f.Name)
-			fv, ok := m[f.Name]
-			if !ok {
-				fv = t.Class.Base[f.Index]
-			}
-			c.value(e, f.Type, fv, snap)
-		}
-		e.EndStruct()
+		c.recordValue(e, t, v, snap)
 	case schema.KOption:
 		if v == nil {
 			e.Nil()
@@ -339,6 +302,93 @@ func (c *rowCache) value(e wire.Encoder, t *schema.Type, v any, snap db.Reader) 
 	default:
 		wire.Encode(e, v)
 	}
+}
+
+// setValue writes a canonical value of the set type t.
+func (c *rowCache) setValue(e wire.Encoder, t *schema.Type, v any, snap db.Reader) {
+	e.BeginArray()
+	switch s := v.(type) {
+	case []string:
+		for _, it := range s {
+			e.String(it)
+		}
+	case []int64:
+		for _, it := range s {
+			e.Int(it)
+		}
+	case []any:
+		for _, it := range s {
+			c.value(e, t.Elem, it, snap)
+		}
+	case []*db.Row:
+		for _, it := range s {
+			c.row(e, snap, it)
+		}
+	}
+	e.EndArray()
+}
+
+// mapValue writes a canonical value of the map type t, its keys in
+// order; rows are written as a map from their refs to their records.
+func (c *rowCache) mapValue(e wire.Encoder, t *schema.Type, v any, snap db.Reader) {
+	e.BeginStruct()
+	switch m := v.(type) {
+	case map[string]string:
+		for _, k := range schema.SortedKeys(m) {
+			e.Member(k)
+			e.String(m[k])
+		}
+	case map[string]int64:
+		for _, k := range schema.SortedKeys(m) {
+			e.Member(k)
+			e.Int(m[k])
+		}
+	case map[string]float64:
+		for _, k := range schema.SortedKeys(m) {
+			e.Member(k)
+			e.Float(m[k])
+		}
+	case map[string][]string:
+		for _, k := range schema.SortedKeys(m) {
+			e.Member(k)
+			c.value(e, t.Elem, m[k], snap)
+		}
+	case map[string]any:
+		for _, k := range schema.SortedKeys(m) {
+			e.Member(k)
+			c.value(e, t.Elem, m[k], snap)
+		}
+	case []*db.Row: // ref -> record maps from get_all_records
+		for _, r := range m {
+			e.Member(r.Ref)
+			c.row(e, snap, r)
+		}
+	}
+	e.EndStruct()
+}
+
+// recordValue writes a canonical value of the record type t: its
+// class's fields but the internal ones, in order, those missing with
+// their defaults (a record of no class as it is).
+func (c *rowCache) recordValue(e wire.Encoder, t *schema.Type, v any, snap db.Reader) {
+	m, _ := v.(map[string]any)
+	if t.Class == nil {
+		wire.Encode(e, m)
+		return
+	}
+	e.BeginStruct()
+	for _, f := range t.Class.Fields {
+		if f.Internal {
+			continue
+		}
+		e.Member(f.Name)
+		fv, ok := m[f.Name]
+		if !ok {
+			fv = t.Class.Base[f.Index]
+		}
+		c.value(e, f.Type, fv, snap)
+	}
+	e.EndStruct()
 }
 
 // decodeElems decodes a set's elements into their canonical slice.
