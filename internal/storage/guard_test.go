@@ -4,6 +4,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	"toolstackd/internal/xerr"
@@ -82,7 +83,26 @@ func TestHostilePluginOutput(t *testing.T) {
 // flight, no longer fits above the reserve.
 func TestGuardedReader(t *testing.T) {
 	dir := t.TempDir()
-	r := &reserve{dataDir: dir}
+	fill := filepath.Join(dir, "fill")
+	// The file system's free space as this test alone moves it: what it
+	// was at the start less what the test's file holds (other tests
+	// write and delete large files on the same disk meanwhile).
+	var start syscall.Statfs_t
+	if err := syscall.Statfs(dir, &start); err != nil {
+		t.Fatal(err)
+	}
+	r := &reserve{dataDir: dir, statfs: func(path string, st *syscall.Statfs_t) error {
+		if err := syscall.Statfs(path, st); err != nil {
+			return err
+		}
+		var used int64
+		if fi, err := os.Stat(fill); err == nil {
+			used = fi.Size()
+		}
+		st.Bavail = start.Bavail - uint64((used+start.Bsize-1)/start.Bsize)
+		st.Blocks = start.Blocks
+		return nil
+	}}
 	room, err := r.room(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -90,7 +110,7 @@ func TestGuardedReader(t *testing.T) {
 	// A reserve that leaves 10 chunks of room.
 	r.bytes = room - 10*xferChunk
 	g := &spaceGuard{r: r, dirs: []string{dir}}
-	f, err := os.Create(filepath.Join(dir, "fill"))
+	f, err := os.Create(fill)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +119,6 @@ func TestGuardedReader(t *testing.T) {
 	if !xerr.HasCode(err, xerr.SRFull) {
 		t.Fatalf("read %d bytes, err %v; want SR_FULL", n, err)
 	}
-	// (Other processes may write to the same disk meanwhile: loose bounds.)
 	if n == 0 || n > 12*xferChunk {
 		t.Fatalf("stopped after %d bytes (room %d, in flight %d)", n, 10*xferChunk, xferInflight)
 	}
