@@ -10,10 +10,10 @@
 // records are written at the end of the current segment and the file is
 // fdatasynced once. A record whose bytes did not all reach the disk
 // before a crash is found by its checksum and cut off at the next Open.
-// Raft syncs its log on the leader and then on a follower before a write
-// commits, so the store's sync is paid twice on every replicated write
-// (docs/performance.md, issue 12, has the figures that moved the log
-// here).
+// Every replicated write waits for a follower's sync, and the leader's
+// (alongside, with StoreLogsAsync), so the store's sync is on the path of
+// every write (docs/performance.md, issue 12, has the figures that moved
+// the log here).
 //
 // # Files
 //
