@@ -701,7 +701,7 @@ func (w *WAL) deleteSuffix(from uint64) error {
 			return err
 		}
 		if err := fdatasync(p.seg.f); err != nil {
-			return err
+			return w.fail(err) // the file is cut, the index is not: stop here
 		}
 		p.seg.size, p.seg.alloc = p.off, p.off
 	}
