@@ -553,7 +553,7 @@ func (w *WAL) syncBehind(kick, stop <-chan struct{}, done chan<- struct{}) {
 		if seg == nil {
 			continue
 		}
-		err := fdatasyncShared(seg.f)
+		err := fdatasync(seg.f)
 		w.mu.Lock()
 		// Entries deleted from the end meanwhile (gen) may have closed
 		// the file or been written again after the sync began.
@@ -707,7 +707,6 @@ func (w *WAL) deleteSuffix(from uint64) error {
 	}
 	w.at = w.at[:from-w.base]
 	w.last = from - 1
-	w.gen++
 	w.durable = min(w.durable, w.last)
 	return nil
 }
@@ -724,7 +723,6 @@ func (w *WAL) deleteAll() error {
 	}
 	w.segs, w.at = nil, nil
 	w.first, w.last, w.base = 0, 0, 0
-	w.gen++
 	w.durable = 0
 	return nil
 }
