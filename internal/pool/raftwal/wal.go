@@ -537,12 +537,22 @@ func (w *WAL) startSyncer() {
 // sync runs without the lock, so writes and reads go on meanwhile.
 func (w *WAL) syncBehind(kick, stop <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
+	again := false
 	for {
-		select {
-		case <-kick:
-		case <-stop:
-			return
+		if again { // go round at once, unless stopped
+			select {
+			case <-stop:
+				return
+			default:
+			}
+		} else {
+			select {
+			case <-kick:
+			case <-stop:
+				return
+			}
 		}
+		again = false
 		w.mu.RLock()
 		upTo, gen, n := w.last, w.gen, len(w.segs)
 		var seg *segment
@@ -564,6 +574,9 @@ func (w *WAL) syncBehind(kick, stop <-chan struct{}, done chan<- struct{}) {
 				w.setDurable(upTo)
 			}
 		}
+		// A sync that vouched for nothing goes round again while entries
+		// wait for the disk, whether or not a store kicked meanwhile.
+		again = gen != w.gen && w.failed == nil && w.last > w.durable
 		w.mu.Unlock()
 	}
 }
@@ -707,7 +720,12 @@ func (w *WAL) deleteSuffix(from uint64) error {
 	}
 	w.at = w.at[:from-w.base]
 	w.last = from - 1
+	// What is left is on the disk: the segment cut was synced just now,
+	// and every one before it when its successor began. Saying so here
+	// matters: a sync under way when gen moved vouches for nothing, and
+	// no store may follow to wake the syncer again.
 	w.durable = min(w.durable, w.last)
+	w.setDurable(w.last)
 	return nil
 }
 
