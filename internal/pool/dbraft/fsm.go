@@ -39,6 +39,9 @@ func (f fsm) ApplyBatch(logs []*raft.Log) []any {
 	r := f.r
 	out := make([]any, len(logs))
 	if f.durable != nil && len(logs) > 0 {
+		// No deadline: these entries are committed and must be applied,
+		// and the syncer always gets there (entries committed are never
+		// deleted; Close syncs). Only a failed log ends the wait early.
 		if err := f.durable.WaitDurable(context.Background(), logs[len(logs)-1].Index); err != nil {
 			f.refuse(logs, out, err)
 			return out

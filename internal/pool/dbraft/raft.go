@@ -61,7 +61,11 @@ func (r *Replicator) Start(o StartOptions) (err error) {
 	// The leader syncs its own log behind the writer (leaderLog): no
 	// follower learns of a commit its disk does not hold yet.
 	trans := raftnet.ConservativeGated(o.Transport, func(commit uint64) error {
-		return store.log.WaitDurable(context.Background(), commit)
+		// Bounded, as every wait is: an append that gives up is retried
+		// by raft after its backoff.
+		ctx, cancel := context.WithTimeout(context.Background(), gateTimeout)
+		defer cancel()
+		return store.log.WaitDurable(ctx, commit)
 	})
 	if o.Bootstrap {
 		has, err := raft.HasExistingState(store.log, store.stable, snaps)
@@ -372,6 +376,10 @@ func (r *Replicator) nudge() {
 
 // nudgeTimeout bounds how long a nudge waits to enter raft's queue.
 const nudgeTimeout = 5 * time.Second
+
+// gateTimeout bounds how long an append waits for the leader's disk to
+// hold the commit index it carries (far beyond a sync on any disk).
+const gateTimeout = 10 * time.Second
 
 // WaitLeading waits until this host leads the pool and takes writes
 // (raft elected it and it applied everything committed before), or ctx

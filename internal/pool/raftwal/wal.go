@@ -770,7 +770,9 @@ func (w *WAL) Close() error {
 	defer w.mu.Unlock()
 	var err error
 	if n := len(w.segs); n > 0 && w.durable < w.last && w.failed == nil && !w.opts.NoSync {
-		err = fdatasync(w.segs[n-1].f)
+		if err = fdatasync(w.segs[n-1].f); err == nil {
+			w.setDurable(w.last) // wakes anyone still waiting
+		}
 	}
 	return errors.Join(err, w.closeFiles())
 }

@@ -105,100 +105,152 @@ func maxValue(body, marker []byte) int {
 func eventLatency(addr string, pid int, session, vmRef string, classes func(i int) []string, watchers, writes int, interval time.Duration, tag string) (latResult, error) {
 	res := latResult{watchers: watchers, writes: writes}
 	marker := []byte(`"name_description":"` + tag + "-")
-	got := make([][]delivery, watchers)
-	errs := make([]error, watchers)
-	conns := make([]*conn, watchers)
-	var ready, done sync.WaitGroup
-	var stopping atomic.Bool
-	for i := 0; i < watchers; i++ {
-		c, err := dial(addr)
-		if err != nil {
-			return res, err
-		}
-		conns[i] = c
-		ready.Add(1)
-		done.Add(1)
-		go func(i int) {
-			defer done.Done()
-			cls := classes(i)
-			body, err := c.roundTrip(eventFromRequest(addr, session, cls, "", 0))
-			var token string
-			if err == nil {
-				token, err = batchToken(body)
-			}
-			ready.Done()
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			last := -1
-			for last < writes-1 {
-				body, err := c.roundTrip(eventFromRequest(addr, session, cls, token, 30))
-				now := time.Now()
-				if err != nil {
-					if !stopping.Load() {
-						errs[i] = err
-					}
-					return
-				}
-				if k := maxValue(body, marker); k > last {
-					for j := last + 1; j <= k; j++ {
-						got[i] = append(got[i], delivery{seq: j, at: now, direct: j == k})
-					}
-					last = k
-				}
-				if token, err = batchToken(body); err != nil {
-					errs[i] = err
-					return
-				}
-			}
-		}(i)
+	ws, err := startWatchers(addr, session, classes, watchers, writes, marker)
+	if err != nil {
+		return res, err
 	}
-	ready.Wait()
-	time.Sleep(200 * time.Millisecond) // let every watcher's blocking call reach the server
 
 	w, err := newClient(addr)
 	if err != nil {
 		return res, err
 	}
 	defer w.c.Close()
-	start := make([]time.Time, writes)
-	ret := make([]time.Time, writes)
 	cpu0 := cpuTime(pid)
+	start, ret, err := writeValues(w, session, vmRef, tag, writes, interval)
+	if err != nil {
+		return res, err
+	}
+
+	ws.stop()
+	res.cpuPerWrite = (cpuTime(pid) - cpu0) / time.Duration(writes)
+	ws.tally(start, ret, &res)
+	for i, e := range ws.errs {
+		if e != nil {
+			return res, fmt.Errorf("watcher %d: %v", i, e)
+		}
+	}
+	return res, nil
+}
+
+// watchSet is eventLatency's watchers, one goroutine and connection each,
+// and what each has received.
+type watchSet struct {
+	addr, session string
+	writes        int    // how many values the writer sets
+	marker        []byte // the written values, less their number
+	got           [][]delivery
+	errs          []error
+	conns         []*conn
+	ready, done   sync.WaitGroup
+	stopping      atomic.Bool
+}
+
+// startWatchers connects n watchers, watcher i watching classes(i) for
+// the values after marker, and returns once each has its first token and
+// its blocking call has had time to reach the server.
+func startWatchers(addr, session string, classes func(i int) []string, n, writes int, marker []byte) (*watchSet, error) {
+	ws := &watchSet{addr: addr, session: session, writes: writes, marker: marker,
+		got: make([][]delivery, n), errs: make([]error, n), conns: make([]*conn, n)}
+	for i := 0; i < n; i++ {
+		c, err := dial(addr)
+		if err != nil {
+			return nil, err
+		}
+		ws.conns[i] = c
+		ws.ready.Add(1)
+		ws.done.Add(1)
+		go ws.watch(i, c, classes)
+	}
+	ws.ready.Wait()
+	time.Sleep(200 * time.Millisecond) // let every watcher's blocking call reach the server
+	return ws, nil
+}
+
+// watch is the goroutine of watcher i: it takes a token, then loops on
+// event.from on c until it has seen the last value, noting when each
+// value arrived.
+func (ws *watchSet) watch(i int, c *conn, classes func(i int) []string) {
+	defer ws.done.Done()
+	cls := classes(i)
+	body, err := c.roundTrip(eventFromRequest(ws.addr, ws.session, cls, "", 0))
+	var token string
+	if err == nil {
+		token, err = batchToken(body)
+	}
+	ws.ready.Done()
+	if err != nil {
+		ws.errs[i] = err
+		return
+	}
+	last := -1
+	for last < ws.writes-1 {
+		body, err := c.roundTrip(eventFromRequest(ws.addr, ws.session, cls, token, 30))
+		now := time.Now()
+		if err != nil {
+			if !ws.stopping.Load() {
+				ws.errs[i] = err
+			}
+			return
+		}
+		if k := maxValue(body, ws.marker); k > last {
+			for j := last + 1; j <= k; j++ {
+				ws.got[i] = append(ws.got[i], delivery{seq: j, at: now, direct: j == k})
+			}
+			last = k
+		}
+		if token, err = batchToken(body); err != nil {
+			ws.errs[i] = err
+			return
+		}
+	}
+}
+
+// writeValues sets vmRef's name_description to tag-0, tag-1, ... one
+// every interval, and returns when each call started and returned.
+func writeValues(w *client, session, vmRef, tag string, writes int, interval time.Duration) (start, ret []time.Time, err error) {
+	start = make([]time.Time, writes)
+	ret = make([]time.Time, writes)
 	tick := time.NewTicker(interval)
+	defer tick.Stop()
 	for k := 0; k < writes; k++ {
 		<-tick.C
 		start[k] = time.Now()
-		if err := w.call(nil, "VM.set_name_description", session, vmRef, tag+"-"+strconv.Itoa(k)); err != nil {
-			tick.Stop()
-			return res, err
+		if err = w.call(nil, "VM.set_name_description", session, vmRef, tag+"-"+strconv.Itoa(k)); err != nil {
+			return nil, nil, err
 		}
 		ret[k] = time.Now()
 	}
-	tick.Stop()
+	return start, ret, nil
+}
 
+// stop gives the watchers up to 5 s to see the last value, then closes
+// their connections and waits for them to end.
+func (ws *watchSet) stop() {
 	finished := make(chan struct{})
-	go func() { done.Wait(); close(finished) }()
+	go func() { ws.done.Wait(); close(finished) }()
 	select {
 	case <-finished:
 	case <-time.After(5 * time.Second):
 	}
-	stopping.Store(true)
-	for _, c := range conns {
+	ws.stopping.Store(true)
+	for _, c := range ws.conns {
 		c.Close()
 	}
 	<-finished
-	res.cpuPerWrite = (cpuTime(pid) - cpu0) / time.Duration(writes)
+}
 
+// tally records in res the delivery latencies, from the write calls'
+// start and return times, and the write calls' own times.
+func (ws *watchSet) tally(start, ret []time.Time, res *latResult) {
 	var fromRet, fromStart, writesD []time.Duration
-	for k := range writes {
+	for k := range ws.writes {
 		writesD = append(writesD, ret[k].Sub(start[k]))
 	}
-	for i := range got {
-		if errs[i] != nil {
+	for i := range ws.got {
+		if ws.errs[i] != nil {
 			res.errors++
 		}
-		for _, d := range got[i] {
+		for _, d := range ws.got[i] {
 			l := d.at.Sub(ret[d.seq])
 			if l < 0 {
 				res.early++
@@ -212,16 +264,10 @@ func eventLatency(addr string, pid int, session, vmRef string, classes func(i in
 		}
 	}
 	res.samples = len(fromRet)
-	res.missing = watchers*writes - res.samples
+	res.missing = res.watchers*res.writes - res.samples
 	res.p50, res.p99 = percentile(fromRet, 50), percentile(fromRet, 99)
 	res.max = percentile(fromRet, 100)
 	res.p50s, res.p99s = percentile(fromStart, 50), percentile(fromStart, 99)
 	res.writeP50 = percentile(writesD, 50)
 	res.writeP99 = percentile(writesD, 99)
-	for i, e := range errs {
-		if e != nil {
-			return res, fmt.Errorf("watcher %d: %v", i, e)
-		}
-	}
-	return res, nil
 }

@@ -29,72 +29,131 @@ func runThroughput(o options, cl *client, host string, md *strings.Builder) erro
 	}
 	defer stop()
 	logf("throughput: baseline on %s (pid %d); %d rounds x 4 runs x %s, %d clients", baddr, bpid, o.rounds, o.duration, o.clients)
-	type key struct {
-		t    transport
-		base bool
+	tr := &tputRun{o: o, baddr: baddr, bpid: bpid, session: cl.session, host: host,
+		results:   map[tputKey][]tputResult{},
+		ratios:    map[transport][]float64{},
+		cpuRatios: map[transport][]float64{},
+		together:  map[transport][]float64{},
 	}
-	results := map[key][]tputResult{}
-	ratios := map[transport][]float64{}
-	cpuRatios := map[transport][]float64{}
-	var xmlVsJSONBase []float64           // our XML-RPC against the JSON baseline, same round
-	together := map[transport][]float64{} // ratio with both servers loaded at once
 	for r := 0; r < o.rounds; r++ {
 		for _, t := range []transport{jsonRPC, xmlRPC} {
-			order := []bool{false, true}
-			if r%2 == 1 {
-				order = []bool{true, false}
-			}
-			var ours, base tputResult
-			for _, isBase := range order {
-				addr, pid, name := o.addr, o.pid, "toolstackd"
-				if isBase {
-					addr, pid, name = baddr, bpid, "baseline"
-				}
-				res, err := throughput(addr, pid, t, request(addr, t, "host.get_record", cl.session, host), o.clients, o.duration)
-				if err != nil {
-					return fmt.Errorf("%s %s: %w", name, t, err)
-				}
-				logf("round %d %-8s %-10s %8.0f calls/s  p50 %s p99 %s  server CPU %s/call (client %s/call)  other processes %.2f CPUs  errors %d",
-					r+1, t, name, res.rate, ms(res.p50), ms(res.p99), us(res.cpuPerCall()), us(res.clientCPUPerCall()), res.otherLoad(), res.errors)
-				results[key{t, isBase}] = append(results[key{t, isBase}], res)
-				if isBase {
-					base = res
-				} else {
-					ours = res
-				}
-			}
-			// Side by side: both servers under load at the same time, so
-			// that whatever else the machine does hits both alike.
-			var wg sync.WaitGroup
-			var both [2]tputResult
-			var bothErr [2]error
-			for j, a := range []struct {
-				addr string
-				pid  int
-			}{{o.addr, o.pid}, {baddr, bpid}} {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					both[j], bothErr[j] = throughput(a.addr, a.pid, t, request(a.addr, t, "host.get_record", cl.session, host), o.clients, o.duration)
-				}()
-			}
-			wg.Wait()
-			if bothErr[0] != nil || bothErr[1] != nil {
-				return fmt.Errorf("side by side %s: %v %v", t, bothErr[0], bothErr[1])
-			}
-			logf("round %d %-8s side by side: toolstackd %.0f calls/s, baseline %.0f calls/s", r+1, t, both[0].rate, both[1].rate)
-			together[t] = append(together[t], both[0].rate/both[1].rate)
-			ratios[t] = append(ratios[t], ours.rate/base.rate)
-			if t == xmlRPC {
-				jb := results[key{jsonRPC, true}]
-				xmlVsJSONBase = append(xmlVsJSONBase, ours.rate/jb[len(jb)-1].rate)
-			}
-			if ours.cpuPerCall() > 0 {
-				cpuRatios[t] = append(cpuRatios[t], float64(base.cpuPerCall())/float64(ours.cpuPerCall()))
+			if err := tr.round(r, t); err != nil {
+				return err
 			}
 		}
 	}
+	tr.runsTable(md)
+	tr.ratiosTable(md)
+	return nil
+}
 
+// tputKey names one series of throughput runs: a transport, against
+// toolstackd or the baseline.
+type tputKey struct {
+	t    transport
+	base bool
+}
+
+// tputRun is one runThroughput: the baseline it compares toolstackd with,
+// the record it asks both for, and what its rounds have measured.
+type tputRun struct {
+	o             options
+	baddr         string // the baseline's address and process
+	bpid          int
+	session, host string
+	results       map[tputKey][]tputResult
+	ratios        map[transport][]float64 // calls/s, ours over the baseline's, back to back
+	cpuRatios     map[transport][]float64 // the baseline's server CPU per call over ours
+	xmlVsJSONBase []float64               // our XML-RPC against the JSON baseline, same round
+	together      map[transport][]float64 // ratio with both servers loaded at once
+}
+
+// load runs the throughput test of host.get_record over t against the
+// server at addr whose process is pid.
+func (tr *tputRun) load(addr string, pid int, t transport) (tputResult, error) {
+	return throughput(addr, pid, t, request(addr, t, "host.get_record", tr.session, tr.host), tr.o.clients, tr.o.duration)
+}
+
+// round measures transport t in round r, back to back and then side by
+// side, and adds that round's ratios.
+func (tr *tputRun) round(r int, t transport) error {
+	ours, base, err := tr.backToBack(r, t)
+	if err != nil {
+		return err
+	}
+	both, err := tr.sideBySide(t)
+	if err != nil {
+		return err
+	}
+	logf("round %d %-8s side by side: toolstackd %.0f calls/s, baseline %.0f calls/s", r+1, t, both[0].rate, both[1].rate)
+	tr.together[t] = append(tr.together[t], both[0].rate/both[1].rate)
+	tr.ratios[t] = append(tr.ratios[t], ours.rate/base.rate)
+	if t == xmlRPC {
+		jb := tr.results[tputKey{jsonRPC, true}]
+		tr.xmlVsJSONBase = append(tr.xmlVsJSONBase, ours.rate/jb[len(jb)-1].rate)
+	}
+	if ours.cpuPerCall() > 0 {
+		tr.cpuRatios[t] = append(tr.cpuRatios[t], float64(base.cpuPerCall())/float64(ours.cpuPerCall()))
+	}
+	return nil
+}
+
+// backToBack loads toolstackd and then the baseline over t, the other way
+// round in odd rounds, logging and keeping each run's result.
+func (tr *tputRun) backToBack(r int, t transport) (ours, base tputResult, err error) {
+	order := []bool{false, true}
+	if r%2 == 1 {
+		order = []bool{true, false}
+	}
+	for _, isBase := range order {
+		addr, pid, name := tr.o.addr, tr.o.pid, "toolstackd"
+		if isBase {
+			addr, pid, name = tr.baddr, tr.bpid, "baseline"
+		}
+		res, err := tr.load(addr, pid, t)
+		if err != nil {
+			return ours, base, fmt.Errorf("%s %s: %w", name, t, err)
+		}
+		logf("round %d %-8s %-10s %8.0f calls/s  p50 %s p99 %s  server CPU %s/call (client %s/call)  other processes %.2f CPUs  errors %d",
+			r+1, t, name, res.rate, ms(res.p50), ms(res.p99), us(res.cpuPerCall()), us(res.clientCPUPerCall()), res.otherLoad(), res.errors)
+		tr.results[tputKey{t, isBase}] = append(tr.results[tputKey{t, isBase}], res)
+		if isBase {
+			base = res
+		} else {
+			ours = res
+		}
+	}
+	return ours, base, nil
+}
+
+// sideBySide loads toolstackd and the baseline over t at the same time,
+// so that whatever else the machine does hits both alike, and returns
+// their results in that order.
+func (tr *tputRun) sideBySide(t transport) ([2]tputResult, error) {
+	var wg sync.WaitGroup
+	var both [2]tputResult
+	var bothErr [2]error
+	for j, a := range []struct {
+		addr string
+		pid  int
+	}{{tr.o.addr, tr.o.pid}, {tr.baddr, tr.bpid}} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			both[j], bothErr[j] = tr.load(a.addr, a.pid, t)
+		}()
+	}
+	wg.Wait()
+	if bothErr[0] != nil || bothErr[1] != nil {
+		return both, fmt.Errorf("side by side %s: %v %v", t, bothErr[0], bothErr[1])
+	}
+	return both, nil
+}
+
+// runsTable writes the report's table of every server and transport's
+// runs: medians over rounds, with the range of calls/s.
+func (tr *tputRun) runsTable(md *strings.Builder) {
+	o := tr.o
 	fmt.Fprintf(md, "### 1. host.get_record throughput\n\n")
 	fmt.Fprintf(md, "%d keep-alive clients, each looping for %s per run; %d rounds, each running, per transport, toolstackd and the baseline back to back (order alternating) and then both at once; medians over rounds (min–max in brackets). Server CPU is the server process's user+system time divided by calls; load generator CPU is tsload's own; other processes' load is the rest of the machine's busy time (other builds and tests), in CPUs, during the run.\n\n",
 		o.clients, o.duration, o.rounds)
@@ -102,7 +161,7 @@ func runThroughput(o options, cl *client, host string, md *strings.Builder) erro
 	fmt.Fprintf(md, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, t := range []transport{jsonRPC, xmlRPC} {
 		for _, isBase := range []bool{false, true} {
-			rs := results[key{t, isBase}]
+			rs := tr.results[tputKey{t, isBase}]
 			var rates, other []float64
 			var p50, p99, cpu, ccpu []time.Duration
 			errs := 0
@@ -124,20 +183,24 @@ func runThroughput(o options, cl *client, host string, md *strings.Builder) erro
 				t, name, medianF(rates), lo, hi, ms(medianD(p50)), ms(medianD(p99)), us(medianD(cpu)), us(medianD(ccpu)), medianF(other), rs[0].replyBytes, errs)
 		}
 	}
-	fmt.Fprintf(md, "\nRatios toolstackd/baseline, medians of the per-round ratios: calls/s in back-to-back runs; calls/s with both servers loaded at once (%d clients each; the machine's other load hits both alike); and CPU efficiency (baseline's server CPU per call ÷ ours).\n\n", o.clients)
+}
+
+// ratiosTable writes the report's table of toolstackd/baseline ratios,
+// medians of the per-round ones, against the goal of at least half.
+func (tr *tputRun) ratiosTable(md *strings.Builder) {
+	fmt.Fprintf(md, "\nRatios toolstackd/baseline, medians of the per-round ratios: calls/s in back-to-back runs; calls/s with both servers loaded at once (%d clients each; the machine's other load hits both alike); and CPU efficiency (baseline's server CPU per call ÷ ours).\n\n", tr.o.clients)
 	fmt.Fprintf(md, "| transport | calls/s, back to back | calls/s, side by side | CPU efficiency | goal ≥ 0.5 met |\n|---|---:|---:|---:|---|\n")
 	for _, t := range []transport{jsonRPC, xmlRPC} {
-		lo, hi := minMaxF(ratios[t])
-		tlo, thi := minMaxF(together[t])
-		clo, chi := minMaxF(cpuRatios[t])
-		fmt.Fprintf(md, "| %s | %.2f (%.2f–%.2f) | %.2f (%.2f–%.2f) | %.2f (%.2f–%.2f) | %s |\n", t, medianF(ratios[t]), lo, hi,
-			medianF(together[t]), tlo, thi, medianF(cpuRatios[t]), clo, chi,
-			yesNo(medianF(ratios[t]) >= 0.5 && medianF(together[t]) >= 0.5))
+		lo, hi := minMaxF(tr.ratios[t])
+		tlo, thi := minMaxF(tr.together[t])
+		clo, chi := minMaxF(tr.cpuRatios[t])
+		fmt.Fprintf(md, "| %s | %.2f (%.2f–%.2f) | %.2f (%.2f–%.2f) | %.2f (%.2f–%.2f) | %s |\n", t, medianF(tr.ratios[t]), lo, hi,
+			medianF(tr.together[t]), tlo, thi, medianF(tr.cpuRatios[t]), clo, chi,
+			yesNo(medianF(tr.ratios[t]) >= 0.5 && medianF(tr.together[t]) >= 0.5))
 	}
-	lo, hi := minMaxF(xmlVsJSONBase)
-	fmt.Fprintf(md, "| our XML-RPC vs the JSON-RPC baseline | %.2f (%.2f–%.2f) | | | %s |\n", medianF(xmlVsJSONBase), lo, hi, yesNo(medianF(xmlVsJSONBase) >= 0.5))
+	lo, hi := minMaxF(tr.xmlVsJSONBase)
+	fmt.Fprintf(md, "| our XML-RPC vs the JSON-RPC baseline | %.2f (%.2f–%.2f) | | | %s |\n", medianF(tr.xmlVsJSONBase), lo, hi, yesNo(medianF(tr.xmlVsJSONBase) >= 0.5))
 	md.WriteString("\n")
-	return nil
 }
 
 func runLatency(o options, cl *client, vmRef string, md *strings.Builder) error {
