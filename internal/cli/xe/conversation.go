@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"toolstackd/internal/cli/proto"
+	"toolstackd/internal/lineio"
 )
 
 // conversation is the client's side of one command.
@@ -217,13 +218,20 @@ type httpReply struct {
 	length   int64
 }
 
+// maxReplyHeader bounds an HTTP reply's status line and headers
+// together, as net/http's client bounds them: a server (or one that a
+// redirect names) cannot make xe hold more than this for them.
+const maxReplyHeader = 64 << 10
+
+// readReply reads an HTTP reply's status line and headers.
 func readReply(br *bufio.Reader) (httpReply, error) {
 	r := httpReply{length: -1}
-	line, err := br.ReadString('\n')
+	budget := maxReplyHeader
+	line, err := readHeaderLine(br, &budget)
 	if err != nil {
 		return r, err
 	}
-	r.status = strings.TrimRight(line, "\r\n")
+	r.status = line
 	parts := strings.Fields(r.status)
 	if len(parts) < 2 || !strings.HasPrefix(parts[0], "HTTP/") {
 		return r, fmt.Errorf("bad response from HTTP server: %q", r.status)
@@ -232,11 +240,10 @@ func readReply(br *bufio.Reader) (httpReply, error) {
 		return r, fmt.Errorf("bad response from HTTP server: %q", r.status)
 	}
 	for {
-		line, err := br.ReadString('\n')
+		line, err := readHeaderLine(br, &budget)
 		if err != nil {
 			return r, err
 		}
-		line = strings.TrimRight(line, "\r\n")
 		if line == "" {
 			return r, nil
 		}
@@ -246,11 +253,25 @@ func readReply(br *bufio.Reader) (httpReply, error) {
 		case "location":
 			r.location = v
 		case "content-length":
-			if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+			if n, err := strconv.ParseInt(v, 10, 64); err == nil && n >= 0 {
 				r.length = n
 			}
 		}
 	}
+}
+
+// readHeaderLine reads one line of a reply's head, without its line
+// ending, taking its length from what *budget still allows.
+func readHeaderLine(br *bufio.Reader, budget *int) (string, error) {
+	line, err := lineio.ReadLine(br, *budget)
+	if errors.Is(err, lineio.ErrTooLong) {
+		return "", fmt.Errorf("bad response from HTTP server: status line and headers over %d bytes", maxReplyHeader)
+	}
+	if err != nil {
+		return "", err
+	}
+	*budget -= len(line)
+	return strings.TrimRight(string(line), "\r\n"), nil
 }
 
 // transfer uploads (put) or downloads a file over HTTP, following

@@ -928,6 +928,12 @@ func decodeRow(c *schema.Class, b []byte) (created, modified uint64, values []an
 		if f == nil {
 			return 0, 0, nil, fmt.Errorf("unknown column %q", col)
 		}
+		if !f.Persist || f.Derived {
+			// Never written (encodeRow): a file that has one was not
+			// written by this code, and such a column is the running
+			// daemon's to fill in, not the file's.
+			continue
+		}
 		v, perr := schema.ParseExact(f.Type, val)
 		if perr != nil {
 			return 0, 0, nil, fmt.Errorf("column %s: %w", col, perr)

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"toolstackd/internal/lineio"
 )
 
 // A small client for the QEMU Machine Protocol: JSON objects, one per
@@ -36,6 +38,12 @@ type QMPEvent struct {
 		Microseconds int64 `json:"microseconds"`
 	} `json:"timestamp"`
 }
+
+// maxQMPLine bounds one QMP message (a line). The largest replies
+// toolstackd asks for (query-block, query-migrate) are kilobytes; a
+// QEMU that sends more is not trusted to be QEMU any more, and the
+// connection ends.
+const maxQMPLine = 16 << 20
 
 // ErrQMPClosed is returned for commands on a connection that has ended
 // (QEMU exited or the socket closed).
@@ -80,7 +88,7 @@ func DialQMP(ctx context.Context, path string, onEvent func(QMPEvent)) (*QMP, er
 	} else {
 		q.conn.SetReadDeadline(time.Now().Add(30 * time.Second))
 	}
-	line, err := r.ReadBytes('\n')
+	line, err := lineio.ReadLine(r, maxQMPLine)
 	if err != nil {
 		_ = c.Close()
 		return nil, fmt.Errorf("qmp greeting: %w", err)
@@ -109,9 +117,9 @@ func (q *QMP) readLoop(r *bufio.Reader) {
 	var err error
 	for {
 		var line []byte
-		line, err = r.ReadBytes('\n')
+		line, err = lineio.ReadLine(r, maxQMPLine)
 		if err != nil {
-			break
+			break // a line over the bound ends the connection too
 		}
 		var m qmpReply
 		if json.Unmarshal(line, &m) != nil {

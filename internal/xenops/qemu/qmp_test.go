@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"toolstackd/internal/lineio"
 )
 
 // fakeQMP is a QMP server speaking just enough of the protocol: greeting,
@@ -204,5 +206,35 @@ func TestQMPBadGreeting(t *testing.T) {
 	}()
 	if _, err := DialQMP(context.Background(), path, nil); err == nil {
 		t.Fatal("a non-QMP peer was accepted")
+	}
+}
+
+// TestQMPEndlessLine: a peer that never ends its greeting line is
+// refused once the line passes maxQMPLine, not read into memory for ever.
+func TestQMPEndlessLine(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "s")
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		chunk := make([]byte, 1<<20)
+		for i := range chunk {
+			chunk[i] = '{'
+		}
+		for range maxQMPLine>>20 + 2 {
+			if _, err := c.Write(chunk); err != nil {
+				return
+			}
+		}
+	}()
+	if _, err := DialQMP(context.Background(), path, nil); !errors.Is(err, lineio.ErrTooLong) {
+		t.Fatalf("an endless greeting: %v", err)
 	}
 }
