@@ -191,39 +191,37 @@ func TestQMPClient(t *testing.T) {
 }
 
 func TestQMPBadGreeting(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "s")
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	go func() {
-		c, err := l.Accept()
-		if err == nil {
-			c.Write([]byte("hello\n"))
-			c.Close()
-		}
-	}()
+	path := servePeer(t, func(c net.Conn) { c.Write([]byte("hello\n")) })
 	if _, err := DialQMP(context.Background(), path, nil); err == nil {
 		t.Fatal("a non-QMP peer was accepted")
 	}
 }
 
-// TestQMPEndlessLine: a peer that never ends its greeting line is
-// refused once the line passes maxQMPLine, not read into memory for ever.
-func TestQMPEndlessLine(t *testing.T) {
+// servePeer serves one connection on a new Unix socket with fn, which
+// stands for whatever is at the other end of a QMP socket; it returns
+// the socket's path.
+func servePeer(t *testing.T, fn func(net.Conn)) string {
 	path := filepath.Join(t.TempDir(), "s")
 	l, err := net.Listen("unix", path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
+	t.Cleanup(func() { l.Close() })
 	go func() {
 		c, err := l.Accept()
 		if err != nil {
 			return
 		}
 		defer c.Close()
+		fn(c)
+	}()
+	return path
+}
+
+// TestQMPEndlessLine: a peer that never ends its greeting line is
+// refused once the line passes maxQMPLine, not read into memory for ever.
+func TestQMPEndlessLine(t *testing.T) {
+	path := servePeer(t, func(c net.Conn) {
 		chunk := make([]byte, 1<<20)
 		for i := range chunk {
 			chunk[i] = '{'
@@ -233,7 +231,7 @@ func TestQMPEndlessLine(t *testing.T) {
 				return
 			}
 		}
-	}()
+	})
 	if _, err := DialQMP(context.Background(), path, nil); !errors.Is(err, lineio.ErrTooLong) {
 		t.Fatalf("an endless greeting: %v", err)
 	}
