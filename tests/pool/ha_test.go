@@ -60,10 +60,18 @@ func waitRunningElsewhere(r rpc, vm, gone string, bound time.Duration) (string, 
 func TestHARestartsAKilledHostsVMs(t *testing.T) {
 	r, p, hosts, vm := haPool(t, 2)
 	tm, _ := lease.ParseTiming(haTiming)
+	killed := time.Now()
 	p.Kill(2)
-	on, took := waitRunningElsewhere(r, vm, hosts[2], 30*time.Second)
+	on, _ := waitRunningElsewhere(r, vm, hosts[2], 30*time.Second)
+	took := time.Since(killed)
 	t.Logf("kill -9 of the VM's host: running again on %s after %v (fence interval %v)", on, took, tm.FenceAfter())
-	if took < tm.FenceAfter()-tm.Renew {
+	// The coordinator counts the fence interval from the host's last
+	// renewal it granted, not from the kill, which this test sees. That
+	// renewal came up to one renewal period before the kill, more when
+	// the next one was in flight or its tick late on a loaded machine
+	// (CI once saw 5.11 s against a bound of one period, 5.12 s): allow
+	// two. A restart on liveness alone (2 s here) still fails.
+	if took < tm.FenceAfter()-2*tm.Renew {
 		t.Errorf("restarted after %v, before the fence interval %v allows", took, tm.FenceAfter())
 	}
 	if live := r.call("host_metrics.get_live", r.str("host.get_metrics", hosts[2])); string(live) != "false" {
