@@ -537,22 +537,12 @@ func (w *WAL) startSyncer() {
 // sync runs without the lock, so writes and reads go on meanwhile.
 func (w *WAL) syncBehind(kick, stop <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
-	again := false
 	for {
-		if again { // go round at once, unless stopped
-			select {
-			case <-stop:
-				return
-			default:
-			}
-		} else {
-			select {
-			case <-kick:
-			case <-stop:
-				return
-			}
+		select {
+		case <-kick:
+		case <-stop:
+			return
 		}
-		again = false
 		w.mu.RLock()
 		upTo, gen, n := w.last, w.gen, len(w.segs)
 		var seg *segment
@@ -576,7 +566,12 @@ func (w *WAL) syncBehind(kick, stop <-chan struct{}, done chan<- struct{}) {
 		}
 		// A sync that vouched for nothing goes round again while entries
 		// wait for the disk, whether or not a store kicked meanwhile.
-		again = gen != w.gen && w.failed == nil && w.last > w.durable
+		if gen != w.gen && w.failed == nil && w.last > w.durable {
+			select {
+			case w.kick <- struct{}{}:
+			default: // a kick is pending already
+			}
+		}
 		w.mu.Unlock()
 	}
 }
