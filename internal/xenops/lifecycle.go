@@ -7,6 +7,7 @@ import (
 
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
+	"toolstackd/internal/schema"
 	"toolstackd/internal/xenops/backend"
 	"toolstackd/internal/xerr"
 )
@@ -117,6 +118,35 @@ type vmCheck struct {
 	defaultTpl bool
 	blocked    map[string]string
 	acpi       bool
+}
+
+// vmOpsInputs are the VM fields vmStale reads (vmCheckOf's among them):
+// a change to any other field of a VM cannot leave its allowed_operations,
+// or its devices', stale, and watchDB passes over it. (Most writes are
+// of such fields: names, descriptions, other_config's keys of clients.)
+// TestVMOpsInputsComplete checks the list against the code.
+var vmOpsInputs = []*schema.Field{
+	dm.VM.OtherConfig, dm.VM.Platform, dm.VM.CurrentOperations, dm.VM.BlockedOperations,
+	dm.VM.PowerState, dm.VM.IsATemplate, dm.VM.IsASnapshot, dm.VM.IsControlDomain,
+	dm.VM.IsDefaultTemplate, dm.VM.Domid, dm.VM.VBDs, dm.VM.VIFs,
+}
+
+// vmOpsInputChanged says whether a change to a VM may touch one of
+// vmOpsInputs: a new row, a write of one of them, or a whole row (as a
+// pool's members apply them) that differs in one.
+func vmOpsInputChanged(ch *db.Change) bool {
+	if ch.Old == nil || ch.Row == nil {
+		return true
+	}
+	if ch.Field != nil {
+		return slices.Contains(vmOpsInputs, ch.Field)
+	}
+	for _, f := range vmOpsInputs {
+		if !schema.Equal(ch.Old.Get(f), ch.Row.Get(f)) {
+			return true
+		}
+	}
+	return false
 }
 
 func vmCheckOf(r db.Reader, row *db.Row) vmCheck {

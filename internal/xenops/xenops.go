@@ -506,6 +506,8 @@ func refreshDev(tx *db.Tx, cls *schema.Class, ref string) error {
 
 // vmStale says whether a VM's (or its devices') allowed_operations
 // differ from what the rules give now.
+//
+// It reads the VM fields in vmOpsInputs, and the VM's devices.
 func vmStale(r db.Reader, row *db.Row) bool {
 	if !schema.Equal(row.Get(dm.VM.AllowedOperations), allowedVMOps(vmCheckOf(r, row))) {
 		return true
@@ -1041,7 +1043,7 @@ func (m *Manager) watchDB() {
 			for _, ch := range b.Changes {
 				switch ch.Class {
 				case dm.VM.Class:
-					if ch.Op == db.OpDelete || ch.Field == dm.VM.AllowedOperations {
+					if ch.Op == db.OpDelete || !vmOpsInputChanged(&ch) {
 						continue
 					}
 					touched[ch.Ref] = true

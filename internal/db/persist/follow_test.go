@@ -11,6 +11,7 @@ import (
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/db/persist"
+	"toolstackd/internal/schema"
 	"toolstackd/internal/testfs"
 )
 
@@ -29,9 +30,9 @@ func (e *early) Append(b *db.Batch) {
 
 // openFollowing opens a store at path whose writers are released before
 // the file is written, with fsync off (persist.Store.SetSync(false)).
-func openFollowing(t *testing.T, path string) (*persist.Store, *db.DB) {
+func openFollowing(t *testing.T, path string, opts persist.Options) (*persist.Store, *db.DB) {
 	t.Helper()
-	st, err := persist.Open(path, dm.Model, persist.Options{})
+	st, err := persist.Open(path, dm.Model, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +55,7 @@ func openFollowing(t *testing.T, path string) (*persist.Store, *db.DB) {
 func TestFollowingFileRetriesInsteadOfRefusing(t *testing.T) {
 	mnt := testfs.MountTmpfs(t, "4m")
 	path := filepath.Join(mnt, "state.db")
-	st, d := openFollowing(t, path)
+	st, d := openFollowing(t, path, persist.Options{})
 	filler := filepath.Join(mnt, "filler")
 	testfs.Fill(t, filler)
 
@@ -138,4 +139,113 @@ func TestFlushDoesNotHang(t *testing.T) {
 		t.Fatal(err)
 	}
 	st.Flush()
+}
+
+// A following file gathers the changes of its linger into one write:
+// 200 writes of one VM, 1 ms apart, take a handful of transactions (each
+// encoding the row once), where a file that is the durable record takes
+// one sync per group of waiting writers.
+func TestFollowingFileGathersWrites(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	st, d := openFollowing(t, path, persist.Options{})
+	ref := insertVM(t, d)
+	st.Flush()
+	before := st.Syncs()
+	start := time.Now()
+	const writes = 200
+	for i := range writes {
+		setVM(t, d, dm.VM.NameDescription, ref, fmt.Sprint(i))
+		time.Sleep(time.Millisecond)
+	}
+	elapsed := time.Since(start)
+	st.Flush()
+	n := st.Syncs() - before
+	// One write per linger at the most, and one for the Flush.
+	if limit := int(elapsed/persist.DefaultFollowLinger) + 2; n > limit {
+		t.Errorf("%d writes of the file for %d changes in %v: more than one per %v", n, writes, elapsed, persist.DefaultFollowLinger)
+	}
+	t.Logf("%d changes in %v: %d writes of the file", writes, elapsed, n)
+}
+
+// Flush, SetSync(true) and Close each end a linger at once: with a linger
+// of a minute, each brings the file up to date within seconds.
+func TestLingerCutShort(t *testing.T) {
+	caughtUp := func(t *testing.T, st *persist.Store) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for q, h := st.Progress(); h < q; q, h = st.Progress() {
+			if time.Now().After(deadline) {
+				t.Fatalf("the file is %d batches behind after 5s", q-h)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	long := persist.Options{FollowLinger: time.Minute}
+	t.Run("Flush", func(t *testing.T) {
+		st, d := openFollowing(t, filepath.Join(t.TempDir(), "state.db"), long)
+		defer func() { _ = st.Close() }()
+		ref := insertVM(t, d) // the first write: no linger before it
+		caughtUp(t, st)
+		for i := range 3 {
+			setVM(t, d, dm.VM.NameLabel, ref, fmt.Sprint(i))
+			done := make(chan struct{})
+			go func() { st.Flush(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(5 * time.Second):
+				t.Fatal("Flush waited out the linger")
+			}
+		}
+	})
+	t.Run("SetSync", func(t *testing.T) {
+		st, d := openFollowing(t, filepath.Join(t.TempDir(), "state.db"), long)
+		defer func() { _ = st.Close() }()
+		ref := insertVM(t, d)
+		caughtUp(t, st)
+		setVM(t, d, dm.VM.NameLabel, ref, "lingering")
+		time.Sleep(10 * time.Millisecond) // the loop is in its linger
+		if err := st.SetSync(true); err != nil {
+			t.Fatal(err)
+		}
+		caughtUp(t, st)
+	})
+	t.Run("Close", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "state.db")
+		st, d := openFollowing(t, path, long)
+		ref := insertVM(t, d)
+		caughtUp(t, st)
+		setVM(t, d, dm.VM.NameLabel, ref, "last")
+		time.Sleep(10 * time.Millisecond)
+		t0 := time.Now()
+		if err := st.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if el := time.Since(t0); el > 5*time.Second {
+			t.Errorf("Close took %v", el)
+		}
+		st2, d2 := open(t, path, persist.Options{})
+		defer func() { _ = st2.Close() }()
+		if row, ok := d2.Snapshot().Get(dm.VM.Class, ref); !ok || row.String(dm.VM.NameLabel) != "last" {
+			t.Fatalf("the file after Close lacks the last change (%v)", ok)
+		}
+	})
+}
+
+func insertVM(t *testing.T, d *db.DB) string {
+	t.Helper()
+	var ref string
+	if _, err := d.Update(func(tx *db.Tx) (err error) {
+		ref, err = tx.Insert(dm.VM.Class, "", (&dm.VMRecord{NameLabel: "vm"}).Row())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return ref
+}
+
+func setVM(t *testing.T, d *db.DB, f *schema.Field, ref string, v any) {
+	t.Helper()
+	if _, err := d.Update(func(tx *db.Tx) error { return tx.Set(f, ref, v) }); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -97,6 +97,15 @@ type Options struct {
 	// reads them back. The pool records there the raft index the file
 	// holds, in the same transaction as the rows.
 	Mark func(gen uint64) []byte
+	// FollowLinger is how long a file that follows another durable
+	// record (SetSync(false)) gathers changes before it writes them
+	// (default DefaultFollowLinger; negative: not at all). One bbolt
+	// transaction then carries every change made in that time, and a row
+	// changed many times is encoded once. Nobody waits for these writes
+	// (the record elsewhere released the writers); Flush, Close and
+	// SetSync(true) cut the wait short; what the file lacks at a crash is
+	// brought forward from the record at the next start.
+	FollowLinger time.Duration
 }
 
 // Back-off between write attempts while the disk refuses writes: it
@@ -107,6 +116,9 @@ const (
 	// backoffMemory: a failure this long after the previous one starts
 	// the back-off afresh.
 	backoffMemory = 10 * time.Second
+	// DefaultFollowLinger is Options.FollowLinger's default: at most 50
+	// writes a second of a file that follows raft's log.
+	DefaultFollowLinger = 20 * time.Millisecond
 )
 
 // Store is an open database file.
@@ -117,6 +129,8 @@ type Store struct {
 	path  string
 	bopts *bolt.Options
 	mark  func(gen uint64) []byte
+	// linger is Options.FollowLinger (0: none).
+	linger time.Duration
 
 	// fileMu is held for every use of the file.
 	fileMu sync.Mutex
@@ -154,6 +168,13 @@ type Store struct {
 	flushed         *sync.Cond
 	syncs           int // bbolt transactions written, for tests of group commit
 	failures        int // failed write attempts, for tests
+	// flushing counts the Flush calls waiting: the loop does not linger
+	// while one waits. lastFollow is when the loop last wrote the file
+	// as a follower (the loop's own); lingerGen numbers its lingers and
+	// lingerWoke is the one whose time ran out.
+	flushing              int
+	lastFollow            time.Time
+	lingerGen, lingerWoke uint64
 	// Observers see every batch after it is on disk, in order (the redo
 	// log uses this).
 	observers []func(*db.Batch)
@@ -211,8 +232,14 @@ func Open(path string, m *schema.Model, opts Options) (s *Store, err error) {
 	if opts.MaxRetryInterval <= 0 {
 		opts.MaxRetryInterval = DefaultMaxRetryInterval
 	}
+	switch {
+	case opts.FollowLinger == 0:
+		opts.FollowLinger = DefaultFollowLinger
+	case opts.FollowLinger < 0:
+		opts.FollowLinger = 0
+	}
 	s = &Store{bolt: b, model: m, log: opts.Log, path: path, bopts: bopts, maxRetry: opts.MaxRetryInterval,
-		mark: opts.Mark, done: make(chan struct{})}
+		mark: opts.Mark, linger: opts.FollowLinger, done: make(chan struct{})}
 	s.cond = sync.NewCond(&s.mu)
 	s.flushed = sync.NewCond(&s.mu)
 	if err := s.checkSchema(path, opts.Upgrades); err != nil {
@@ -365,9 +392,12 @@ func (s *Store) Flush() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	target := s.queued
+	s.flushing++
+	s.cond.Broadcast() // a lingering loop writes at once
 	for s.handled < target && !s.stopped && s.d != nil {
 		s.flushed.Wait()
 	}
+	s.flushing--
 }
 
 // run is the group-commit loop: it takes every queued batch, writes them
@@ -385,6 +415,7 @@ func (s *Store) run() {
 		for len(s.queue) == 0 && !s.closing {
 			s.cond.Wait()
 		}
+		s.lingerLocked()
 		group := s.queue
 		s.queue = nil
 		closing := s.closing
@@ -395,6 +426,7 @@ func (s *Store) run() {
 		n := len(group)
 		if s.following.Load() {
 			n = s.follow(group)
+			s.lastFollow = time.Now()
 		} else {
 			s.commit(group, closing)
 		}
@@ -403,6 +435,30 @@ func (s *Store) run() {
 		s.mu.Unlock()
 		s.flushed.Broadcast()
 	}
+}
+
+// lingerLocked waits, under mu, until Options.FollowLinger has passed
+// since the file was last written as a follower, so that the changes of
+// that time go into one transaction. It waits only while the file
+// follows another record, and not at all while a Flush waits or the
+// store closes.
+func (s *Store) lingerLocked() {
+	wait := time.Until(s.lastFollow.Add(s.linger))
+	if wait <= 0 || !s.following.Load() || s.flushing > 0 || s.closing {
+		return
+	}
+	s.lingerGen++
+	gen := s.lingerGen
+	t := time.AfterFunc(wait, func() {
+		s.mu.Lock()
+		s.lingerWoke = gen
+		s.mu.Unlock()
+		s.cond.Broadcast()
+	})
+	for s.lingerWoke != gen && s.following.Load() && s.flushing == 0 && !s.closing {
+		s.cond.Wait()
+	}
+	t.Stop()
 }
 
 // commit writes a group whose writers wait for it: on failure they, and
@@ -677,6 +733,10 @@ func (s *Store) SetSync(on bool) error {
 	s.fileMu.Lock()
 	defer s.fileMu.Unlock()
 	s.following.Store(!on)
+	// A loop lingering as a follower writes at once (see lingerLocked).
+	s.mu.Lock()
+	s.mu.Unlock() //nolint:staticcheck // empty section: orders the Broadcast after any check of following
+	s.cond.Broadcast()
 	s.bopts.NoSync = !on
 	if s.bolt == nil {
 		return nil
