@@ -82,6 +82,10 @@ func (r *Replicator) Start(o StartOptions) (err error) {
 	if err := r.catchUp(snaps); err != nil {
 		return err
 	}
+	logs, err := raft.NewLogCache(logCacheEntries, leaderLog{store.log, r.leading})
+	if err != nil {
+		return err
+	}
 	// Raft's log is the durable record from now on: the file is written
 	// without waiting for the disk (see catchUp for the way back), once
 	// what was written alone is synced.
@@ -91,7 +95,7 @@ func (r *Replicator) Start(o StartOptions) (err error) {
 		r.setMode(Standalone)
 		return err
 	}
-	rf, err := raft.NewRaft(conf, fsm{r: r, durable: store.log}, leaderLog{store.log, r.leading}, store.stable, snaps, trans)
+	rf, err := raft.NewRaft(conf, fsm{r: r, durable: store.log}, logs, store.stable, snaps, trans)
 	if err != nil {
 		_ = r.store.SetSync(true)
 		r.setMode(Standalone)

@@ -13,6 +13,12 @@ import (
 // logDirName is the directory under StartOptions.Dir holding raft's log.
 const logDirName = "log"
 
+// logCacheEntries is how many of the newest entries raft reads from
+// memory (raft.LogCache) instead of the log's files: the leader reads
+// each entry once per follower to send it, and every host once more to
+// apply it, each read otherwise a pread, a checksum and a decode.
+const logCacheEntries = 512
+
 // logStores are raft's durable state on a host: the log in append-only
 // segment files (raftwal: one sync an append), and the term, the vote
 // and other small values in raftstore's bbolt file (raft.db), which
