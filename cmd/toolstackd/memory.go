@@ -10,11 +10,22 @@ import (
 // (K, M, G, T, with or without "iB"; powers of 1024).
 type memSize int64
 
+// String is the amount in the largest unit that holds it whole (64MiB),
+// as Set reads it back.
 func (m *memSize) String() string {
 	if *m == 0 {
 		return "0"
 	}
-	return strconv.FormatInt(int64(*m), 10)
+	v := int64(*m)
+	for _, u := range []struct {
+		name  string
+		shift uint
+	}{{"TiB", 40}, {"GiB", 30}, {"MiB", 20}, {"KiB", 10}} {
+		if v%(1<<u.shift) == 0 {
+			return strconv.FormatInt(v>>u.shift, 10) + u.name
+		}
+	}
+	return strconv.FormatInt(v, 10)
 }
 
 func (m *memSize) Type() string { return "size" }

@@ -16,3 +16,17 @@ func TestMemSize(t *testing.T) {
 		}
 	}
 }
+
+// String reads back through Set, in the largest whole unit.
+func TestMemSizeString(t *testing.T) {
+	for v, want := range map[int64]string{0: "0", 1000: "1000", 1 << 20: "1MiB", 64 << 20: "64MiB", 1536 << 20: "1536MiB", 16 << 30: "16GiB", 3 << 40: "3TiB", 3 << 10: "3KiB"} {
+		m := memSize(v)
+		if got := m.String(); got != want {
+			t.Errorf("%d: %q, want %q", v, got, want)
+		}
+		var back memSize
+		if err := back.Set(m.String()); err != nil || back != m {
+			t.Errorf("%q read back as %d (%v)", m.String(), back, err)
+		}
+	}
+}

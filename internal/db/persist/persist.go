@@ -732,10 +732,11 @@ func (s *Store) update(gen uint64, fn func(tx *bolt.Tx) error) (err error) {
 func (s *Store) SetSync(on bool) error {
 	s.fileMu.Lock()
 	defer s.fileMu.Unlock()
-	s.following.Store(!on)
-	// A loop lingering as a follower writes at once (see lingerLocked).
+	// Under mu, so that a loop lingering as a follower (lingerLocked)
+	// sees the change or is woken by the Broadcast.
 	s.mu.Lock()
-	s.mu.Unlock() //nolint:staticcheck // empty section: orders the Broadcast after any check of following
+	s.following.Store(!on)
+	s.mu.Unlock()
 	s.cond.Broadcast()
 	s.bopts.NoSync = !on
 	if s.bolt == nil {
