@@ -197,6 +197,10 @@ type Class struct {
 // Field finds a field by API name or database column name.
 func (c *Class) Field(name string) *Field { return c.fieldByName[name] }
 
+// FieldBytes is Field for a name still in a decoder's buffer (no copy of
+// it is made).
+func (c *Class) FieldBytes(name []byte) *Field { return c.fieldByName[string(name)] }
+
 // Param is one parameter of a message.
 type Param struct {
 	Name     string

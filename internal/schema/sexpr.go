@@ -83,7 +83,17 @@ func (p *sexprParser) value(depth int) (sexpr, error) {
 		}
 	case '\'', '"':
 		p.i++
+		// Most atoms have no escapes: they are a slice of the input.
+		start := p.i
+		for p.i < len(p.s) && p.s[p.i] != c && p.s[p.i] != '\\' {
+			p.i++
+		}
+		if p.i < len(p.s) && p.s[p.i] == c {
+			p.i++
+			return sexpr{atom: p.s[start : p.i-1]}, nil
+		}
 		var b strings.Builder
+		b.WriteString(p.s[start:p.i])
 		for p.i < len(p.s) {
 			ch := p.s[p.i]
 			switch {

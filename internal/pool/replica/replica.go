@@ -257,18 +257,30 @@ func (r *reader) uvarint(what string, limit uint64) uint64 {
 	return v
 }
 
-func (r *reader) string(what string) string {
-	n := r.uvarint(what+" length", maxString)
+func (r *reader) string(what string) string { return string(r.bytes(what)) }
+
+// bytes is a length-prefixed string left in the entry's buffer.
+func (r *reader) bytes(what string) []byte {
 	if r.err != nil {
-		return ""
+		return nil
 	}
+	n, k := binary.Uvarint(r.b)
+	switch {
+	case k <= 0:
+		r.fail("truncated %s length", what)
+		return nil
+	case n > maxString:
+		r.fail("%s length %d over %d", what, n, maxString)
+		return nil
+	}
+	r.b = r.b[k:]
 	if uint64(len(r.b)) < n {
 		r.fail("truncated %s", what)
-		return ""
+		return nil
 	}
-	s := string(r.b[:n])
+	b := r.b[:n:n]
 	r.b = r.b[n:]
-	return s
+	return b
 }
 
 // Decode reads an entry against a model.
@@ -316,11 +328,12 @@ func decodeRow(m *schema.Model, r *reader) (Row, error) {
 	row.Values = make([]any, len(c.Fields))
 	cols := r.uvarint("column count", maxColumns)
 	for j := uint64(0); j < cols && r.err == nil; j++ {
-		col, val := r.string("column"), r.string("value")
+		col := r.bytes("column")
+		val := r.string("value")
 		if r.err != nil {
 			break
 		}
-		f := c.Field(col)
+		f := c.FieldBytes(col)
 		if f == nil || f.Derived || !f.Persist {
 			return Row{}, fmt.Errorf("%w: %s has no stored column %q", ErrCorrupt, c.Name, col)
 		}
