@@ -13,6 +13,12 @@ import (
 // logDirName is the directory under StartOptions.Dir holding raft's log.
 const logDirName = "log"
 
+// logOptions are the log's: segments of 16 MiB, each next one made
+// ahead as a file of zeros (raftwal's "Zeroed segments"), so that a sync
+// of an append commits no file system journal. 16 MiB bounds the spare
+// each host keeps on disk and writes once per 16 MiB of log.
+var logOptions = raftwal.Options{SegmentBytes: 16 << 20, ZeroSegments: true}
+
 // logCacheEntries is how many of the newest entries raft reads from
 // memory (raft.LogCache) instead of the log's files: the leader reads
 // each entry once per follower to send it, and every host once more to
@@ -64,7 +70,7 @@ func (s *logStores) openLog(dir string) error {
 			return err
 		}
 	}
-	s.log, err = raftwal.Open(dir, raftwal.Options{})
+	s.log, err = raftwal.Open(dir, logOptions)
 	return err
 }
 

@@ -34,15 +34,19 @@
 // The segment being appended to is extended ahead of its records, in
 // steps of Options.PreallocBytes (fallocate), so that the sync of an
 // append does not also have to record a larger file: on ext4 here that
-// takes an fdatasync from about 155 µs to 90 µs (docs/performance.md). The
-// extension reads as zeros, which no record starts with (a record's
-// length is never 0): Open takes the first zero header of the last
-// segment as the end of the log and cuts the file there, as it cuts a
-// torn record. A segment is cut to its records (and synced) before the
-// next one begins, and at Close. The file "first" holds, as 8 big-endian
-// bytes, the lowest index that is not deleted (raft's log compaction
-// removes a prefix; entries of a segment before it are ignored), written
-// to a temporary file, synced and renamed into place.
+// takes an fdatasync from about 155 µs to 90 µs (docs/performance.md).
+// With Options.ZeroSegments the next segment is instead made ahead, in
+// the background, as a synced file of written zeros (spare.go), so that
+// a sync does not have to record which reserved blocks now hold data
+// either. Either way the space ahead reads as zeros, which no record
+// starts with (a record's length is never 0): Open takes the first zero
+// header of the last segment as the end of the log and cuts the file
+// there, as it cuts a torn record. A segment is cut to its records (and
+// synced) before the next one begins, and at Close. The file "first"
+// holds, as 8 big-endian bytes, the lowest index that is not deleted
+// (raft's log compaction removes a prefix; entries of a segment before
+// it are ignored), written to a temporary file, synced and renamed into
+// place.
 //
 // # Recovery
 //
@@ -126,6 +130,10 @@ type Options struct {
 	PreallocBytes int64
 	// NoSync skips fdatasync (benchmarks only).
 	NoSync bool
+	// ZeroSegments keeps the next segment ready as a synced file of
+	// zeros, made in the background (see "Zeroed segments" in spare.go):
+	// appends then sync without a journal commit.
+	ZeroSegments bool
 }
 
 // where is an entry's place on disk.
@@ -141,6 +149,9 @@ type segment struct {
 	f     *os.File
 	size  int64 // the end of its records
 	alloc int64 // the file's length: size, or more where extended ahead
+	// zeroed is the end of the part of the file that holds written
+	// zeros (a segment made from a spare), or 0.
+	zeroed int64
 }
 
 // WAL is a raft.LogStore on segment files. It is safe for concurrent use.
@@ -171,6 +182,13 @@ type WAL struct {
 	kick     chan struct{}
 	syncStop chan struct{}
 	syncDone chan struct{}
+	// The preparer (Options.ZeroSegments, spare.go): spare is the next
+	// segment once ready; prepKick asks for one, prepStop ends it (nil
+	// once stopped), prepDone is closed when it has ended.
+	spare    *spare
+	prepKick chan struct{}
+	prepStop chan struct{}
+	prepDone chan struct{}
 }
 
 var _ raft.LogStore = (*WAL)(nil)
@@ -187,6 +205,9 @@ func Open(dir string, opts Options) (*WAL, error) {
 		return nil, err
 	}
 	w := &WAL{dir: dir, opts: opts, durableCh: make(chan struct{})}
+	if err := removeStaleSpare(dir); err != nil {
+		return nil, err
+	}
 	if err := w.load(); err != nil {
 		_ = w.closeFiles()
 		return nil, err
@@ -199,6 +220,9 @@ func Open(dir string, opts Options) (*WAL, error) {
 		}
 	}
 	w.durable = w.last
+	if opts.ZeroSegments {
+		w.startPreparer()
+	}
 	return w, nil
 }
 
@@ -430,10 +454,6 @@ func (w *WAL) store(logs []*raft.Log, sync bool) error {
 			return fmt.Errorf("raftwal: StoreLogs: entry %d is larger than %d bytes", l.Index, MaxEntryBytes)
 		}
 	}
-	seg, err := w.tail(next)
-	if err != nil {
-		return err
-	}
 	buf := w.buf[:0]
 	places := make([]where, 0, len(logs))
 	for _, l := range logs {
@@ -443,9 +463,16 @@ func (w *WAL) store(logs []*raft.Log, sync bool) error {
 		body := buf[start+headerBytes:]
 		binary.BigEndian.PutUint32(buf[start:], uint32(len(body)))
 		binary.BigEndian.PutUint32(buf[start+4:], crcOf(body))
-		places = append(places, where{seg: seg, off: seg.size + int64(start), n: int32(len(body))})
+		places = append(places, where{off: int64(start), n: int32(len(body))})
 	}
 	w.buf = buf
+	seg, err := w.tail(next, int64(len(buf)))
+	if err != nil {
+		return err
+	}
+	for i := range places {
+		places[i].seg, places[i].off = seg, seg.size+places[i].off
+	}
 	w.extend(seg, int64(len(buf)))
 	if _, err := seg.f.WriteAt(buf, seg.size); err != nil {
 		// Cut whatever reached the file (Open would cut it as torn).
@@ -611,17 +638,29 @@ func trim(seg *segment) error {
 	if err := seg.f.Truncate(seg.size); err != nil {
 		return err
 	}
-	seg.alloc = seg.size
+	seg.alloc, seg.zeroed = seg.size, min(seg.zeroed, seg.size)
 	return nil
 }
 
-// tail returns the segment to append entry next to, starting a new one
-// when the current one is full (or there is none).
-func (w *WAL) tail(next uint64) (*segment, error) {
-	n := len(w.segs)
-	if n > 0 && w.segs[n-1].size < w.opts.SegmentBytes {
-		return w.segs[n-1], nil
+// tail returns the segment to append entry next to, with n bytes of
+// records, starting a new one when the current one is full (or there is
+// none), or when a spare is ready and the records would not fit in the
+// current one's zeros.
+func (w *WAL) tail(next uint64, n int64) (*segment, error) {
+	if k := len(w.segs); k > 0 {
+		cur := w.segs[k-1]
+		early := w.spare != nil && cur.size > 0 && cur.size+n > cur.zeroed
+		if cur.size < w.opts.SegmentBytes && !early {
+			return cur, nil
+		}
 	}
+	return w.newSegment(next)
+}
+
+// newSegment starts the segment that holds entry next on: a spare if one
+// is ready, or a new empty file.
+func (w *WAL) newSegment(next uint64) (*segment, error) {
+	n := len(w.segs)
 	if n > 0 {
 		// Only the last segment may end in an extension or hold entries
 		// not yet synced: cut the full one to its records, and sync it,
@@ -640,6 +679,12 @@ func (w *WAL) tail(next uint64) (*segment, error) {
 	path, err := safepath.JoinName(w.dir, name)
 	if err != nil {
 		return nil, err
+	}
+	if seg, err := w.useSpare(next, path); err != nil || seg != nil {
+		if seg != nil {
+			w.segs = append(w.segs, seg)
+		}
+		return seg, err
 	}
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600) //nolint:gosec // the path is under the log's directory (safepath)
 	if err != nil {
@@ -711,7 +756,7 @@ func (w *WAL) deleteSuffix(from uint64) error {
 		if err := fdatasync(p.seg.f); err != nil {
 			return w.fail(err) // the file is cut, the index is not: stop here
 		}
-		p.seg.size, p.seg.alloc = p.off, p.off
+		p.seg.size, p.seg.alloc, p.seg.zeroed = p.off, p.off, min(p.seg.zeroed, p.off)
 	}
 	w.at = w.at[:from-w.base]
 	w.last = from - 1
@@ -761,6 +806,7 @@ func (w *WAL) writeFirst(first uint64) error {
 // files.
 func (w *WAL) Close() error {
 	w.stopSyncer()
+	w.stopPreparer()
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	var err error
