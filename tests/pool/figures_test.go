@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -65,6 +66,14 @@ func TestFigures(t *testing.T) {
 // with clients concurrent clients for 3 s.
 func writeLatency(t *testing.T, ctx context.Context, c *pooltest.Client, addr string, p *pooltest.Pool, i, clients int) [2]time.Duration {
 	t.Helper()
+	lat := writeLatencies(t, ctx, c, addr, p, i, clients)
+	return [2]time.Duration{quantile(lat, 0.5), quantile(lat, 0.99)}
+}
+
+// writeLatencies is every latency of VM.set_name_description on host i
+// of p, with clients concurrent clients for 3 s, sorted.
+func writeLatencies(t *testing.T, ctx context.Context, c *pooltest.Client, addr string, p *pooltest.Pool, i, clients int) []time.Duration {
+	t.Helper()
 	s, err := p.Login(ctx, c, i)
 	if err != nil {
 		t.Fatal(err)
@@ -102,7 +111,44 @@ func writeLatency(t *testing.T, ctx context.Context, c *pooltest.Client, addr st
 	if len(lat) == 0 {
 		t.Fatal("no write completed")
 	}
-	return [2]time.Duration{lat[len(lat)/2], lat[len(lat)*99/100]}
+	return lat
+}
+
+// quantile is the q quantile of sorted latencies.
+func quantile(lat []time.Duration, q float64) time.Duration {
+	return lat[int(float64(len(lat)-1)*q)]
+}
+
+// TestFiguresWriteTail prints the whole latency distribution of durable
+// writes, a host alone and a pool of 3 on direct links taking turns, in
+// three rounds, for 1 and 16 writers (TOOLSTACKD_FIGURES=1): the figures
+// behind the write ratios of TestFigures, with their tails.
+func TestFiguresWriteTail(t *testing.T) {
+	if os.Getenv("TOOLSTACKD_FIGURES") != "1" {
+		t.Skip("set TOOLSTACKD_FIGURES=1 to measure issue 12's figures")
+	}
+	ctx := testCtx(t)
+	p := startPoolWith(t, ctx, pooltest.Options{Hosts: 3})
+	alone := pooltest.Start(t, pooltest.Options{Hosts: 1})
+	c := pooltest.NewClient(netip.Addr{})
+	coord := p.Coordinator(t, 30*time.Second)
+	show := func(lat []time.Duration) string {
+		var b strings.Builder
+		fmt.Fprintf(&b, "%6d writes", len(lat))
+		for _, q := range []float64{0.1, 0.5, 0.9, 0.99, 0.999, 1} {
+			fmt.Fprintf(&b, "  p%-4g %8v", q*100, quantile(lat, q).Round(time.Microsecond))
+		}
+		return b.String()
+	}
+	for _, clients := range []int{1, 16} {
+		for round := range 3 {
+			a := writeLatencies(t, ctx, c, alone.Addr(0), alone, 0, clients)
+			b := writeLatencies(t, ctx, c, p.Addr(coord), p, coord, clients)
+			t.Logf("%2d writers, round %d: alone %s", clients, round+1, show(a))
+			t.Logf("%2d writers, round %d: pool  %s; p50 ratio %.2f, p99 ratio %.2f", clients, round+1, show(b),
+				float64(quantile(b, 0.5))/float64(quantile(a, 0.5)), float64(quantile(b, 0.99))/float64(quantile(a, 0.99)))
+		}
+	}
 }
 
 // startCycles is the median time of n VM.start_on + VM.hard_shutdown
