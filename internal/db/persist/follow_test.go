@@ -96,13 +96,7 @@ func TestFollowingFileRetriesInsteadOfRefusing(t *testing.T) {
 	if err := os.Remove(filler); err != nil {
 		t.Fatal(err)
 	}
-	flushed := make(chan struct{})
-	go func() { st.Flush(); close(flushed) }()
-	select {
-	case <-flushed:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the file did not catch up within 10s of space returning")
-	}
+	flushWithin(t, st, 10*time.Second, "the file did not catch up within 10s of space returning")
 	if err := st.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -188,13 +182,7 @@ func TestLingerCutShort(t *testing.T) {
 		caughtUp(t, st)
 		for i := range 3 {
 			setVM(t, d, dm.VM.NameLabel, ref, fmt.Sprint(i))
-			done := make(chan struct{})
-			go func() { st.Flush(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(5 * time.Second):
-				t.Fatal("Flush waited out the linger")
-			}
+			flushWithin(t, st, 5*time.Second, "Flush waited out the linger")
 		}
 	})
 	t.Run("SetSync", func(t *testing.T) {
@@ -229,6 +217,18 @@ func TestLingerCutShort(t *testing.T) {
 			t.Fatalf("the file after Close lacks the last change (%v)", ok)
 		}
 	})
+}
+
+// flushWithin fails the test with msg when st.Flush takes longer than d.
+func flushWithin(t *testing.T, st *persist.Store, d time.Duration, msg string) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { st.Flush(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(d):
+		t.Fatal(msg)
+	}
 }
 
 func insertVM(t *testing.T, d *db.DB) string {

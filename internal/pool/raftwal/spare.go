@@ -38,44 +38,27 @@ type spare struct {
 	size int64
 }
 
-// startPreparer starts the goroutine that keeps a spare ready. It runs
-// under mu (or before the log is shared).
-func (w *WAL) startPreparer() {
-	w.prepKick = make(chan struct{}, 1)
-	w.prepStop, w.prepDone = make(chan struct{}), make(chan struct{})
-	w.prepKick <- struct{}{}
-	go w.prepare(w.prepKick, w.prepStop, w.prepDone)
-}
-
-// prepare makes a spare whenever there is none, until stop. A spare that
-// cannot be made (a full disk) is tried again at the next kick: each
-// new segment kicks.
-func (w *WAL) prepare(kick, stop <-chan struct{}, done chan<- struct{}) {
-	defer close(done)
-	for {
-		select {
-		case <-kick:
-		case <-stop:
-			return
-		}
-		w.mu.RLock()
-		need := w.spare == nil && w.failed == nil
-		w.mu.RUnlock()
-		if !need {
-			continue
-		}
-		sp, err := makeSpare(w.dir, w.opts.SegmentBytes, !w.opts.NoSync, stop)
-		if err != nil {
-			continue
-		}
-		w.mu.Lock()
-		if w.spare == nil && w.prepStop != nil {
-			w.spare, sp = sp, nil
-		}
-		w.mu.Unlock()
-		if sp != nil {
-			sp.discard()
-		}
+// prepareStep is the preparer's step: it makes a spare when there is
+// none. A spare that cannot be made (a full disk) is tried again at the
+// next kick: each new segment kicks.
+func (w *WAL) prepareStep(stop <-chan struct{}) {
+	w.mu.RLock()
+	need := w.spare == nil && w.failed == nil
+	w.mu.RUnlock()
+	if !need {
+		return
+	}
+	sp, err := makeSpare(w.dir, w.opts.SegmentBytes, !w.opts.NoSync, stop)
+	if err != nil {
+		return
+	}
+	w.mu.Lock()
+	if w.spare == nil && w.preparer != nil {
+		w.spare, sp = sp, nil
+	}
+	w.mu.Unlock()
+	if sp != nil {
+		sp.discard() // the log is closing
 	}
 }
 
@@ -137,9 +120,8 @@ func (w *WAL) useSpare(first uint64, path string) (*segment, error) {
 		_ = sp.f.Close()
 		return nil, err
 	}
-	select {
-	case w.prepKick <- struct{}{}: // the next one
-	default:
+	if w.preparer != nil {
+		w.preparer.kick() // the next one
 	}
 	return &segment{first: first, path: path, f: sp.f, alloc: sp.size, zeroed: sp.size}, nil
 }
@@ -148,14 +130,13 @@ func (w *WAL) useSpare(first uint64, path string) (*segment, error) {
 // under mu.
 func (w *WAL) stopPreparer() {
 	w.mu.Lock()
-	stop, done := w.prepStop, w.prepDone
-	w.prepStop = nil
+	p := w.preparer
+	w.preparer = nil
 	w.mu.Unlock()
-	if stop == nil {
+	if p == nil {
 		return
 	}
-	close(stop)
-	<-done
+	p.halt()
 	w.mu.Lock()
 	sp := w.spare
 	w.spare = nil

@@ -177,18 +177,12 @@ type WAL struct {
 	// gen grows whenever entries are deleted from the end, so that a
 	// sync begun before does not vouch for entries written after.
 	gen uint64
-	// The syncer (started by the first StoreLogsAsync): kick wakes it,
-	// syncStop ends it, syncDone is closed when it has ended.
-	kick     chan struct{}
-	syncStop chan struct{}
-	syncDone chan struct{}
-	// The preparer (Options.ZeroSegments, spare.go): spare is the next
-	// segment once ready; prepKick asks for one, prepStop ends it (nil
-	// once stopped), prepDone is closed when it has ended.
+	// syncer syncs behind StoreLogsAsync (started by the first one);
+	// preparer keeps a spare (Options.ZeroSegments, spare.go), the next
+	// segment once ready, and is nil once stopped.
+	syncer   *worker
+	preparer *worker
 	spare    *spare
-	prepKick chan struct{}
-	prepStop chan struct{}
-	prepDone chan struct{}
 }
 
 var _ raft.LogStore = (*WAL)(nil)
@@ -221,7 +215,8 @@ func Open(dir string, opts Options) (*WAL, error) {
 	}
 	w.durable = w.last
 	if opts.ZeroSegments {
-		w.startPreparer()
+		w.preparer = startWorker(w.prepareStep)
+		w.preparer.kick()
 	}
 	return w, nil
 }
@@ -411,10 +406,9 @@ func (w *WAL) StoreLogsAsync(logs []*raft.Log) error {
 	if err := w.store(logs, false); err != nil {
 		return err
 	}
-	select {
-	case w.kick <- struct{}{}:
-	default: // the syncer is awake already and will see these
-	}
+	w.mu.RLock()
+	w.syncer.kick() // awake already, it sees these too
+	w.mu.RUnlock()
 	return nil
 }
 
@@ -428,8 +422,8 @@ func (w *WAL) store(logs []*raft.Log, sync bool) error {
 	if w.failed != nil {
 		return w.failed
 	}
-	if !sync && w.kick == nil {
-		w.startSyncer()
+	if !sync && w.syncer == nil {
+		w.syncer = startWorker(w.syncStep)
 	}
 	next := w.last + 1
 	if w.first == 0 {
@@ -551,67 +545,48 @@ func (w *WAL) WaitDurable(ctx context.Context, index uint64) error {
 	}
 }
 
-// startSyncer starts the goroutine that syncs behind StoreLogsAsync. It
-// runs under mu.
-func (w *WAL) startSyncer() {
-	w.kick = make(chan struct{}, 1)
-	w.syncStop, w.syncDone = make(chan struct{}), make(chan struct{})
-	go w.syncBehind(w.kick, w.syncStop, w.syncDone)
-}
-
-// syncBehind syncs the last segment whenever entries were written
-// without a sync, and records how far that made the log durable. The
-// sync runs without the lock, so writes and reads go on meanwhile.
-func (w *WAL) syncBehind(kick, stop <-chan struct{}, done chan<- struct{}) {
-	defer close(done)
-	for {
-		select {
-		case <-kick:
-		case <-stop:
-			return
+// syncStep is the syncer's step: it syncs the last segment when entries
+// were written without a sync, and records how far that made the log
+// durable. The sync runs without the lock, so writes and reads go on
+// meanwhile.
+func (w *WAL) syncStep(<-chan struct{}) {
+	w.mu.RLock()
+	upTo, gen, n := w.last, w.gen, len(w.segs)
+	var seg *segment
+	if n > 0 && w.failed == nil && upTo > w.durable {
+		seg = w.segs[n-1] // earlier segments were synced when this one began
+	}
+	w.mu.RUnlock()
+	if seg == nil {
+		return
+	}
+	err := fdatasync(seg.f)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	// Entries deleted from the end meanwhile (gen) may have closed the
+	// file or been written again after the sync began.
+	if gen == w.gen {
+		if err != nil {
+			_ = w.fail(err)
+		} else {
+			w.setDurable(upTo)
 		}
-		w.mu.RLock()
-		upTo, gen, n := w.last, w.gen, len(w.segs)
-		var seg *segment
-		if n > 0 && w.failed == nil && upTo > w.durable {
-			seg = w.segs[n-1] // earlier segments were synced when this one began
-		}
-		w.mu.RUnlock()
-		if seg == nil {
-			continue
-		}
-		err := fdatasync(seg.f)
-		w.mu.Lock()
-		// Entries deleted from the end meanwhile (gen) may have closed
-		// the file or been written again after the sync began.
-		if gen == w.gen {
-			if err != nil {
-				_ = w.fail(err)
-			} else {
-				w.setDurable(upTo)
-			}
-		}
-		// A sync that vouched for nothing goes round again while entries
-		// wait for the disk, whether or not a store kicked meanwhile.
-		if gen != w.gen && w.failed == nil && w.last > w.durable {
-			select {
-			case w.kick <- struct{}{}:
-			default: // a kick is pending already
-			}
-		}
-		w.mu.Unlock()
+	}
+	// A sync that vouched for nothing goes round again while entries wait
+	// for the disk, whether or not a store kicked meanwhile.
+	if gen != w.gen && w.failed == nil && w.last > w.durable {
+		w.syncer.kick()
 	}
 }
 
-// stopSyncer ends the syncer, if it runs; not under mu.
+// stopSyncer ends the syncer, if it runs; not under mu. (A store after
+// it finds the syncer halted: kicks do nothing.)
 func (w *WAL) stopSyncer() {
-	w.mu.Lock()
-	stop, done := w.syncStop, w.syncDone
-	w.syncStop = nil
-	w.mu.Unlock()
-	if stop != nil {
-		close(stop)
-		<-done
+	w.mu.RLock()
+	s := w.syncer
+	w.mu.RUnlock()
+	if s != nil {
+		s.halt()
 	}
 }
 

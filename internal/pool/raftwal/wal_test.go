@@ -474,10 +474,9 @@ func FuzzOperations(f *testing.F) {
 // crash closes w's files as a process that stopped would leave them:
 // not cut to their records.
 func crash(w *WAL) {
-	if w.prepStop != nil {
-		close(w.prepStop)
-		<-w.prepDone
-		w.prepStop = nil
+	if w.preparer != nil {
+		w.preparer.halt()
+		w.preparer = nil
 	}
 	if w.spare != nil {
 		_ = w.spare.f.Close() // left on the disk, as a crash leaves it

@@ -44,14 +44,7 @@ func BenchmarkDecodePut(b *testing.B) {
 	if _, err := d.Update(func(tx *db.Tx) error { return tx.Set(dm.VM.NameDescription, ref, "x") }); err != nil {
 		b.Fatal(err)
 	}
-	bs, err := d.ChangesSince(g)
-	if err != nil {
-		b.Fatal(err)
-	}
-	entry, ok := Encode(bs)
-	if !ok {
-		b.Fatal("nothing encoded")
-	}
+	entry := encodeSince(b, d, g, Encode)
 	b.SetBytes(int64(len(entry)))
 	b.ReportAllocs()
 	for b.Loop() {
