@@ -19,24 +19,7 @@ rev="${1:-}"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 cd "$root"
-if [ -n "$rev" ]; then
-  files=$(git ls-tree -r --name-only "$rev" -- cmd internal)
-else
-  files=$(git ls-files -co --exclude-standard -- cmd internal)
-fi
-for f in $files; do
-  case "$f" in
-    *_test.go | */zz_*.go) continue ;;
-    *.go) ;;
-    *) continue ;;
-  esac
-  mkdir -p "$tmp/src/$(dirname "$f")"
-  if [ -n "$rev" ]; then
-    git show "$rev:$f" >"$tmp/src/$f"
-  elif [ -f "$f" ]; then
-    cp "$f" "$tmp/src/$f"
-  fi
-done
+scripts/export-gosrc.sh "$rev" "$tmp/src"
 (cd "$tmp/src" && duplicates --most 200 --seconds 300) >"$tmp/pairs.txt"
 python3 - "$tmp/src" "$tmp/pairs.txt" <<'EOF'
 import re, sys
