@@ -120,9 +120,7 @@ func (w *WAL) useSpare(first uint64, path string) (*segment, error) {
 		_ = sp.f.Close()
 		return nil, err
 	}
-	if w.preparer != nil {
-		w.preparer.kick() // the next one
-	}
+	w.preparer.kick() // the next one (none: the log is closing)
 	return &segment{first: first, path: path, f: sp.f, alloc: sp.size, zeroed: sp.size}, nil
 }
 

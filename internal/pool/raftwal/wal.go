@@ -403,13 +403,7 @@ func (w *WAL) StoreLogs(logs []*raft.Log) error { return w.store(logs, true) }
 // the disk: they are readable at once and synced behind (see "Syncing
 // behind the writer" in the package documentation).
 func (w *WAL) StoreLogsAsync(logs []*raft.Log) error {
-	if err := w.store(logs, false); err != nil {
-		return err
-	}
-	w.mu.RLock()
-	w.syncer.kick() // awake already, it sees these too
-	w.mu.RUnlock()
-	return nil
+	return w.store(logs, false)
 }
 
 // store appends entries, synced or not.
@@ -491,6 +485,9 @@ func (w *WAL) store(logs []*raft.Log, sync bool) error {
 		// One sync of the file holds everything before too: earlier
 		// segments were synced before this one began.
 		w.setDurable(w.last)
+	}
+	if !sync {
+		w.syncer.kick() // awake already, it sees these too
 	}
 	return nil
 }
