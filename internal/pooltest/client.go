@@ -20,8 +20,11 @@ import (
 // Client bounds: every call has a deadline, every reply a size.
 const (
 	// DefaultCallTimeout bounds one call when Client.Timeout is zero and
-	// the context has no earlier deadline.
-	DefaultCallTimeout = 10 * time.Second
+	// the context has no earlier deadline. It is for calls that are meant
+	// to be answered, a synchronous migration of a VM with its disks
+	// included, on a machine busy with other work: a test that wants a
+	// call to an unreachable host to fail fast sets Client.Timeout.
+	DefaultCallTimeout = 60 * time.Second
 	// MaxReplyBytes bounds the reply read for one call; a longer one is
 	// an error, not a memory blow-up.
 	MaxReplyBytes = 64 << 20

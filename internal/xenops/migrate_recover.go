@@ -376,7 +376,7 @@ var errSendStalled = errors.New("the migration stream stalled: the destination t
 // errStalled is a memory stream that stopped moving.
 var errStalled = errors.New("the migration stream stalled: no data from the source for " + migrateStall.String())
 
-// The test fault points: tests (tests/pool/migrate_fault_test.go) make a
+// The test fault points: tests (tests/pool/migrate/migrate_fault_test.go) make a
 // daemon crash at an exact step of a migration by setting
 // TOOLSTACKD_TEST_FAULTS to a directory and creating in it a file named
 // after the point. The daemon removes the file (so the fault strikes

@@ -22,7 +22,7 @@
 //     no entry again from this leader (its heartbeats go on, so nothing
 //     times out), and raft.Shutdown waits for the stuck goroutine: a
 //     daemon stopped after partitions hung at SIGTERM (100 partition
-//     cycles, tests/pool TestPartitionHeal in its long mode), and
+//     cycles, tests/pool/core TestPartitionHeal in its long mode), and
 //     grafana/pyroscope#5518 describes the same stall. Without a pipeline
 //     raft replicates with one AppendEntries at a time per follower,
 //     which costs nothing measurable here (docs/performance.md).

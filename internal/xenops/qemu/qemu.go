@@ -32,6 +32,10 @@ type Config struct {
 	Accel string
 	// KVMDevice is the KVM device (default /dev/kvm).
 	KVMDevice string
+	// KVMCheck says whether KVMDevice is usable, and if not why (default:
+	// open it and ask its API version, once per device). Tests set it to
+	// decide the question without depending on the machine's /dev/kvm.
+	KVMCheck func(dev string) (ok bool, why string)
 	// CPUModel overrides -cpu (default host with KVM, max with TCG).
 	CPUModel string
 	// Machine is the machine type (default pc).
@@ -156,6 +160,9 @@ func New(cfg Config, log *slog.Logger) (*QEMU, error) {
 	}
 	if cfg.KVMDevice == "" {
 		cfg.KVMDevice = "/dev/kvm"
+	}
+	if cfg.KVMCheck == nil {
+		cfg.KVMCheck = kvmAvailable
 	}
 	if cfg.OVMFCode == "" {
 		cfg.OVMFCode = "/usr/share/OVMF/OVMF_CODE.fd"
@@ -375,7 +382,7 @@ func (q *QEMU) accel(spec *backend.Spec) (string, error) {
 	case "tcg":
 		return "tcg", nil
 	case "kvm":
-		if ok, why := kvmAvailable(q.cfg.KVMDevice); !ok {
+		if ok, why := q.cfg.KVMCheck(q.cfg.KVMDevice); !ok {
 			q.log.Warn("qemu: KVM required but unusable", "reason", why)
 			return "", xerr.New(xerr.VMHVMRequired, spec.VMRef)
 		}

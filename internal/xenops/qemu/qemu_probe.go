@@ -22,10 +22,6 @@ import (
 // probe fails, guests run under TCG, a warning is logged and the host
 // record says so (other_config:accelerator and accelerator_reason).
 
-// kvmCheck is kvmAvailable (a variable for tests of the decision on
-// hosts without /dev/kvm).
-var kvmCheck = kvmAvailable
-
 // probeTimeout bounds the whole probe.
 const probeTimeout = 15 * time.Second
 
@@ -54,7 +50,7 @@ func (q *QEMU) detectAccel() {
 		q.auto, q.autoReason = q.cfg.Accel, "configured"
 		return
 	}
-	if ok, why := kvmCheck(q.cfg.KVMDevice); !ok {
+	if ok, why := q.cfg.KVMCheck(q.cfg.KVMDevice); !ok {
 		q.auto, q.autoReason = "tcg", "KVM unusable: "+why
 		return
 	}

@@ -136,14 +136,15 @@ func fakeNestedKVM(t *testing.T) string {
 	return p
 }
 
-// The "auto" decision: KVM only when the probe ran a VCPU under it.
+// The "auto" decision: KVM only when the probe ran a VCPU under it. The
+// KVM device check is the test's, so the decision is the same on every
+// machine, with or without /dev/kvm.
 func TestAutoAccelDecision(t *testing.T) {
-	saved := kvmCheck
-	defer func() { kvmCheck = saved }()
 	state := t.TempDir()
+	usable := func(string) (bool, string) { return true, "" }
+	missing := func(string) (bool, string) { return false, "no /dev/kvm" }
 
-	kvmCheck = func(string) (bool, string) { return true, "" }
-	q, err := New(Config{StateDir: state, Binary: fakeNestedKVM(t)}, quietLog())
+	q, err := New(Config{StateDir: state, Binary: fakeNestedKVM(t), KVMCheck: usable}, quietLog())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,19 +156,35 @@ func TestAutoAccelDecision(t *testing.T) {
 		t.Fatalf("domains get %s", a)
 	}
 
-	kvmCheck = func(string) (bool, string) { return false, "no /dev/kvm" }
-	q, _ = New(Config{StateDir: state, Binary: fakeNestedKVM(t)}, quietLog())
+	q, _ = New(Config{StateDir: state, Binary: fakeNestedKVM(t), KVMCheck: missing}, quietLog())
 	q.Close()
 	if a, why := q.Accelerator(); a != "tcg" || !strings.Contains(why, "no /dev/kvm") {
 		t.Fatalf("no KVM: %s (%s)", a, why)
 	}
 
-	// A configured accelerator is not probed.
-	kvmCheck = func(string) (bool, string) { return true, "" }
-	q, _ = New(Config{StateDir: state, Binary: fakeNestedKVM(t), Accel: "kvm"}, quietLog())
+	// A configured accelerator is not probed: kvm is honoured where the
+	// device is usable (even though this "qemu" would abort a probe) ...
+	q, _ = New(Config{StateDir: state, Binary: fakeNestedKVM(t), Accel: "kvm", KVMCheck: usable}, quietLog())
 	q.Close()
-	if a, _ := q.accel(&backend.Spec{}); a != "kvm" {
-		t.Fatalf("configured kvm: %s", a)
+	if a, err := q.accel(&backend.Spec{}); a != "kvm" || err != nil {
+		t.Fatalf("configured kvm: %q, %v", a, err)
+	}
+	// ... and refused with VM_HVM_REQUIRED where it is not, by the start
+	// check too, never silently turned into TCG.
+	q, _ = New(Config{StateDir: state, Binary: fakeNestedKVM(t), Accel: "kvm", KVMCheck: missing}, quietLog())
+	q.Close()
+	spec := &backend.Spec{VMRef: "OpaqueRef:vm"}
+	if a, err := q.accel(spec); a != "" || !xerr.HasCode(err, xerr.VMHVMRequired) {
+		t.Fatalf("configured kvm without KVM: %q, %v", a, err)
+	}
+	if err := q.Check(spec); !xerr.HasCode(err, xerr.VMHVMRequired) {
+		t.Fatalf("Check with configured kvm without KVM: %v", err)
+	}
+	// tcg configured is tcg, whatever the device says.
+	q, _ = New(Config{StateDir: state, Binary: fakeNestedKVM(t), Accel: "tcg", KVMCheck: usable}, quietLog())
+	q.Close()
+	if a, err := q.accel(spec); a != "tcg" || err != nil {
+		t.Fatalf("configured tcg: %q, %v", a, err)
 	}
 }
 
