@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Runs every fuzz target in the module for a while each: scripts/fuzz.sh 30s
+# A target that fails prints "FAIL fuzz PKG NAME" after its log; the last
+# line counts the targets, "N passed, N failed" (make test's summary reads
+# it).
 set -euo pipefail
 t=${1:-5s}
 cd "$(dirname "$0")/.."
-fail=0
+fail=0 passed=0 failed=0
 for pkg in $(go list ./...); do
   dir=$(go list -f '{{.Dir}}' "$pkg")
   for name in $(grep -ho '^func Fuzz[A-Za-z0-9_]*' "$dir"/*_test.go 2>/dev/null | sed 's/^func //' | sort -u); do
@@ -25,9 +28,14 @@ for pkg in $(go list ./...); do
       done
       if [ $ok = 0 ]; then
         cat /tmp/fuzz.$$.log; fail=1
+        echo "FAIL fuzz $pkg $name"
+        failed=$((failed + 1))
+        continue
       fi
     fi
+    passed=$((passed + 1))
   done
 done
 rm -f /tmp/fuzz.$$.log
+echo "$passed passed, $failed failed"
 exit $fail
