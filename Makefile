@@ -65,12 +65,13 @@ test:
 	@out="$(TEST_OUT)"; \
 	if [ -z "$$out" ]; then out=$$(mktemp -d -t toolstackd-test.XXXXXX); trap 'rm -rf "$$out"' EXIT; else mkdir -p "$$out"; fi; \
 	rm -f "$$out/unit.json" "$$out/fuzz.log" "$$out/e2e.log"; \
-	stages=(); \
+	stages=(); times=""; \
 	for s in $(TEST_STAGES); do \
-	  echo "=== make $$s"; rc=0; \
+	  echo "=== make $$s"; rc=0; t0=$$SECONDS; \
 	  $(MAKE) --no-print-directory $$s TEST_OUT="$$out" UNIT_SUMMARY=0 || rc=$$?; \
-	  stages+=(-stage "$$s=$$rc"); \
+	  stages+=(-stage "$$s=$$rc"); times="$$times $$s $$((SECONDS-t0))s,"; \
 	done; \
+	echo "=== stage times:$${times%,}"; \
 	$(REPORT) -print "$${stages[@]}" -fuzz "$$out/fuzz.log" -e2e "$$out/e2e.log" "$$out/unit.json"
 
 # The unit tests, through tests/report: go test's usual text (every line,

@@ -33,6 +33,12 @@
 // log that is missing or unreadable: the totals say "0 failed" only when
 // every stage passed. It exits 1 if anything failed.
 //
+//	go run ./tests/report -times SUMMARY...
+//
+// prints a Markdown table of how long each package's tests ran (go
+// test's figure for the package: the test binary's run, not its build),
+// longest first, as docs/testing.md keeps it.
+//
 //	go run ./tests/report -failed SUMMARY...
 //
 // prints one line per failed test ("PACKAGE TEST") or package ("PACKAGE
@@ -46,6 +52,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 )
@@ -89,6 +97,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	var (
 		printMode  = fs.Bool("print", false, "print the summary files given as arguments")
 		failedMode = fs.Bool("failed", false, "print the failed tests of the summary files given as arguments, one a line")
+		timesMode  = fs.Bool("times", false, "print a table of each package's time from the summary files given as arguments")
 		verbose    = fs.Bool("v", false, "stream mode: print every line of output, as go test -v does")
 		name       = fs.String("name", "unit", "stream mode: the name of this run in the summary")
 		summary    = fs.String("summary", "", "stream mode: write the summary (JSON) to this file")
@@ -108,6 +117,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return printSummaries(stdout, stderr, fs.Args(), *fuzzLog, *e2eLog, stages)
 	case *failedMode:
 		return printFailed(stdout, stderr, fs.Args())
+	case *timesMode:
+		return printTimes(stdout, stderr, fs.Args())
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "report: stream mode reads go test -json on stdin and takes no arguments (got %q)\n", fs.Args())
@@ -187,4 +198,67 @@ func printFailed(stdout, stderr io.Writer, paths []string) int {
 		}
 	}
 	return status
+}
+
+// printTimes prints each package's time from the summary files, longest
+// first, as a Markdown table; a package in several files gets a column
+// each (a quiet and a loaded run side by side).
+func printTimes(stdout, stderr io.Writer, paths []string) int {
+	secs := map[string][]string{}
+	var total []float64
+	for i, p := range paths {
+		s, err := readSummary(p)
+		if err != nil {
+			fmt.Fprintf(stderr, "report: %v\n", err)
+			return 1
+		}
+		total = append(total, 0)
+		for _, t := range s.Packages {
+			if secs[t.Package] == nil {
+				secs[t.Package] = make([]string, len(paths))
+			}
+			v := strconv.FormatFloat(t.Seconds, 'f', 0, 64)
+			if t.Result != "pass" {
+				v += " (" + t.Result + ")"
+			}
+			secs[t.Package][i] = v
+			total[i] += t.Seconds
+		}
+	}
+	pkgs := make([]string, 0, len(secs))
+	for p := range secs {
+		pkgs = append(pkgs, p)
+	}
+	first := func(p string) float64 {
+		for _, v := range secs[p] {
+			if f, err := strconv.ParseFloat(strings.Fields(v + " ")[0], 64); err == nil {
+				return f
+			}
+		}
+		return 0
+	}
+	sort.Slice(pkgs, func(i, j int) bool {
+		if a, b := first(pkgs[i]), first(pkgs[j]); a != b {
+			return a > b
+		}
+		return pkgs[i] < pkgs[j]
+	})
+	w := bufio.NewWriter(stdout)
+	defer w.Flush()
+	head, rule := "| package |", "|---|"
+	for _, p := range paths {
+		head += " " + strings.TrimSuffix(filepath.Base(p), ".json") + " (s) |"
+		rule += "---:|"
+	}
+	fmt.Fprintln(w, head)
+	fmt.Fprintln(w, rule)
+	for _, p := range pkgs {
+		fmt.Fprintf(w, "| %s | %s |\n", p, strings.Join(secs[p], " | "))
+	}
+	row := "| all packages, added up |"
+	for _, t := range total {
+		row += " " + strconv.FormatFloat(t, 'f', 0, 64) + " |"
+	}
+	fmt.Fprintln(w, row)
+	return 0
 }

@@ -561,3 +561,37 @@ SKIP p/a (1 test): needs /dev/kvm (TestSkipped)
 		t.Errorf("-failed: status %d, output %q", status, stdout.String())
 	}
 }
+
+// Package times: go test's Elapsed for each package that has tests, and
+// -times lays two runs side by side, longest first.
+func TestTimes(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, in string) string {
+		t.Helper()
+		var stdout, stderr bytes.Buffer
+		path := filepath.Join(dir, name+".json")
+		run([]string{"-summary", path}, strings.NewReader(in), &stdout, &stderr)
+		return path
+	}
+	ev := func(action, pkg string, secs float64, out string) string {
+		j, _ := json.Marshal(map[string]any{"Action": action, "Package": pkg, "Elapsed": secs, "Output": out})
+		return string(j) + "\n"
+	}
+	quiet := write("quiet", ev("output", "p/a", 0, "ok  \tp/a\t3.2s\n")+ev("pass", "p/a", 3.2, "")+
+		ev("output", "p/b", 0, "ok  \tp/b\t40s\n")+ev("pass", "p/b", 40, "")+
+		ev("output", "p/none", 0, "?   \tp/none\t[no test files]\n")+ev("skip", "p/none", 0, ""))
+	loaded := write("loaded", ev("pass", "p/a", 7, "")+ev("fail", "p/b", 600, ""))
+	s, err := readSummary(quiet)
+	if err != nil || len(s.Packages) != 2 || s.Packages[1] != (PkgTime{"p/b", 40, "pass"}) {
+		t.Fatalf("packages %+v, %v", s, err)
+	}
+	var stdout, stderr bytes.Buffer
+	if st := run([]string{"-times", quiet, loaded}, nil, &stdout, &stderr); st != 0 {
+		t.Fatalf("status %d: %s", st, stderr.String())
+	}
+	want := "| package | quiet (s) | loaded (s) |\n|---|---:|---:|\n" +
+		"| p/b | 40 | 600 (fail) |\n| p/a | 3 | 7 |\n| all packages, added up | 43 | 607 |\n"
+	if stdout.String() != want {
+		t.Fatalf("got\n%s\nwant\n%s", stdout.String(), want)
+	}
+}

@@ -19,7 +19,8 @@ type event struct {
 	ImportPath  string // build-output, build-fail
 	Test        string
 	Output      string
-	FailedBuild string // on a package's fail: the package whose build failed
+	FailedBuild string  // on a package's fail: the package whose build failed
+	Elapsed     float64 // seconds, on a result
 }
 
 // Summary is what a run covered; -summary writes it as JSON, -print reads it.
@@ -30,6 +31,15 @@ type Summary struct {
 	Skipped  int         `json:"skipped"`
 	Failures []Failure   `json:"failures,omitempty"`
 	Skips    []SkipGroup `json:"skips,omitempty"`
+	Packages []PkgTime   `json:"packages,omitempty"`
+}
+
+// PkgTime is how long one package's tests ran (go test's own figure: its
+// test binary's run, not its build) and how they ended.
+type PkgTime struct {
+	Package string  `json:"package"`
+	Seconds float64 `json:"seconds"`
+	Result  string  `json:"result"`
 }
 
 // Failure is a failed test, or a package that failed with no failed test
@@ -279,6 +289,9 @@ outer:
 // the tests' own results do not show and prints the package's output.
 func (c *collector) endPackage(p *pkgState, e event) {
 	p.done = true
+	if !p.noTestFiles() {
+		c.sum.Packages = append(c.sum.Packages, PkgTime{Package: p.name, Seconds: e.Elapsed, Result: e.Action})
+	}
 	if e.Action == "skip" {
 		if reason, ok := packageSkipReason(p); ok {
 			c.addSkip(p.name, reason, "")
@@ -355,6 +368,16 @@ func (c *collector) endPackage(p *pkgState, e event) {
 	p.tests = nil
 }
 
+// noTestFiles reports whether go test said the package has no tests.
+func (p *pkgState) noTestFiles() bool {
+	for _, l := range p.lines {
+		if l.test == "" && strings.Contains(l.text, "[no test files]") {
+			return true
+		}
+	}
+	return false
+}
+
 // packageSkipReason says why a whole package skipped; ok is false for a
 // package with no test files, which is not worth a line.
 func packageSkipReason(p *pkgState) (reason string, ok bool) {
@@ -365,7 +388,7 @@ func packageSkipReason(p *pkgState) (reason string, ok bool) {
 		}
 		s := strings.TrimSpace(l.text)
 		switch {
-		case strings.Contains(s, "[no test files]"):
+		case p.noTestFiles():
 			return "", false
 		case s == "", s == "PASS", s == "SKIP", strings.HasPrefix(s, "ok "), strings.HasPrefix(s, "?"):
 		default:
