@@ -77,9 +77,12 @@ test:
 # The unit tests, through tests/report: go test's usual text (every line,
 # as with -v, when GOFLAGS_TEST has -v), then on its own the skipped tests
 # and why (make test prints them in its summary instead).
+# The suites that run the daemon or xe (internal/testdaemon) use make
+# build's binaries instead of linking their own, one per test package.
 UNIT_SUMMARY ?= 1
-unit: test-report
-	@out="$(TEST_OUT)"; \
+unit: build test-report
+	@export TOOLSTACKD_BIN="$${TOOLSTACKD_BIN:-$(CURDIR)/$(BIN)/toolstackd}" XE_BIN="$${XE_BIN:-$(CURDIR)/$(BIN)/xe}"; \
+	out="$(TEST_OUT)"; \
 	if [ -z "$$out" ]; then out=$$(mktemp -d -t toolstackd-unit.XXXXXX); trap 'rm -rf "$$out"' EXIT; else mkdir -p "$$out"; rm -f "$$out/unit.json"; fi; \
 	rc=0; \
 	echo "$(GO) test -json $(GOFLAGS_TEST) -timeout $(TEST_TIMEOUT) $(TEST_PKGS) | $(REPORT)"; \
