@@ -343,17 +343,20 @@ func TestProtocolHeartbeatTimeout(t *testing.T) {
 		if m.tag != 13 {
 			return false
 		}
-		// Two heartbeats keep the server waiting; then silence.
-		time.Sleep(150 * time.Millisecond)
-		c.respond(18)
-		time.Sleep(150 * time.Millisecond)
-		c.respond(18)
+		// Heartbeats 30 ms apart, a tenth of the 300 ms the server waits
+		// (a busy machine may sleep late), for 450 ms; then silence. The
+		// server gives up 300 ms after the last one, not 300 ms after the
+		// first: 750 ms in all at the least.
+		for range 15 {
+			time.Sleep(30 * time.Millisecond)
+			c.respond(18)
+		}
 		return true
 	})
 	if tr.exit != 1 || !strings.Contains(tr.stderr.String(), "no heartbeat") {
 		t.Fatalf("exit %d, %q", tr.exit, tr.stderr.String())
 	}
-	if d := time.Since(start); d < 500*time.Millisecond {
+	if d := time.Since(start); d < 750*time.Millisecond {
 		t.Fatalf("gave up after %s, despite the heartbeats", d)
 	}
 }

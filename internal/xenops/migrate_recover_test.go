@@ -22,13 +22,16 @@ func TestStallReader(t *testing.T) {
 	defer b.Close()
 	s := &stallReader{r: a, c: a, d: 150 * time.Millisecond}
 	go func() {
-		for _, p := range []string{"ab", "cd", "ef"} {
-			time.Sleep(100 * time.Millisecond) // slower overall than d, but never d without a byte
+		// 180 ms in all, slower overall than d, but never near d without
+		// a byte: 15 ms apart, a tenth of it (a busy machine may sleep
+		// late).
+		for _, p := range []string{"a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l"} {
+			time.Sleep(15 * time.Millisecond)
 			_, _ = io.WriteString(b, p)
 		}
 	}()
-	buf := make([]byte, 6)
-	if _, err := io.ReadFull(s, buf); err != nil || string(buf) != "abcdef" {
+	buf := make([]byte, 12)
+	if _, err := io.ReadFull(s, buf); err != nil || string(buf) != "abcdefghijkl" {
 		t.Fatalf("a slow stream: %q %v", buf, err)
 	}
 	start := time.Now()

@@ -51,7 +51,8 @@ func inVM(t *testing.T, modules []string, files map[string]string, suites ...sui
 		files[guest] = bin
 		script = append(script, guest+" -test.v -test.count=1 -test.timeout=5m -test.run '"+s.run+"' || rc=1")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	// A run takes about a minute under TCG on a quiet machine.
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
 	start := time.Now()
 	res, err := kernelvm.Run(ctx, kernelvm.Spec{Modules: modules, Files: files,

@@ -145,7 +145,7 @@ func TestPIFDHCPv6(t *testing.T) {
 	r.call("PIF.plug", pif)
 	noClients := func(what string) {
 		t.Helper()
-		waitFor(t, what, 15*time.Second, func() (bool, string) {
+		waitFor(t, what, 30*time.Second, func() (bool, string) {
 			ps := procsIn(t, host.Path(), "dhclient")
 			return len(ps) == 0, fmt.Sprintf("dhclient pids %v", ps)
 		})
@@ -201,7 +201,7 @@ func TestPIFDHCPv6(t *testing.T) {
 			break // the last lease is kept for the restart below
 		}
 		r.call("PIF.reconfigure_ipv6", pif, "None", "", "", "")
-		waitFor(t, "no IPv6 address after None", 15*time.Second, func() (bool, string) {
+		waitFor(t, "no IPv6 address after None", 30*time.Second, func() (bool, string) {
 			as := addrs6(t, host, br)
 			return len(as) == 0, fmt.Sprint(as)
 		})
@@ -226,7 +226,7 @@ func TestPIFDHCPv6(t *testing.T) {
 	}
 	d = d.Restart()
 	r = &rpc{t: t, c: d.Client(), s: d.Login(t)}
-	waitFor(t, "dhclient after the restart", 15*time.Second, func() (bool, string) {
+	waitFor(t, "dhclient after the restart", 30*time.Second, func() (bool, string) {
 		ps := procsIn(t, host.Path(), "dhclient")
 		return len(ps) == 1, fmt.Sprintf("dhclient pids %v", ps)
 	})
@@ -237,11 +237,11 @@ func TestPIFDHCPv6(t *testing.T) {
 	// None: the lease is released (dnsmasq forgets it), the address and
 	// the client go.
 	r.call("PIF.reconfigure_ipv6", pif, "None", "", "", "")
-	waitFor(t, "no address and no client after None", 15*time.Second, func() (bool, string) {
+	waitFor(t, "no address and no client after None", 30*time.Second, func() (bool, string) {
 		as, ps := addrs6(t, host, br), procsIn(t, host.Path(), "dhclient")
 		return len(as) == 0 && len(ps) == 0, fmt.Sprintf("addresses %v, dhclient pids %v", as, ps)
 	})
-	waitFor(t, "the release at the server", 10*time.Second, func() (bool, string) {
+	waitFor(t, "the release at the server", 30*time.Second, func() (bool, string) {
 		b, _ := os.ReadFile(filepath.Join(srvDir, "leases"))
 		return !strings.Contains(string(b), strings.TrimSuffix(addr, "/128")), string(b)
 	})
@@ -257,11 +257,11 @@ func TestPIFDHCPv6(t *testing.T) {
 	if _, err := r.try("Async.PIF.reconfigure_ipv6", pif, "DHCP", "", "", ""); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the hostile lease offered", 20*time.Second, func() (bool, string) {
+	waitFor(t, "the hostile lease offered", 30*time.Second, func() (bool, string) {
 		b, _ := os.ReadFile(filepath.Join(hostile, "log"))
 		return strings.Contains(string(b), "DHCPREPLY"), "no DHCPREPLY in dnsmasq's log yet"
 	})
-	waitFor(t, "the hostile lease refused", 10*time.Second, func() (bool, string) {
+	waitFor(t, "the hostile lease refused", 30*time.Second, func() (bool, string) {
 		return strings.Contains(d.Log(), "DHCPv6 lease refused"), "not in the daemon's log yet"
 	})
 	if as := addrs6(t, host, br); len(as) != 0 {

@@ -122,7 +122,7 @@ option lease 60
 	if err := d.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "no client after the daemon stopped", 10*time.Second, func() (bool, string) {
+	waitFor(t, "no client after the daemon stopped", 30*time.Second, func() (bool, string) {
 		ps := udhcpcIn(t, host.Path())
 		return len(ps) == 0, fmt.Sprintf("udhcpc pids %v", ps)
 	})
@@ -138,7 +138,7 @@ option lease 60
 	if err := d.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "no client after the daemon stopped", 10*time.Second, func() (bool, string) {
+	waitFor(t, "no client after the daemon stopped", 30*time.Second, func() (bool, string) {
 		ps := udhcpcIn(t, host.Path())
 		return len(ps) == 0, fmt.Sprintf("udhcpc pids %v", ps)
 	})

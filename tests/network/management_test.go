@@ -227,7 +227,7 @@ func TestManagementReconfigure(t *testing.T) {
 		return err == nil, fmt.Sprint(err) + "\n" + d2.LogTail(10)
 	})
 	nr = &rpc{t: t, c: nc, s: s}
-	waitFor(t, "host.address after a restart", 10*time.Second, func() (bool, string) {
+	waitFor(t, "host.address after a restart", 30*time.Second, func() (bool, string) {
 		got := nr.str("host.get_address", h)
 		return got == "10.79.0.1", got
 	})
@@ -321,7 +321,7 @@ func TestManagementMoveInPool(t *testing.T) {
 	at := time.Now()
 	r.call("host.management_reconfigure", eth1)
 	t.Logf("management_reconfigure of the member took %v", time.Since(at).Round(time.Millisecond))
-	waitFor(t, "host.address of the member to be the new address", 20*time.Second, func() (bool, string) {
+	waitFor(t, "host.address of the member to be the new address", 30*time.Second, func() (bool, string) {
 		got := r.str("host.get_address", b)
 		return got == "10.89.0.2", got
 	})
@@ -343,13 +343,13 @@ func TestManagementMoveInPool(t *testing.T) {
 	ns, _ := testdaemon.String(raw)
 	nr := &rpc{t: t, c: nc, s: ns}
 	r.call("host.set_name_description", a, "written on the coordinator after the move")
-	waitFor(t, "the coordinator's write on the member's replica", 20*time.Second, func() (bool, string) {
+	waitFor(t, "the coordinator's write on the member's replica", 30*time.Second, func() (bool, string) {
 		got := nr.str("host.get_name_description", a)
 		return got == "written on the coordinator after the move", got
 	})
 	// A write made on the member reaches the coordinator.
 	nr.call("host.set_name_description", b, "written on the member after the move")
-	waitFor(t, "the member's write on the coordinator", 20*time.Second, func() (bool, string) {
+	waitFor(t, "the member's write on the coordinator", 30*time.Second, func() (bool, string) {
 		got := r.str("host.get_name_description", b)
 		return got == "written on the member after the move", got
 	})
@@ -438,12 +438,12 @@ func TestManagementMoveInPool(t *testing.T) {
 	ns, _ = testdaemon.String(raw)
 	nr = &rpc{t: t, c: nc, s: ns}
 	nr.call("host.set_name_description", b, "written on the member after the coordinator moved")
-	waitFor(t, "the member's write on the moved coordinator", 20*time.Second, func() (bool, string) {
+	waitFor(t, "the member's write on the moved coordinator", 30*time.Second, func() (bool, string) {
 		got := r.str("host.get_name_description", b)
 		return got == "written on the member after the coordinator moved", got
 	})
 	r.call("host.set_name_description", a, "written on the moved coordinator")
-	waitFor(t, "the moved coordinator's write on the member", 20*time.Second, func() (bool, string) {
+	waitFor(t, "the moved coordinator's write on the member", 30*time.Second, func() (bool, string) {
 		got := nr.str("host.get_name_description", a)
 		return got == "written on the moved coordinator", got
 	})

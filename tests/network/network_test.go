@@ -163,7 +163,8 @@ func addrs4(t *testing.T, ns *netnstest.Namespace, dev string) []string {
 
 // waitFor polls cond every 100 ms until it holds or timeout passes, and
 // returns how long it took; on timeout the test fails with what cond
-// said last.
+// said last. The tests give it 30 s at the least: what they wait for
+// takes up to 2 s on a quiet machine (the module's watch period).
 func waitFor(t *testing.T, what string, timeout time.Duration, cond func() (bool, string)) time.Duration {
 	t.Helper()
 	start := time.Now()
@@ -445,7 +446,7 @@ func TestHostNetworking(t *testing.T) {
 		}
 	}
 	r.call("VM.hard_shutdown", vm)
-	took := waitFor(t, "private bridge gone after VM.hard_shutdown", 5*time.Second, func() (bool, string) {
+	took := waitFor(t, "private bridge gone after VM.hard_shutdown", 30*time.Second, func() (bool, string) {
 		_, ok := links(t, host)[pbr]
 		return !ok, pbr + " still there"
 	})
@@ -556,7 +557,7 @@ func TestTunnelAcrossHosts(t *testing.T) {
 	vx := map[int]string{}
 	for i, n := range ns {
 		remote := fmt.Sprintf("10.77.0.%d", 2-i)
-		took := waitFor(t, fmt.Sprintf("host %d: bridge %s with a VXLAN port to %s", i, bridge, remote), 10*time.Second,
+		took := waitFor(t, fmt.Sprintf("host %d: bridge %s with a VXLAN port to %s", i, bridge, remote), 30*time.Second,
 			func() (bool, string) {
 				ls := links(t, n)
 				if b, ok := ls[bridge]; !ok || !b.up() {
@@ -629,7 +630,7 @@ func TestTunnelAcrossHosts(t *testing.T) {
 	r.call("tunnel.destroy", tunnels[1])
 	at = step("tunnel.destroy of host B's tunnel", at)
 	for i, n := range ns {
-		took := waitFor(t, fmt.Sprintf("host %d: VXLAN link %s gone", i, vx[i]), 10*time.Second, func() (bool, string) {
+		took := waitFor(t, fmt.Sprintf("host %d: VXLAN link %s gone", i, vx[i]), 30*time.Second, func() (bool, string) {
 			for name, l := range links(t, n) {
 				if l.LinkInfo.Kind == "vxlan" {
 					return false, name + " still there\n" + dump(n)

@@ -384,7 +384,7 @@ func TestOVSVIFLocking(t *testing.T) {
 
 	// Unlocked, live: everything passes, the spoofed address too.
 	r.call("VIF.set_locking_mode", gvif, "unlocked")
-	waitFor(t, "unlocked VIF passes everything", 20*time.Second, func() (bool, string) {
+	waitFor(t, "unlocked VIF passes everything", 30*time.Second, func() (bool, string) {
 		w := deliver(g, p, withPass(cases, true))
 		return w == "", w
 	})
@@ -398,7 +398,7 @@ func TestOVSVIFLocking(t *testing.T) {
 
 	// Disabled, live: nothing from the guest, nothing to it.
 	r.call("VIF.set_locking_mode", gvif, "disabled")
-	waitFor(t, "disabled VIF passes nothing", 20*time.Second, func() (bool, string) {
+	waitFor(t, "disabled VIF passes nothing", 30*time.Second, func() (bool, string) {
 		w := deliver(g, p, withPass(cases, false))
 		return w == "", w
 	})
@@ -413,7 +413,7 @@ func TestOVSVIFLocking(t *testing.T) {
 
 	// Locked again, live.
 	r.call("VIF.set_locking_mode", gvif, "locked")
-	waitFor(t, "locked again", 20*time.Second, func() (bool, string) {
+	waitFor(t, "locked again", 30*time.Second, func() (bool, string) {
 		w := deliver(g, p, lockedCases(mac))
 		return w == "", w
 	})
@@ -436,7 +436,7 @@ func TestOVSVIFLocking(t *testing.T) {
 
 	// The rules go with the VM.
 	r.call("VM.hard_shutdown", gvm)
-	waitFor(t, "rules gone after VM.hard_shutdown", 15*time.Second, func() (bool, string) {
+	waitFor(t, "rules gone after VM.hard_shutdown", 30*time.Second, func() (bool, string) {
 		fs := o.Flows(t, bridge, cookie, "-1")
 		return len(fs) == 0, strings.Join(fs, "\n")
 	})

@@ -103,7 +103,7 @@ func TestOVSBackend(t *testing.T) {
 	}
 
 	r.call("VM.hard_shutdown", v.vm)
-	took := waitFor(t, "VIF port and bridge gone after VM.hard_shutdown", 15*time.Second, func() (bool, string) {
+	took := waitFor(t, "VIF port and bridge gone after VM.hard_shutdown", 30*time.Second, func() (bool, string) {
 		if out, err := o.TryVsctl("port-to-br", v.tap); err == nil {
 			return false, "port still on " + out
 		}
@@ -158,18 +158,18 @@ func TestOVNLogicalPorts(t *testing.T) {
 
 	// The VIF's locking changes while it runs: the port follows (Watch).
 	r.call("VIF.set_locking_mode", v.vif, "unlocked")
-	waitFor(t, "port security cleared after VIF.set_locking_mode unlocked", 15*time.Second, func() (bool, string) {
+	waitFor(t, "port security cleared after VIF.set_locking_mode unlocked", 30*time.Second, func() (bool, string) {
 		got, err := n.TryNbctl("lsp-get-port-security", v.vifUUID)
 		return err == nil && got == "", got
 	})
 	r.call("VIF.set_locking_mode", v.vif, "disabled")
-	waitFor(t, "port disabled after VIF.set_locking_mode disabled", 15*time.Second, func() (bool, string) {
+	waitFor(t, "port disabled after VIF.set_locking_mode disabled", 30*time.Second, func() (bool, string) {
 		got, err := n.TryNbctl("lsp-get-enabled", v.vifUUID)
 		return err == nil && got == "disabled", got
 	})
 
 	r.call("VM.hard_shutdown", v.vm)
-	waitFor(t, "logical switch port gone after VM.hard_shutdown", 15*time.Second, func() (bool, string) {
+	waitFor(t, "logical switch port gone after VM.hard_shutdown", 30*time.Second, func() (bool, string) {
 		got, err := n.TryNbctl("lsp-list", v.networkUUID)
 		return err == nil && !strings.Contains(got, v.vifUUID), got
 	})

@@ -520,7 +520,9 @@ func TestQEMUTaps(t *testing.T) {
 	for _, p := range pids {
 		syscall.Kill(p, syscall.SIGKILL)
 	}
-	time.Sleep(200 * time.Millisecond)
+	for _, p := range pids {
+		eventually(t, 10*time.Second, "the killed QEMU to die", func() bool { return !alive(p) })
+	}
 	e = newEnv(t, cfg, envOptions{dir: dir, persist: true})
 	if p := e.power(vm); p != "Halted" {
 		t.Fatalf("after restart: %s", p)

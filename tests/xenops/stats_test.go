@@ -112,8 +112,10 @@ func TestQEMUStats(t *testing.T) {
 	if a.WriteBytes < b.WriteBytes || a.WriteOps < b.WriteOps || a.ReadTime < b.ReadTime {
 		t.Errorf("a counter went down: %+v then %+v", b, a)
 	}
-	if grew := cpu(after) - cpu(before); grew < time.Second {
-		t.Errorf("VCPU time grew by %v, want at least 1 s", grew)
+	// About 4 s on a quiet machine; a busy one gives the VCPU's thread
+	// less of a core while the guest spins for its 4 s.
+	if grew := cpu(after) - cpu(before); grew < 400*time.Millisecond {
+		t.Errorf("VCPU time grew by %v, want at least 400 ms", grew)
 	}
 	if after.Memory <= 0 {
 		t.Errorf("memory %d", after.Memory)

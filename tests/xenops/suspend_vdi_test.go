@@ -362,8 +362,10 @@ func TestSuspendVDIQEMU(t *testing.T) {
 	serial.waitFor(t, "GUEST-READY", 3*time.Minute)
 	a, b := time.Now().Nanosecond()%10000, 7919
 	want := fmt.Sprintf("kept-%d-end", a+b)
-	fmt.Fprintf(serial, "KEPT=$((%d+%d))\n", a, b)
-	time.Sleep(300 * time.Millisecond)
+	// The shell says when it has the value, before the suspend: a TCG
+	// guest on a busy machine may take a while to read the line.
+	fmt.Fprintf(serial, "KEPT=$((%d+%d)); echo set-$KEPT-end\n", a, b)
+	serial.waitFor(t, fmt.Sprintf("set-%d-end", a+b), time.Minute)
 	serial.Close()
 
 	t0 := time.Now()

@@ -39,8 +39,10 @@ func TestFakeKillsTheGroupWhenNotPetted(t *testing.T) {
 	done := make(chan error, 1)
 	start := time.Now()
 	go func() { done <- RunFake(r, pid, 300*time.Millisecond, nil) }()
-	for range 5 {
-		time.Sleep(100 * time.Millisecond)
+	// Petted every 30 ms, a tenth of the timeout (a busy machine may
+	// sleep late), for 510 ms: then it fires 300 ms after the last pet.
+	for range 17 {
+		time.Sleep(30 * time.Millisecond)
 		if _, err := w.Write([]byte{0}); err != nil {
 			t.Fatal(err)
 		}

@@ -41,10 +41,15 @@ type pool struct {
 	mu    sync.Mutex // guards the leader lookups of Forward
 }
 
+// tune sets raft's timeouts for the tests: raft's own defaults of a
+// second. A member's first contact installs a snapshot, which takes about
+// 100 ms on a quiet machine with the race detector; with a lease of
+// 150 ms a busy machine let it run out meanwhile, the leader stepped
+// down, and the pool failed to form.
 func tune(c *raft.Config) {
-	c.HeartbeatTimeout = 300 * time.Millisecond
-	c.ElectionTimeout = 300 * time.Millisecond
-	c.LeaderLeaseTimeout = 150 * time.Millisecond
+	c.HeartbeatTimeout = time.Second
+	c.ElectionTimeout = time.Second
+	c.LeaderLeaseTimeout = time.Second
 }
 
 func (p *pool) open(n *node) {
@@ -181,7 +186,8 @@ func (p *pool) waitLeader(nodes ...*node) *node {
 	if len(nodes) == 0 {
 		nodes = p.live()
 	}
-	deadline := time.Now().Add(10 * time.Second)
+	// An election takes one to two seconds, a split vote again as long.
+	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
 		for _, n := range nodes {
 			if n.r.Mode() == Leader {
@@ -292,7 +298,7 @@ func TestReplicatesLeaderAndMemberWrites(t *testing.T) {
 	write := func(d *db.DB, who string, n int) {
 		defer wg.Done()
 		for i := range n {
-			// A loaded machine may cost the leader its lease (300 ms
+			// A loaded machine may cost the leader its lease (1 s
 			// timeouts here): a write refused as not durable is retried,
 			// as a client would.
 			var err error

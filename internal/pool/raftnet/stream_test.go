@@ -294,7 +294,9 @@ func TestDialBoundsHostilePeers(t *testing.T) {
 	if _, err := cli.Dial(raftnetAddr(silent), 300*time.Millisecond); err == nil {
 		t.Fatal("Dial to a silent peer succeeded")
 	}
-	if d := time.Since(start); d > 2*time.Second {
+	// 300 to 500 ms (the dial's timeout, the handshake's) on a quiet
+	// machine.
+	if d := time.Since(start); d > 5*time.Second {
 		t.Fatalf("Dial to a silent peer took %v", d)
 	}
 	// A peer that answers with endless headers: refused at the bound.

@@ -43,7 +43,7 @@ func TestFSMRefusesBadCommand(t *testing.T) {
 func TestElection(t *testing.T) {
 	t.Parallel()
 	c := NewCluster(t, Options{Nodes: 3})
-	l, err := c.WaitLeader(10 * time.Second)
+	l, err := c.WaitLeader(30 * time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +73,7 @@ func TestElection(t *testing.T) {
 func testReplication(t *testing.T, nodes, writes int) {
 	t.Parallel()
 	c := NewCluster(t, Options{Nodes: nodes})
-	if _, err := c.WaitLeader(10 * time.Second); err != nil {
+	if _, err := c.WaitLeader(30 * time.Second); err != nil {
 		t.Fatal(err)
 	}
 	var last uint64
@@ -213,7 +213,7 @@ func report(t *testing.T, what string, d []time.Duration) {
 func TestLeaderKill(t *testing.T) {
 	t.Parallel()
 	c := NewCluster(t, Options{Nodes: 3})
-	if _, err := c.WaitLeader(10 * time.Second); err != nil {
+	if _, err := c.WaitLeader(30 * time.Second); err != nil {
 		t.Fatal(err)
 	}
 	h := newHistory()
@@ -221,7 +221,7 @@ func TestLeaderKill(t *testing.T) {
 	for round := range rounds(10) {
 		stop := writers(c, h, 4, fmt.Sprintf("r%d", round))
 		time.Sleep(200 * time.Millisecond)
-		l, err := c.WaitLeader(10 * time.Second)
+		l, err := c.WaitLeader(30 * time.Second)
 		if err != nil {
 			stop()
 			t.Fatal(err)
@@ -231,7 +231,9 @@ func TestLeaderKill(t *testing.T) {
 			stop()
 			t.Fatalf("round %d: kill node %d: %v", round, l, err)
 		}
-		d, err := h.waitAckAfter(t0, l, 20*time.Second)
+		// About 2 s at the median on a quiet machine, 10 s at the most
+		// (writers waiting out a Put on the dead leader).
+		d, err := h.waitAckAfter(t0, l, 60*time.Second)
 		if err != nil {
 			stop()
 			t.Fatalf("round %d: %v", round, err)
@@ -256,7 +258,7 @@ func TestLeaderKill(t *testing.T) {
 func TestPartitionHeal(t *testing.T) {
 	t.Parallel()
 	c := NewCluster(t, Options{Nodes: 3})
-	if _, err := c.WaitLeader(10 * time.Second); err != nil {
+	if _, err := c.WaitLeader(30 * time.Second); err != nil {
 		t.Fatal(err)
 	}
 	h := newHistory()
@@ -264,14 +266,14 @@ func TestPartitionHeal(t *testing.T) {
 	for round := range rounds(20) {
 		stop := writers(c, h, 4, fmt.Sprintf("r%d", round))
 		time.Sleep(100 * time.Millisecond)
-		l, err := c.WaitLeader(10 * time.Second)
+		l, err := c.WaitLeader(30 * time.Second)
 		if err != nil {
 			stop()
 			t.Fatal(err)
 		}
 		t0 := time.Now()
 		c.Isolate(l)
-		d, err := h.waitAckAfter(t0, l, 20*time.Second)
+		d, err := h.waitAckAfter(t0, l, 60*time.Second)
 		if err != nil {
 			stop()
 			t.Fatalf("round %d: %v", round, err)
@@ -293,7 +295,7 @@ func TestPartitionHeal(t *testing.T) {
 func TestPartition5(t *testing.T) {
 	t.Parallel()
 	c := NewCluster(t, Options{Nodes: 5})
-	l, err := c.WaitLeader(10 * time.Second)
+	l, err := c.WaitLeader(30 * time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
