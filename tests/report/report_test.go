@@ -595,3 +595,23 @@ func TestTimes(t *testing.T) {
 		t.Fatalf("got\n%s\nwant\n%s", stdout.String(), want)
 	}
 }
+
+// A package's text reaches the output when its result arrives, not when
+// the whole run ends.
+func TestFlushedPerPackage(t *testing.T) {
+	var out bytes.Buffer
+	c := newCollector(&out, false)
+	for _, l := range strings.SplitAfter(stream(t,
+		"start p/a",
+		"output p/a - | ok  \tp/a\t0.01s",
+		"pass p/a",
+		"start p/b",
+	), "\n") {
+		if l != "" {
+			c.line(l)
+		}
+	}
+	if out.String() != "ok  \tp/a\t0.01s\n" {
+		t.Fatalf("before the run ended: %q", out.String())
+	}
+}

@@ -289,6 +289,9 @@ outer:
 // the tests' own results do not show and prints the package's output.
 func (c *collector) endPackage(p *pkgState, e event) {
 	p.done = true
+	// A package's text goes out as soon as it has its result: a CI log
+	// shows how far a long run has come, and what a killed run had done.
+	defer c.out.Flush()
 	if !p.noTestFiles() {
 		c.sum.Packages = append(c.sum.Packages, PkgTime{Package: p.name, Seconds: e.Elapsed, Result: e.Action})
 	}
