@@ -1,7 +1,7 @@
 // Package storage tests storage migration inside a pool (VM.migrate_send
-// to another SR): running and halted VMs with their snapshots, snapshot
-// chains, checkpoints and suspended VMs, cancels and refusals, on the
-// simulator and on QEMU.
+// to another SR): running and halted VMs with their snapshots, cancels
+// and refusals, a read-only disk, on the simulator and on QEMU. Snapshot
+// chains, checkpoints and suspended VMs are in tests/pool/chain.
 package storage
 
 import (
@@ -29,27 +29,6 @@ import (
 // moves from host 0's to host 1's while the VM moves, through
 // host.migrate_receive's dest map, as XO calls them.
 
-// checkMoved checks a VM that moved to host to with its disk: running
-// there, its VBD on a new VDI of sr, the old VDI gone.
-func checkMoved(t *testing.T, r suite.RPC, vm, oldVDI, sr, host string) string {
-	t.Helper()
-	s := suite.VMWhere(r, vm)
-	if s.Power != "Running" || s.On != host || len(s.Ops) != 0 {
-		t.Fatalf("after the move: %+v", s)
-	}
-	vbd, vdi := suite.VMDisk(r, vm)
-	if vdi == oldVDI || r.Str("VDI.get_SR", vdi) != sr {
-		t.Fatalf("the VBD is on %s (SR %s), want a new VDI on %s", vdi, r.Str("VDI.get_SR", vdi), sr)
-	}
-	if string(r.Call("VBD.get_currently_attached", vbd)) != "true" {
-		t.Fatal("the VBD is not attached after the move")
-	}
-	if _, err := r.C.Call(r.Ctx, r.At, "VDI.get_uuid", r.S, oldVDI); pooltest.Code(err) != xerr.HandleInvalid {
-		t.Fatalf("the old VDI after the move: %v", err)
-	}
-	return vdi
-}
-
 // A running simulated VM with its disk on host 0's local SR moves to host
 // 1 with the disk going to host 1's local SR; then back.
 func TestStorageMigrateSimulator(t *testing.T) {
@@ -66,7 +45,7 @@ func TestStorageMigrateSimulator(t *testing.T) {
 		before := suite.SRVDIs(r, local[to])
 		r.Call("VM.migrate_send", suite.MigrateSendArgs(vm, suite.DestMap(r, hosts[to]), map[string]string{vdi: local[to]},
 			map[string]string{}, map[string]string{})...)
-		checkMoved(t, r, vm, vdi, local[to], hosts[to])
+		suite.CheckMoved(t, r, vm, vdi, local[to], hosts[to])
 		if n := suite.SRVDIs(r, local[to]); n != before+1 {
 			t.Fatalf("host %d's SR has %d VDIs, want %d", to, n, before+1)
 		}
@@ -233,7 +212,7 @@ func TestStorageMigrateCancel(t *testing.T) {
 	if st, info := suite.WaitTask(t, r, task); st != "success" {
 		t.Fatalf("the move after the cancels: %s %v", st, info)
 	}
-	checkMoved(t, r, vm, vdi, local[1], hosts[1])
+	suite.CheckMoved(t, r, vm, vdi, local[1], hosts[1])
 }
 
 // A running VM on real QEMU (TCG) with a known pattern on its disk, on
@@ -250,9 +229,9 @@ func TestStorageMigrateQEMU(t *testing.T) {
 		Env: []string{"TOOLSTACKD_QEMU_ACCEL=tcg", "TOOLSTACKD_GUEST_KERNEL_DIRS=" + g.Dir}}})
 	local := []string{r.LocalSR(hosts[0]), r.LocalSR(hosts[1])}
 	const size = 256 << 20
-	vm, vdi := vmWithDisk(r, "qemu-sxm", "sxm disk", local[0], size)
+	vm, vdi := suite.VMWithDisk(r, "qemu-sxm", "sxm disk", local[0], size)
 	sum := suite.WritePattern(t, r, p.Addr(0), vdi, size)
-	uuid, ticks := startTicking(t, g, p, r, vm, hosts, 0)
+	uuid, ticks := suite.StartTicking(t, g, p, r, vm, hosts, 0)
 	// Rounds back and forth (TOOLSTACKD_SXM_ROUNDS, default 1), each
 	// after the baseline of the figure: the current image file copied on
 	// this machine with cp and with qemu-img convert (as storage copies
@@ -281,7 +260,7 @@ func TestStorageMigrateQEMU(t *testing.T) {
 		r.Call("VM.migrate_send", suite.MigrateSendArgs(vm, suite.DestMap(r, hosts[to]), map[string]string{vdi: local[to]},
 			map[string]string{}, map[string]string{})...)
 		walls = append(walls, time.Since(t0))
-		nv := checkMoved(t, r, vm, vdi, local[to], hosts[to])
+		nv := suite.CheckMoved(t, r, vm, vdi, local[to], hosts[to])
 		if pids := suite.QEMUOf(uuid); len(pids) != 1 {
 			t.Fatalf("QEMU processes of the VM after the move: %v", pids)
 		}
@@ -385,7 +364,7 @@ func TestStorageMigrateHaltedAndSnapshots(t *testing.T) {
 	r.Call("VM.start_on", vm2, hosts[0], false, false)
 	r.Call("VM.migrate_send", suite.MigrateSendArgs(vm2, suite.DestMap(r, hosts[1]), map[string]string{vdi2: local[1]},
 		map[string]string{}, map[string]string{})...)
-	checkMoved(t, r, vm2, vdi2, local[1], hosts[1])
+	suite.CheckMoved(t, r, vm2, vdi2, local[1], hosts[1])
 	_, nsv := suite.VMDisk(r, snap)
 	if nsv == svdi || r.Str("VDI.get_SR", nsv) != local[1] {
 		t.Fatalf("the snapshot's disk is on %s", r.Str("VDI.get_SR", nsv))
@@ -412,7 +391,7 @@ func TestStorageMigrateQEMUCancel(t *testing.T) {
 	r.Call("VDI.resize", suite.VMDiskVDI(r, vm), 64<<20)
 	_, vdi := suite.VMDisk(r, vm)
 	suite.WritePattern(t, r, p.Addr(0), vdi, 64<<20)
-	uuid, ticks := startTicking(t, g, p, r, vm, hosts, 0)
+	uuid, ticks := suite.StartTicking(t, g, p, r, vm, hosts, 0)
 	before := suite.SRVDIs(r, local[1])
 	cancelAt := func(what string, lo, hi float64) {
 		t.Helper()
@@ -452,7 +431,7 @@ func TestStorageMigrateQEMUCancel(t *testing.T) {
 	r.Call("VM.remove_from_other_config", vm, "migration_bandwidth")
 	r.Call("VM.migrate_send", suite.MigrateSendArgs(vm, suite.DestMap(r, hosts[1]), map[string]string{vdi: local[1]},
 		map[string]string{}, map[string]string{})...)
-	checkMoved(t, r, vm, vdi, local[1], hosts[1])
+	suite.CheckMoved(t, r, vm, vdi, local[1], hosts[1])
 	if _, err := ticks.Follow(p.Hosts[1].DataDir, uuid, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -483,37 +462,8 @@ func TestStorageMigrateQEMUReadOnlyDisk(t *testing.T) {
 	r.Call("VM.start_on", vm, hosts[0], false, false)
 	r.Call("VM.migrate_send", suite.MigrateSendArgs(vm, suite.DestMap(r, hosts[1]), map[string]string{vdi: local[1]},
 		map[string]string{}, map[string]string{})...)
-	nv := checkMoved(t, r, vm, vdi, local[1], hosts[1])
+	nv := suite.CheckMoved(t, r, vm, vdi, local[1], hosts[1])
 	if got := suite.ReadDisk(t, r, p.Addr(0), nv); sha256.Sum256(got) != sum {
 		t.Fatal("the read-only disk differs after the move")
 	}
-}
-
-// vmWithDisk makes a VM with one disk of size bytes on sr.
-func vmWithDisk(r suite.RPC, name, disk, sr string, size int64) (vm, vdi string) {
-	r.T.Helper()
-	vm = r.Str("VM.create", testdaemon.VMRecord(name))
-	vdi = r.Str("VDI.create", map[string]any{"name_label": disk, "name_description": "", "SR": sr,
-		"virtual_size": size, "type": "user", "sharable": false, "read_only": false, "other_config": map[string]string{},
-		"xenstore_data": map[string]string{}, "sm_config": map[string]string{}, "tags": []string{}})
-	r.Call("VBD.create", map[string]any{"VM": vm, "VDI": vdi, "userdevice": "0", "bootable": true, "mode": "RW", "type": "Disk",
-		"empty": false, "other_config": map[string]string{}, "qos_algorithm_type": "", "qos_algorithm_params": map[string]string{}})
-	return vm, vdi
-}
-
-// startTicking starts the tick guest vm on hosts[at] and waits for its
-// first ticks: its uuid and the log of its ticks.
-func startTicking(t *testing.T, g suite.TickGuestFiles, p *pooltest.Pool, r suite.RPC, vm string, hosts map[int]string, at int) (string, *suite.TickLog) {
-	t.Helper()
-	uuid := r.Str("VM.get_uuid", vm)
-	g.SetOn(r, vm)
-	t.Cleanup(func() { suite.KillQEMUs(uuid) })
-	r.Call("VM.start_on", vm, hosts[at], false, false)
-	ticks := &suite.TickLog{}
-	t.Cleanup(ticks.Close)
-	if _, err := ticks.Follow(p.Hosts[at].DataDir, uuid, at); err != nil {
-		t.Fatal(err)
-	}
-	ticks.Wait(t, at, 3, 2*time.Minute)
-	return uuid, ticks
 }

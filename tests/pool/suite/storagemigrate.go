@@ -16,6 +16,7 @@ import (
 	"time"
 	"toolstackd/internal/pooltest"
 	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/xerr"
 )
 
 // StoragePool starts a pool of two hosts (o may add flags): calls
@@ -164,4 +165,54 @@ func FileNamed(t *testing.T, dir, part string) string {
 		t.Fatalf("files named %s under %s: %v", part, dir, found)
 	}
 	return found[0]
+}
+
+// CheckMoved checks a VM that moved to host to with its disk: running
+// there, its VBD on a new VDI of sr, the old VDI gone.
+func CheckMoved(t *testing.T, r RPC, vm, oldVDI, sr, host string) string {
+	t.Helper()
+	s := VMWhere(r, vm)
+	if s.Power != "Running" || s.On != host || len(s.Ops) != 0 {
+		t.Fatalf("after the move: %+v", s)
+	}
+	vbd, vdi := VMDisk(r, vm)
+	if vdi == oldVDI || r.Str("VDI.get_SR", vdi) != sr {
+		t.Fatalf("the VBD is on %s (SR %s), want a new VDI on %s", vdi, r.Str("VDI.get_SR", vdi), sr)
+	}
+	if string(r.Call("VBD.get_currently_attached", vbd)) != "true" {
+		t.Fatal("the VBD is not attached after the move")
+	}
+	if _, err := r.C.Call(r.Ctx, r.At, "VDI.get_uuid", r.S, oldVDI); pooltest.Code(err) != xerr.HandleInvalid {
+		t.Fatalf("the old VDI after the move: %v", err)
+	}
+	return vdi
+}
+
+// VMWithDisk makes a VM with one disk of size bytes on sr.
+func VMWithDisk(r RPC, name, disk, sr string, size int64) (vm, vdi string) {
+	r.T.Helper()
+	vm = r.Str("VM.create", testdaemon.VMRecord(name))
+	vdi = r.Str("VDI.create", map[string]any{"name_label": disk, "name_description": "", "SR": sr,
+		"virtual_size": size, "type": "user", "sharable": false, "read_only": false, "other_config": map[string]string{},
+		"xenstore_data": map[string]string{}, "sm_config": map[string]string{}, "tags": []string{}})
+	r.Call("VBD.create", map[string]any{"VM": vm, "VDI": vdi, "userdevice": "0", "bootable": true, "mode": "RW", "type": "Disk",
+		"empty": false, "other_config": map[string]string{}, "qos_algorithm_type": "", "qos_algorithm_params": map[string]string{}})
+	return vm, vdi
+}
+
+// StartTicking starts the tick guest vm on hosts[at] and waits for its
+// first ticks: its uuid and the log of its ticks.
+func StartTicking(t *testing.T, g TickGuestFiles, p *pooltest.Pool, r RPC, vm string, hosts map[int]string, at int) (string, *TickLog) {
+	t.Helper()
+	uuid := r.Str("VM.get_uuid", vm)
+	g.SetOn(r, vm)
+	t.Cleanup(func() { KillQEMUs(uuid) })
+	r.Call("VM.start_on", vm, hosts[at], false, false)
+	ticks := &TickLog{}
+	t.Cleanup(ticks.Close)
+	if _, err := ticks.Follow(p.Hosts[at].DataDir, uuid, at); err != nil {
+		t.Fatal(err)
+	}
+	ticks.Wait(t, at, 3, 2*time.Minute)
+	return uuid, ticks
 }

@@ -1,4 +1,7 @@
-package storage
+// Package chain tests storage migration of what hangs off a VM's disk:
+// snapshot chains (each snapshot's blocks shared as before), checkpoints
+// with their memory, and suspended VMs, on the simulator and on QEMU.
+package chain
 
 import (
 	"crypto/sha256"
@@ -33,7 +36,7 @@ func TestStorageMigrateSnapshotChain(t *testing.T) {
 		Env: []string{"TOOLSTACKD_QEMU_ACCEL=tcg", "TOOLSTACKD_GUEST_KERNEL_DIRS=" + g.Dir}}})
 	local := []string{r.LocalSR(hosts[0]), r.LocalSR(hosts[1])}
 	const size = 64 << 20
-	vm, vdi := vmWithDisk(r, "chain", "chain disk", local[0], size)
+	vm, vdi := suite.VMWithDisk(r, "chain", "chain disk", local[0], size)
 	// Writes of shrinking length: each generation differs from the one
 	// before in its first megabytes only.
 	write := func(n int) [32]byte {
@@ -61,10 +64,10 @@ func TestStorageMigrateSnapshotChain(t *testing.T) {
 	}
 	srcUsed := used(0, vdi, suite.VMDiskVDI(r, s1), suite.VMDiskVDI(r, s2))
 
-	uuid, ticks := startTicking(t, g, p, r, vm, hosts, 0)
+	uuid, ticks := suite.StartTicking(t, g, p, r, vm, hosts, 0)
 	r.Call("VM.migrate_send", suite.MigrateSendArgs(vm, suite.DestMap(r, hosts[1]), map[string]string{vdi: local[1]},
 		map[string]string{}, map[string]string{})...)
-	nv := checkMoved(t, r, vm, vdi, local[1], hosts[1])
+	nv := suite.CheckMoved(t, r, vm, vdi, local[1], hosts[1])
 	if !regexp.MustCompile(`msg="qemu: disk mirror started" .*vm=` + uuid + `.* sync=top`).MatchString(p.Hosts[0].Log()) {
 		t.Fatal("the disk was not mirrored by its top alone")
 	}
@@ -171,7 +174,7 @@ func TestStorageMigrateCheckpoint(t *testing.T) {
 	image := suite.ReadDisk(t, r, p.Addr(0), sv)
 	r.Call("VM.migrate_send", suite.MigrateSendArgs(vm, suite.DestMap(r, hosts[1]), map[string]string{vdi: local[1]},
 		map[string]string{}, map[string]string{})...)
-	checkMoved(t, r, vm, vdi, local[1], hosts[1])
+	suite.CheckMoved(t, r, vm, vdi, local[1], hosts[1])
 	nsv := r.Str("VM.get_suspend_VDI", cp)
 	if nsv == sv || r.Str("VDI.get_SR", nsv) != local[1] || r.Str("VDI.get_type", nsv) != "suspend" {
 		t.Fatalf("the checkpoint's suspend image after the move: %s on %s", nsv, r.Str("VDI.get_SR", nsv))
