@@ -8,7 +8,7 @@ FUZZTIME  ?= 5s
 GOFLAGS_TEST ?= -race -count=1
 # go test's -timeout, per package: a package that hangs is killed with
 # every goroutine's stack (and counted as failed) instead of hanging the run.
-TEST_TIMEOUT ?= 15m
+TEST_TIMEOUT ?= 25m
 # The packages make unit tests (narrower: make unit TEST_PKGS=./internal/db/...).
 TEST_PKGS ?= ./...
 # The directory make unit, fuzz and e2e write what make test's summary is

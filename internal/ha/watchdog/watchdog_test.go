@@ -38,11 +38,11 @@ func TestFakeKillsTheGroupWhenNotPetted(t *testing.T) {
 	r, w := io.Pipe()
 	done := make(chan error, 1)
 	start := time.Now()
-	go func() { done <- RunFake(r, pid, 300*time.Millisecond, nil) }()
-	// Petted every 30 ms, a tenth of the timeout (a busy machine may
-	// sleep late), for 510 ms: then it fires 300 ms after the last pet.
-	for range 17 {
-		time.Sleep(30 * time.Millisecond)
+	go func() { done <- RunFake(r, pid, time.Second, nil) }()
+	// Petted every 100 ms, a tenth of the timeout (a busy machine may
+	// sleep late), for 1.1 s: then it fires a second after the last pet.
+	for range 11 {
+		time.Sleep(100 * time.Millisecond)
 		if _, err := w.Write([]byte{0}); err != nil {
 			t.Fatal(err)
 		}
@@ -55,7 +55,7 @@ func TestFakeKillsTheGroupWhenNotPetted(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if took := time.Since(start); took < 800*time.Millisecond {
+	if took := time.Since(start); took < 2100*time.Millisecond {
 		t.Fatalf("fired after %v", took)
 	}
 	if !exited(gone, 5*time.Second) {
@@ -69,7 +69,9 @@ func TestFakeDisarmAndDeath(t *testing.T) {
 	pid, gone := victim(t)
 	r, w := io.Pipe()
 	done := make(chan error, 1)
-	go func() { done <- RunFake(r, pid, 200*time.Millisecond, nil) }()
+	// Disarmed, it returns at the end of its input, long before its
+	// timeout: a busy machine cannot make the timeout come first.
+	go func() { done <- RunFake(r, pid, 10*time.Second, nil) }()
 	_, _ = w.Write([]byte("V"))
 	_ = w.Close()
 	if err := <-done; err != nil {
