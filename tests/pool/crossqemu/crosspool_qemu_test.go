@@ -21,7 +21,7 @@ import (
 // from pool A to pool B: it counts on there without a reboot, one QEMU
 // process runs it, and pool B's new VDI holds the same bytes.
 func TestCrossPoolMigrateQEMU(t *testing.T) {
-	g := suite.TickGuest(t) // migrate_fault_test.go: "TICK n" on the serial port
+	g := suite.TickGuest(t) // "TICK n" on the serial port
 	ctx := suite.Ctx(t)
 	p, rs, hosts := suite.TwoPools(t, ctx, pooltest.Options{Daemon: testdaemon.Options{Backend: "qemu",
 		Env: []string{"TOOLSTACKD_QEMU_ACCEL=tcg", "TOOLSTACKD_GUEST_KERNEL_DIRS=" + g.Dir}}})

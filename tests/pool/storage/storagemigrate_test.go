@@ -105,7 +105,7 @@ func TestStorageMigrateRefusals(t *testing.T) {
 	}
 	other["host"] = "OpaqueRef:00000000-0000-0000-0000-0000000f00d5"
 	// A host this pool does not have is taken as another pool's (as xapi
-	// does), which does not know it either (crosspool_test.go moves VMs
+	// does), which does not know it either (tests/pool/crosspool moves VMs
 	// between pools).
 	both("a destination in another pool", other, map[string]string{vdi: local[1]}, none, none, xerr.HandleInvalid)
 	// A VIF put on another network.
@@ -223,7 +223,7 @@ func TestStorageMigrateCancel(t *testing.T) {
 // The mirror's throughput against a copy of the image file is logged
 // for docs/performance.md.
 func TestStorageMigrateQEMU(t *testing.T) {
-	g := suite.TickGuest(t) // migrate_fault_test.go: "TICK n" on the serial port
+	g := suite.TickGuest(t) // "TICK n" on the serial port
 	ctx := suite.Ctx(t)
 	p, r, hosts := suite.StoragePool(t, ctx, pooltest.Options{Daemon: testdaemon.Options{Backend: "qemu",
 		Env: []string{"TOOLSTACKD_QEMU_ACCEL=tcg", "TOOLSTACKD_GUEST_KERNEL_DIRS=" + g.Dir}}})
