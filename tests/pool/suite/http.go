@@ -24,6 +24,8 @@ type RPC struct {
 	S   string
 }
 
+// Call calls method with the session and params, failing the test on an
+// error, and returns the result as raw JSON.
 func (r RPC) Call(method string, params ...any) json.RawMessage {
 	r.T.Helper()
 	raw, err := r.C.Call(r.Ctx, r.At, method, append([]any{r.S}, params...)...)
@@ -33,6 +35,7 @@ func (r RPC) Call(method string, params ...any) json.RawMessage {
 	return raw
 }
 
+// Str is Call for a method whose result is a string.
 func (r RPC) Str(method string, params ...any) string {
 	r.T.Helper()
 	var v string
