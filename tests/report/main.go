@@ -205,6 +205,7 @@ func printFailed(stdout, stderr io.Writer, paths []string) int {
 // each (a quiet and a loaded run side by side).
 func printTimes(stdout, stderr io.Writer, paths []string) int {
 	secs := map[string][]string{}
+	key := map[string]float64{} // the package's time in the first file that has it
 	var total []float64
 	for i, p := range paths {
 		s, err := readSummary(p)
@@ -216,6 +217,7 @@ func printTimes(stdout, stderr io.Writer, paths []string) int {
 		for _, t := range s.Packages {
 			if secs[t.Package] == nil {
 				secs[t.Package] = make([]string, len(paths))
+				key[t.Package] = t.Seconds
 			}
 			v := strconv.FormatFloat(t.Seconds, 'f', 0, 64)
 			if t.Result != "pass" {
@@ -229,16 +231,8 @@ func printTimes(stdout, stderr io.Writer, paths []string) int {
 	for p := range secs {
 		pkgs = append(pkgs, p)
 	}
-	first := func(p string) float64 {
-		for _, v := range secs[p] {
-			if f, err := strconv.ParseFloat(strings.Fields(v + " ")[0], 64); err == nil {
-				return f
-			}
-		}
-		return 0
-	}
 	sort.Slice(pkgs, func(i, j int) bool {
-		if a, b := first(pkgs[i]), first(pkgs[j]); a != b {
+		if a, b := key[pkgs[i]], key[pkgs[j]]; a != b {
 			return a > b
 		}
 		return pkgs[i] < pkgs[j]
