@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/netip"
 	"testing"
+
 	"toolstackd/internal/pooltest"
 )
 

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
 	"toolstackd/internal/testdaemon"
 )
 

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"testing"
 	"time"
+
 	"toolstackd/internal/pooltest"
 )
 

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
 	"toolstackd/internal/pooltest"
 )
 

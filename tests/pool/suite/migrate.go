@@ -5,6 +5,7 @@ import (
 	"slices"
 	"testing"
 	"time"
+
 	"toolstackd/internal/pooltest"
 	"toolstackd/internal/testdaemon"
 )

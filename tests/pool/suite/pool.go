@@ -5,6 +5,7 @@ import (
 	"os"
 	"testing"
 	"time"
+
 	"toolstackd/internal/pooltest"
 )
 
@@ -27,12 +28,14 @@ func Rounds(ci, n int) int {
 // running. How long each step may take is bounded where the step is
 // (a call's timeout, WaitUntil's bound), at least ten times what the step
 // takes on a quiet machine; how many fault rounds a test runs is bounded
-// by Budget.
+// by its own budget (tests/pool/core).
 func Ctx(t *testing.T) context.Context {
-	ctx, cancel := context.WithCancel(context.Background())
-	if d, ok := t.Deadline(); ok {
-		ctx, cancel = context.WithDeadline(context.Background(), d.Add(-ctxGrace))
+	d, ok := t.Deadline()
+	if !ok {
+		return context.Background()
 	}
+	// Not t.Context(): that ends before cleanups run, and some use it.
+	ctx, cancel := context.WithDeadline(context.Background(), d.Add(-ctxGrace))
 	t.Cleanup(cancel)
 	return ctx
 }

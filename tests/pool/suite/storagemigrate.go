@@ -14,6 +14,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+
 	"toolstackd/internal/pooltest"
 	"toolstackd/internal/testdaemon"
 	"toolstackd/internal/xerr"

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/netip"
 	"testing"
+
 	"toolstackd/internal/pooltest"
 	"toolstackd/internal/testdaemon"
 )
