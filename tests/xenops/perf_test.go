@@ -95,8 +95,14 @@ func TestQEMUStartOverhead(t *testing.T) {
 	e.addVBD(vm, vdi, "0", "Disk", "RW")
 	e.addVIF(vm, "0")
 	uuid := e.uuidOf(vm)
+	// Four rounds check the bound; the figure in docs/performance.md is
+	// sixteen (TOOLSTACKD_FIGURES=1).
+	rounds := 4
+	if os.Getenv("TOOLSTACKD_FIGURES") == "1" {
+		rounds = 16
+	}
 	var api, hand []time.Duration
-	for i := range 16 {
+	for i := range rounds {
 		start := time.Now()
 		e.call("VM.start", vm, false, false)
 		d := time.Since(start)
@@ -166,10 +172,14 @@ func debugFlag(t *testing.T) (string, []string) {
 // TestDaemonFigures runs the real daemon on the simulator: 1,000
 // concurrent VM.start calls on one host, the time until every record is
 // Running, and the daemon's memory per running VM; then the same memory
-// figure on QEMU with a few real VMs.
+// figure on QEMU with a few real VMs. It asserts only that the calls
+// succeed (TestSimThousand covers 1,000 concurrent starts in CI), so it
+// runs when asked for its figures:
+//
+//	TOOLSTACKD_FIGURES=1 go test -count=1 -v -run TestDaemonFigures ./tests/xenops/
 func TestDaemonFigures(t *testing.T) {
-	if testing.Short() {
-		t.Skip("figures")
+	if os.Getenv("TOOLSTACKD_FIGURES") != "1" {
+		t.Skip("set TOOLSTACKD_FIGURES=1 to measure the daemon's start storm and memory per VM")
 	}
 	dir := shortTempDir(t)
 	dbg, extra := debugFlag(t)
