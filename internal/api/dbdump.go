@@ -89,8 +89,16 @@ func (s *Server) getDump(w http.ResponseWriter, r *http.Request) {
 // putDump restores a database: it is checked whole (format, schema,
 // values, uniqueness) before anything changes, so a bad file leaves the
 // running database untouched.
+//
+// A member refuses it (HOST_IS_SLAVE [coordinator]): its database is the
+// pool's replica, which only the coordinator writes; a restore there
+// would leave it apart from the pool.
 func (s *Server) putDump(w http.ResponseWriter, r *http.Request) {
 	if s.HTTPSession(w, r, poolAdmin) == nil {
+		return
+	}
+	if err := s.notCoordinator(); err != nil {
+		WriteHTTPError(w, err)
 		return
 	}
 	body, ok := readLimited(w, r, MaxRestoreBytes, "database too large", "cannot read the database")

@@ -49,9 +49,10 @@ type HTTPForwarder interface {
 	// conn's reads); otherwise conn is nil and resp is the refusal.
 	ConnectHTTP(ctx context.Context, host string, req *http.Request, id Identity) (conn net.Conn, resp *http.Response, err error)
 	// PeerIdentity is who r runs as when another host of the pool sent
-	// it (ok), checked by the pool secret; bad reports a request that
-	// names an identity without a valid secret.
-	PeerIdentity(r *http.Request) (id Identity, ok, bad bool)
+	// it (ok), checked by its signature with the pool secret, whose proof
+	// it then sets on w's headers; bad reports a request that names an
+	// identity without a valid signature.
+	PeerIdentity(w http.ResponseWriter, r *http.Request) (id Identity, ok, bad bool)
 	// RemoteSession asks the coordinator who holds session ref
 	// (SESSION_INVALID when nobody does).
 	RemoteSession(ctx context.Context, ref string) (Identity, error)
@@ -88,7 +89,7 @@ func (s *Server) peerSession(w http.ResponseWriter, r *http.Request) (sess *Sess
 	if f == nil {
 		return nil, false
 	}
-	who, ok, bad := f.PeerIdentity(r)
+	who, ok, bad := f.PeerIdentity(w, r)
 	switch {
 	case bad:
 		http.Error(w, "pool secret required", http.StatusForbidden)
@@ -240,11 +241,11 @@ func (s *Server) proxyLegacyUpload(w http.ResponseWriter, out *http.Request, f H
 	conn := netguard.Transfer(c, brw.Reader)
 	defer func() { _ = conn.Close() }()
 	conn.SetDeadline(time.Time{})
-	head := "HTTP/1.1 200 OK\r\nConnection: close\r\n"
+	extra := http.Header{"Connection": {"close"}}
 	if task != nil {
-		head += "Task-Id: " + task.Ref + "\r\n"
+		extra.Set("Task-Id", task.Ref)
 	}
-	if _, err := io.WriteString(conn, head+"\r\n"); err != nil {
+	if _, err := conn.Write(netguard.Head(w, "HTTP/1.1 200 OK", extra)); err != nil {
 		return err
 	}
 	out.Body = io.NopCloser(conn)
@@ -288,7 +289,7 @@ func (s *Server) proxyConnect(w http.ResponseWriter, r, out *http.Request, f HTT
 	}
 	client := netguard.Interactive(raw, rw.Reader)
 	client.SetDeadline(time.Time{})
-	if _, err := client.Write([]byte("HTTP/1.1 200 OK\r\nConnection: keep-alive\r\n\r\n")); err != nil {
+	if _, err := client.Write(netguard.Head(w, "HTTP/1.1 200 OK", http.Header{"Connection": {"keep-alive"}})); err != nil {
 		_ = client.Close()
 		_ = conn.Close()
 		return err

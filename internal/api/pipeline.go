@@ -157,6 +157,11 @@ func (s *Server) authenticate(r *request) error {
 		s.revokeSessions(func(x *Session) bool { return x == sess })
 		return xerr.New(xerr.SessionInvalid, r.sessRef)
 	}
+	if sess.replica && !sess.local && !s.stillHeld(sess) {
+		// Revoked (on the coordinator, replicated here) since it opened.
+		s.revokeSessions(func(x *Session) bool { return x == sess })
+		return xerr.New(xerr.SessionInvalid, r.sessRef)
+	}
 	sess.touch()
 	r.sess = sess
 	return nil

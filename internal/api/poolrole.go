@@ -42,6 +42,26 @@ func (s *Server) slaveLocalLogin(c *Call, a dm.SessionSlaveLocalLoginWithPasswor
 	return s.openLogin(c, a.Uname, a.Pwd, a.Uname, true)
 }
 
+// stillHeld reports whether what a slave-local session was opened with
+// still holds in this host's replica: the account, its password, its
+// subject and roles. Revocations are writes on the coordinator; the
+// sessions they end there are in the coordinator's memory, and those a
+// member opened are in the member's, so a member checks its own on every
+// call against the replicated state (a map lookup or two), and a
+// revocation reaches them as soon as it reaches the member's replica.
+func (s *Server) stillHeld(sess *Session) bool {
+	snap := s.DB.Snapshot()
+	u := findUser(snap, sess.User)
+	if u == nil || u.Ref != sess.userRef || u.String(dm.User.PasswordHash) != sess.hash {
+		return false
+	}
+	if sess.LocalSuperuser {
+		return true // root: all roles, no subject
+	}
+	subj := findSubject(snap, LocalSubjectID(sess.User))
+	return subj != nil && subj.Ref == sess.Subject && rolesOf(snap, subj) == sess.Roles
+}
+
 // CheckPoolAdmin checks that user and pw are an account of this pool with
 // the pool-admin role (a host asking to join, for example), under the same
 // limits as a login.

@@ -39,6 +39,7 @@ type Session struct {
 	userRef string // the user row it authenticated as by password, or ""
 	local   bool   // opened over the local socket
 	replica bool   // opened by slave_local_login: this host's own replica
+	hash    string // a replica session's: the password hash it logged in with
 	remote  bool   // the coordinator's, for one forwarded call or request
 	peer    bool   // and that request came from another host of the pool
 
@@ -305,6 +306,13 @@ func (s *Server) openLogin(c *Call, user, pw, originator string, replica bool) (
 			return "", err
 		}
 		sess.Originator, sess.replica = originator, replica
+		if replica {
+			// As the datamodel says (xapi: local root only).
+			if !sess.Roles.Has(schema.RolePoolAdmin) {
+				return "", xerr.New(xerr.RBACPermissionDenied, "session.slave_local_login_with_password", "the account is not a pool administrator")
+			}
+			sess.hash = hash
+		}
 		ref, err := s.openSession(sess, userRef, epoch)
 		if err != errStaleLogin {
 			return dm.SessionRef(ref), err

@@ -33,7 +33,8 @@ func Upgrade(w http.ResponseWriter, protocol string, timeout time.Duration) (net
 		return nil, err
 	}
 	_ = conn.SetDeadline(time.Now().Add(timeout))
-	if _, err := io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: "+protocol+"\r\nConnection: Upgrade\r\n\r\n"); err != nil {
+	head := Head(w, "HTTP/1.1 101 Switching Protocols", http.Header{"Upgrade": {protocol}, "Connection": {"Upgrade"}})
+	if _, err := conn.Write(head); err != nil {
 		_ = conn.Close()
 		return nil, err
 	}

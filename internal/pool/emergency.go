@@ -12,7 +12,9 @@ import (
 
 	"toolstackd/internal/api"
 	dm "toolstackd/internal/api/datamodel"
+	"toolstackd/internal/db"
 	"toolstackd/internal/pool/dbraft"
+	"toolstackd/internal/pool/peerauth"
 	"toolstackd/internal/xerr"
 )
 
@@ -58,11 +60,21 @@ func (p *Pool) readMember(w http.ResponseWriter, r *http.Request) (member, bool)
 }
 
 func (p *Pool) emergencyTransitionToMaster(c *api.Call, _ dm.PoolEmergencyTransitionToMasterArgs) (dm.Void, error) {
+	if haEnabled(c.Snapshot()) {
+		return dm.Void{}, xerr.New(xerr.HAIsEnabled) // as xapi: HA's own failover decides
+	}
 	p.joinMu.Lock()
 	defer p.joinMu.Unlock()
 	switch p.cfg.Repl.Mode() {
 	case dbraft.Standalone, dbraft.Leader:
 		return dm.Void{}, nil // already its own master
+	}
+	// Only when the coordinator is gone: while it answers, it goes on
+	// accepting logins and writes, and taking over would make two
+	// coordinators. pool.designate_new_master moves the role instead.
+	if leader := p.cfg.Repl.LeaderAddr(); leader != "" && p.answers(c.Ctx, leader) {
+		return dm.Void{}, xerr.New(xerr.OperationNotAllowed,
+			"the pool's coordinator at "+leader+" is alive: pool.designate_new_master moves its role without two coordinators")
 	}
 	p.log.Warn("emergency transition to master: this host takes over the pool alone")
 	p.stopRaft()
@@ -127,12 +139,58 @@ func (p *Pool) emergencyResetMaster(c *api.Call, a dm.PoolEmergencyResetMasterAr
 	if err != nil {
 		return dm.Void{}, err
 	}
+	snap := c.Snapshot()
+	if haEnabled(snap) {
+		return dm.Void{}, xerr.New(xerr.HAIsEnabled)
+	}
+	if m := p.cfg.Repl.Mode(); m != dbraft.Follower {
+		// Dropping the raft state of a coordinator, or of a host alone,
+		// would end its pool.
+		return dm.Void{}, xerr.New(xerr.OperationNotAllowed, "pool.emergency_reset_master runs on a member of a pool, and this host is its coordinator or alone")
+	}
+	// The new coordinator is one of this pool's hosts: this host sends
+	// it its signed requests, and follows it. An address of anyone else
+	// is refused before anything changes.
+	if p.isSelf(master) || !p.knownMember(snap, master) {
+		return dm.Void{}, xerr.New(xerr.InvalidValue, "master_address", a.MasterAddress)
+	}
 	if err := p.rejoin(); err != nil {
 		return dm.Void{}, err
 	}
 	ctx, cancel := context.WithTimeout(c.Ctx, 60*time.Second)
 	defer cancel()
 	return dm.Void{}, p.notifyXen(ctx, master, readdPath, member{UUID: p.cfg.HostUUID, Address: p.Advertised()})
+}
+
+// haEnabled reports whether the pool has HA enabled.
+func haEnabled(snap db.Reader) bool {
+	for _, pool := range snap.All(dm.Pool.Class) {
+		if on, _ := pool.Get(dm.Pool.HAEnabled).(bool); on {
+			return true
+		}
+	}
+	return false
+}
+
+// knownMember reports whether addr is the address of a host of this
+// pool: in raft's configuration, or a host row's address with the pool's
+// port.
+func (p *Pool) knownMember(snap db.Reader, addr string) bool {
+	if rf := p.cfg.Repl.Raft(); rf != nil {
+		if f := rf.GetConfiguration(); f.Error() == nil {
+			for _, s := range f.Configuration().Servers {
+				if peerauth.SameAddr(string(s.Address), addr) {
+					return true
+				}
+			}
+		}
+	}
+	for _, h := range snap.All(dm.Host.Class) {
+		if a := h.String(dm.Host.Address); a != "" && peerauth.SameAddr(net.JoinHostPort(a, p.cfg.Port), addr) {
+			return true
+		}
+	}
+	return false
 }
 
 // stopRaft stops raft, and what watches it, to start it again another

@@ -58,7 +58,7 @@ func (p *Pool) Forward(ctx context.Context, hostRef string, body []byte, id api.
 	if err := p.onBehalf(req, id); err != nil {
 		return nil, err
 	}
-	resp, err := p.client.Do(req)
+	resp, err := p.peer.Do(req)
 	if err != nil {
 		return nil, unreachable(err)
 	}

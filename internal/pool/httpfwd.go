@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"toolstackd/internal/api"
-	"toolstackd/internal/pool/raftnet"
 	"toolstackd/internal/xerr"
 )
 
@@ -41,7 +40,7 @@ func (p *Pool) ForwardHTTP(ctx context.Context, hostRef string, req *http.Reques
 	if err != nil {
 		return nil, err
 	}
-	resp, err := p.client.Do(req.WithContext(ctx)) //nolint:gosec // the address is a pool member's from raft's configuration, not the client's
+	resp, err := p.peer.Do(req.WithContext(ctx)) //nolint:gosec // the address is a pool member's from raft's configuration, not the client's
 	if err != nil {
 		// Do's error is a *url.Error naming the URL, whose query may hold
 		// the session's ref (session_id): its cause is logged instead.
@@ -67,9 +66,14 @@ func (p *Pool) ConnectHTTP(ctx context.Context, hostRef string, req *http.Reques
 	if err != nil {
 		return nil, nil, unreachable(err)
 	}
+	nonce, q := p.sign(req)
 	br, resp, err := exchange(dctx, conn, req)
 	if err != nil {
 		return nil, nil, unreachable(err)
+	}
+	if !p.proven(resp, nonce, q) {
+		_ = conn.Close()
+		return nil, nil, unreachable(errNoProof)
 	}
 	if resp.StatusCode != http.StatusOK {
 		// A refusal is small and has its length: read it before the
@@ -122,14 +126,15 @@ type bufferedConn struct {
 func (c *bufferedConn) Read(b []byte) (int, error) { return c.r.Read(b) }
 
 // PeerIdentity is who a request from another host of the pool runs as
-// (api.HTTPForwarder). A request that names an identity must carry the
-// pool secret; it is served once this host holds the raft index the
-// sender had.
-func (p *Pool) PeerIdentity(r *http.Request) (id api.Identity, ok, bad bool) {
+// (api.HTTPForwarder). A request that names an identity must be signed
+// with the pool secret and addressed to this host (its answer then
+// carries this host's proof, set on w); it is served once this host holds
+// the raft index the sender had.
+func (p *Pool) PeerIdentity(w http.ResponseWriter, r *http.Request) (id api.Identity, ok, bad bool) {
 	if r.Header.Get(headerIdentity) == "" {
 		return id, false, false
 	}
-	if !p.secrets.Check(r.Header.Get(raftnet.SecretHeader)) {
+	if p.verify(w, r) != nil {
 		return id, false, true
 	}
 	id, _, err := p.identityOf(r)

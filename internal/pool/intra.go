@@ -10,7 +10,6 @@ import (
 
 	"github.com/hashicorp/raft"
 
-	"toolstackd/internal/pool/raftnet"
 	"toolstackd/internal/xerr"
 )
 
@@ -65,10 +64,12 @@ func (p *Pool) notifyXen(ctx context.Context, addr, path string, v any) error {
 	return xerr.New(xerr.CannotContactHost, addr)
 }
 
-// peerOnly serves h to hosts that present the pool secret.
+// peerOnly serves h to hosts of the pool: requests signed with the pool
+// secret and addressed to this host (auth.go); the answer carries this
+// host's proof.
 func (p *Pool) peerOnly(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if !p.secrets.Check(r.Header.Get(raftnet.SecretHeader)) {
+		if p.verify(w, r) != nil {
 			http.Error(w, "pool secret required", http.StatusForbidden)
 			return
 		}

@@ -163,13 +163,7 @@ func (p *Pool) recordedDown(rf *raft.Raft, failing map[string]failRun) map[strin
 // sends the id of each that does to answered.
 func (p *Pool) ping(down map[string]string, answered chan<- string, stop <-chan struct{}) {
 	for id, addr := range down {
-		ctx, cancel := context.WithTimeout(context.Background(), pingTimeout)
-		resp, err := p.post(ctx, addr, pingPath, "text/plain", nil)
-		if err == nil {
-			_ = resp.Body.Close()
-		}
-		cancel()
-		if err != nil || resp.StatusCode != http.StatusNoContent {
+		if !p.answers(context.Background(), addr) {
 			continue
 		}
 		select {
@@ -178,6 +172,19 @@ func (p *Pool) ping(down map[string]string, answered chan<- string, stop <-chan 
 			return
 		}
 	}
+}
+
+// answers reports whether the host at addr answers a ping (signed, and
+// proven: a host of this pool) within pingTimeout.
+func (p *Pool) answers(ctx context.Context, addr string) bool {
+	ctx, cancel := context.WithTimeout(ctx, pingTimeout)
+	defer cancel()
+	resp, err := p.post(ctx, addr, pingPath, "text/plain", nil)
+	if err != nil {
+		return false
+	}
+	_ = resp.Body.Close()
+	return resp.StatusCode == http.StatusNoContent
 }
 
 // servePing answers a coordinator's liveness check.

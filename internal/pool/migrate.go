@@ -86,9 +86,15 @@ func (p *Pool) DialMigration(ctx context.Context, hostRef string) (net.Conn, err
 	req.Header.Set("Connection", "Upgrade")
 	req.Header.Set("Upgrade", MigrateProtocol)
 	p.carryIndex(req.Header)
+	nonce, q := p.sign(req)
 	br, resp, err := exchange(dctx, conn, req)
 	if err != nil {
 		return nil, fmt.Errorf("pool: migration stream to %s: %w", addr, err)
+	}
+	if !p.proven(resp, nonce, q) {
+		// Nothing of the VM goes to a host that is not of the pool.
+		_ = conn.Close()
+		return nil, fmt.Errorf("pool: migration stream to %s: %w", addr, errNoProof)
 	}
 	if resp.StatusCode != http.StatusSwitchingProtocols || !hasToken(resp.Header, "Upgrade", MigrateProtocol) {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))

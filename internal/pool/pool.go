@@ -6,7 +6,9 @@
 //
 //   - The pool secret (package secret) authenticates hosts to each other:
 //     a joining host receives it from the coordinator, and every
-//     intra-pool request carries it (raftnet.SecretHeader).
+//     intra-pool request is signed with it and every answer proves it
+//     (package peerauth; auth.go): the secret itself never travels
+//     again.
 //   - Raft runs over the API's own listener: raftnet's stream layer is
 //     mounted at raftnet.Path, so one port serves clients and peers. A
 //     host's raft ID is its host uuid and its raft address the address
@@ -68,6 +70,7 @@ import (
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/pool/dbraft"
+	"toolstackd/internal/pool/peerauth"
 	"toolstackd/internal/pool/raftnet"
 	"toolstackd/internal/pool/secret"
 )
@@ -122,8 +125,15 @@ type Pool struct {
 	// layer is raft's stream layer of the raft now running (raft closes
 	// its transport, and so the layer, when it shuts down; each start
 	// makes a new one).
-	layer  atomic.Pointer[raftnet.StreamLayer]
+	layer atomic.Pointer[raftnet.StreamLayer]
+	// client is the HTTP client of intra-pool requests, unsigned (a
+	// join's first contact); peer signs them and checks the answers'
+	// proof (auth.go): every request to a host of the pool goes through
+	// peer.
 	client *http.Client
+	peer   *http.Client
+	// auth checks peers' signatures, raft's included.
+	auth *peerauth.Verifier
 
 	joinMu sync.Mutex // one join (either side) at a time
 	// joinPin is the coordinator's certificate fingerprint seen by a join
@@ -152,7 +162,8 @@ func Open(cfg Config) (*Pool, error) {
 	if cfg.TLS != nil {
 		clientTLS = pinnedTLS(cfg.TLS, p.verifyPeer)
 	}
-	p.lcfg = raftnet.Config{Advertise: cfg.Advertise, Secrets: p.secrets.Valid, TLS: clientTLS}
+	p.auth = peerauth.NewVerifier()
+	p.lcfg = raftnet.Config{Advertise: cfg.Advertise, Secrets: p.secrets.Valid, TLS: clientTLS, Verifier: p.auth, IsSelf: p.isSelf}
 	dialer := net.Dialer{Timeout: 10 * time.Second}
 	if cfg.LocalIP != nil {
 		p.lcfg.LocalAddr = &net.TCPAddr{IP: cfg.LocalIP}
@@ -177,6 +188,7 @@ func Open(cfg Config) (*Pool, error) {
 			ReadBufferSize: 256 << 10, WriteBufferSize: 256 << 10,
 		},
 	}
+	p.peer = &http.Client{Transport: &signingTransport{p: p, base: p.client.Transport}}
 	cfg.Server.SetPoolRole(p)
 	cfg.Server.SetForwarder(p)
 	if p.inPool() {
@@ -332,16 +344,17 @@ func (p *Pool) SendDelta(ctx context.Context, entry []byte) (uint64, error) {
 	return 0, fmt.Errorf("pool: the coordinator %s refused a change: %s: %s", leader, resp.Status, msg)
 }
 
-// post sends an intra-pool request, with the pool secret.
+// post sends an intra-pool request, signed; an answer that does not
+// prove the peer holds the secret is an error.
 func (p *Pool) post(ctx context.Context, addr, path, ctype string, body []byte) (*http.Response, error) {
 	req, err := p.request(ctx, addr, path, ctype, body)
 	if err != nil {
 		return nil, err
 	}
-	return p.client.Do(req)
+	return p.peer.Do(req)
 }
 
-// request makes an intra-pool request, with the pool secret.
+// request makes an intra-pool request (signed when sent by p.peer).
 func (p *Pool) request(ctx context.Context, addr, path, ctype string, body []byte) (*http.Request, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, path, bytes.NewReader(body))
 	if err != nil {
@@ -353,14 +366,13 @@ func (p *Pool) request(ctx context.Context, addr, path, ctype string, body []byt
 }
 
 // toPeer addresses req to the host at addr, over TLS when the pool speaks
-// it, with the pool secret.
+// it. It is signed when sent (p.peer, or sign for a raw exchange).
 func (p *Pool) toPeer(req *http.Request, addr string) {
 	req.URL.Scheme = "http"
 	if p.cfg.TLS != nil {
 		req.URL.Scheme = "https"
 	}
 	req.URL.Host, req.Host = addr, addr
-	req.Header.Set(raftnet.SecretHeader, p.secrets.Current())
 }
 
 // maxDelta bounds a member's change sent to the coordinator.

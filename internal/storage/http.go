@@ -339,7 +339,7 @@ func (s *Service) hijackUpload(ctx context.Context, w http.ResponseWriter, task 
 	// A transfer that moves no byte for the stall timeout is dropped.
 	conn = netguard.Transfer(c, brw.Reader)
 	conn.SetDeadline(time.Time{})
-	_, _ = brw.WriteString("HTTP/1.1 200 OK\r\nConnection: close\r\nTask-Id: " + task.ref + "\r\n\r\n") // sticky: the Flush reports it
+	_, _ = brw.Write(netguard.Head(w, "HTTP/1.1 200 OK", http.Header{"Connection": {"close"}, "Task-Id": {task.ref}})) // sticky: the Flush reports it
 	if err := brw.Flush(); err != nil {
 		task.finish(err)
 		_ = conn.Close()

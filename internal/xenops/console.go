@@ -74,7 +74,7 @@ func (m *Manager) serveConsole(w http.ResponseWriter, r *http.Request) {
 	// Dropped after a long time with no traffic either way.
 	client := netguard.Interactive(raw, rw.Reader)
 	client.SetDeadline(time.Time{})
-	if _, err := client.Write([]byte("HTTP/1.1 200 OK\r\nConnection: keep-alive\r\n\r\n")); err != nil {
+	if _, err := client.Write(netguard.Head(w, "HTTP/1.1 200 OK", http.Header{"Connection": {"keep-alive"}})); err != nil {
 		_ = client.Close()
 		_ = backend.Close()
 		return

@@ -551,8 +551,8 @@ func hijackImport(ctx context.Context, w http.ResponseWriter, task *api.Task) (c
 		return nil, nil, false
 	}
 	conn = netguard.Transfer(c, brw.Reader)
-	_ = conn.SetDeadline(time.Time{})                                                                   // the stall guard of netguard.Transfer remains
-	_, _ = brw.WriteString("HTTP/1.1 200 OK\r\nConnection: close\r\nTask-Id: " + task.Ref + "\r\n\r\n") // sticky: Flush reports it
+	_ = conn.SetDeadline(time.Time{})                                                                                  // the stall guard of netguard.Transfer remains
+	_, _ = brw.Write(netguard.Head(w, "HTTP/1.1 200 OK", http.Header{"Connection": {"close"}, "Task-Id": {task.Ref}})) // sticky: Flush reports it
 	if err := brw.Flush(); err != nil {
 		task.Finish(schema.Void, nil, err)
 		_ = conn.Close()

@@ -64,7 +64,7 @@ func measure(ctx context.Context, s subject, writers, per int) (result, error) {
 			mine := make([]time.Duration, 0, per)
 			for i := range per {
 				s0 := time.Now()
-				if err := s.write(ctx, w, i); err != nil {
+				if err := writeRetrying(ctx, s, w, i); err != nil {
 					errs[w] = fmt.Errorf("%s writer %d write %d: %w", s.name, w, i, err)
 					return
 				}
@@ -84,6 +84,21 @@ func measure(ctx context.Context, s subject, writers, per int) (result, error) {
 	}
 	slices.Sort(all)
 	return result{p50: percentile(all, 0.50), p99: percentile(all, 0.99), n: len(all), wall: wall}, nil
+}
+
+// writeRetrying is one write as a client makes it: a write refused
+// because leadership changed under it (a loaded machine can starve a
+// heartbeat) is made again once there is a leader, for up to a minute;
+// the time the retries take counts in the write's latency.
+func writeRetrying(ctx context.Context, s subject, w, i int) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		err := s.write(ctx, w, i)
+		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 func loadavg() string {

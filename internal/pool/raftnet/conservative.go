@@ -34,13 +34,15 @@
 //	POST /pool/raft HTTP/1.1
 //	Connection: Upgrade
 //	Upgrade: toolstackd-raft/1
-//	X-Toolstackd-Pool-Secret: <the pool secret>
+//	X-Toolstackd-Pool-Auth: <a signature with the pool secret>
 //
-// and, when the secret is one of those currently valid, is answered
-// "101 Switching Protocols"; from then on the connection carries raft's
-// own protocol (raft.NewNetworkTransportWithConfig over the StreamLayer).
-// A wrong or missing secret gets 403, a full accept queue or a closed layer
-// 503. The handler is mounted by the daemon on its router at Path; the
+// and, when the signature is one of a valid secret, fresh, and addressed
+// to this host (package peerauth), is answered "101 Switching Protocols"
+// with the host's proof that it holds the secret too; the dialer hands
+// the connection to raft only with that proof. From then on the
+// connection carries raft's own protocol (raft.NewNetworkTransportWithConfig
+// over the StreamLayer). The secret itself is never sent. A missing or
+// wrong signature gets 403, a full accept queue or a closed layer 503. The handler is mounted by the daemon on its router at Path; the
 // http.Server's ReadHeaderTimeout and MaxHeaderBytes bound the request,
 // Dial bounds the answer (HandshakeTimeout, MaxHeaderBytes) and the queue
 // of upgraded connections not yet accepted by raft is QueueSize long.

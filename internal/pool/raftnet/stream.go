@@ -3,8 +3,6 @@ package raftnet
 import (
 	"bufio"
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -16,6 +14,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"toolstackd/internal/pool/peerauth"
 )
 
 // Wire constants of the upgrade handshake.
@@ -24,8 +24,6 @@ const (
 	Path = "/pool/raft"
 	// Protocol is the Upgrade token of raft connections.
 	Protocol = "toolstackd-raft/1"
-	// SecretHeader carries the pool secret on the upgrade request.
-	SecretHeader = "X-Toolstackd-Pool-Secret" //nolint:gosec // a header name, not a credential
 )
 
 // Defaults of Config's bounds.
@@ -37,8 +35,11 @@ const (
 
 // Errors of the handshake, for errors.Is on what Dial returns.
 var (
-	// ErrBadSecret: the peer refused our secret (403).
+	// ErrBadSecret: the peer refused our signature (403).
 	ErrBadSecret = errors.New("raftnet: peer refused the pool secret")
+	// ErrNoProof: the peer answered 101 without proving it holds the
+	// pool secret; nothing was sent on the connection.
+	ErrNoProof = errors.New("raftnet: peer did not prove it holds the pool secret")
 	// ErrBusy: the peer's accept queue was full or its layer closed (503).
 	ErrBusy = errors.New("raftnet: peer not accepting raft connections")
 	// ErrHandshake: the peer's answer was not a valid upgrade.
@@ -69,9 +70,18 @@ type Config struct {
 	// own address from it (Addr).
 	Advertise string
 	// Secrets returns the pool secrets currently accepted from peers;
-	// during a rotation both the old and the new one. Dial presents the
-	// first. Called on every handshake.
+	// during a rotation both the old and the new one. Dial signs with the
+	// first (package peerauth: the secret itself is never sent). Called
+	// on every handshake.
 	Secrets func() []string
+	// Verifier checks peers' signatures and remembers their nonces
+	// (default: one of the layer's own). Share one among every handler of
+	// a host, so that a request is accepted once by any of them.
+	Verifier *peerauth.Verifier
+	// IsSelf, when set, reports whether an address (a request's Host)
+	// names this host besides Advertise and the address a connection
+	// arrived at (the host was readdressed).
+	IsSelf func(host string) bool
 	// TLS, when set, makes Dial speak TLS (the peer's HTTPS listener).
 	TLS *tls.Config
 	// LocalAddr, when set, is the local address Dial binds to; hosts
@@ -128,6 +138,9 @@ func NewStreamLayer(cfg Config) (*StreamLayer, error) {
 	if cfg.MaxHeaderBytes <= 0 {
 		cfg.MaxHeaderBytes = DefaultMaxHeaderBytes
 	}
+	if cfg.Verifier == nil {
+		cfg.Verifier = peerauth.NewVerifier()
+	}
 	if cfg.TLS != nil {
 		c := cfg.TLS.Clone()
 		// Upgrades are HTTP/1.1 only.
@@ -183,22 +196,13 @@ func (l *StreamLayer) Close() error {
 	}
 }
 
-// secretOK compares the presented secret with every valid one in constant
-// time (hashes first, so lengths do not show either).
-func (l *StreamLayer) secretOK(presented string) bool {
-	if presented == "" {
-		return false
+// verify checks the upgrade request's signature: the secret and nonce
+// to prove the answer with.
+func (l *StreamLayer) verify(r *http.Request) (secret, nonce string, err error) {
+	self := func(host string) bool {
+		return peerauth.SameAddr(host, l.cfg.Advertise) || peerauth.LocalHost(r, host) || (l.cfg.IsSelf != nil && l.cfg.IsSelf(host))
 	}
-	p := sha256.Sum256([]byte(presented))
-	ok := 0
-	for _, s := range l.cfg.Secrets() {
-		if s == "" {
-			continue
-		}
-		h := sha256.Sum256([]byte(s))
-		ok |= subtle.ConstantTimeCompare(p[:], h[:])
-	}
-	return ok == 1
+	return l.cfg.Verifier.Verify(r.Header, l.cfg.Secrets(), peerauth.Of(r), self, time.Now())
 }
 
 func headerHasToken(h http.Header, name, token string) bool {
@@ -219,7 +223,8 @@ func (l *StreamLayer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "raft connections use POST", http.StatusMethodNotAllowed)
 		return
 	}
-	if !l.secretOK(r.Header.Get(SecretHeader)) {
+	secret, nonce, err := l.verify(r)
+	if err != nil {
 		http.Error(w, "pool secret refused", http.StatusForbidden)
 		return
 	}
@@ -256,7 +261,10 @@ func (l *StreamLayer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// The server's read and write deadlines were for the request; the
 	// raft connection sets its own.
 	conn.SetDeadline(time.Now().Add(l.cfg.HandshakeTimeout))
-	_, err = io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: "+Protocol+"\r\nConnection: Upgrade\r\n\r\n")
+	proof := http.Header{}
+	peerauth.Prove(proof, secret, nonce, peerauth.Of(r))
+	_, err = io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: "+Protocol+"\r\nConnection: Upgrade\r\n"+
+		peerauth.ProofHeader+": "+proof.Get(peerauth.ProofHeader)+"\r\n\r\n")
 	if err != nil {
 		<-l.slots
 		_ = conn.Close()
@@ -313,9 +321,6 @@ func (l *StreamLayer) DialContext(ctx context.Context, address string) (net.Conn
 	if len(secrets) == 0 || secrets[0] == "" {
 		return nil, ErrNoSecret
 	}
-	if strings.ContainsAny(secrets[0], "\r\n") {
-		return nil, errors.New("raftnet: pool secret contains a line break")
-	}
 	if strings.ContainsFunc(address, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
 		return nil, fmt.Errorf("raftnet: dial %q: address contains spaces or control characters", address)
 	}
@@ -356,9 +361,14 @@ func (l *StreamLayer) DialContext(ctx context.Context, address string) (net.Conn
 		}
 		conn = tconn
 	}
+	// Signed, not the secret: a listener that is not of the pool learns
+	// nothing it can use (package peerauth).
+	q := peerauth.Request{Method: http.MethodPost, Host: address, URI: Path}
+	auth := http.Header{}
+	nonce := peerauth.Sign(auth, secrets[0], q, time.Now())
 	req := "POST " + Path + " HTTP/1.1\r\nHost: " + address +
 		"\r\nConnection: Upgrade\r\nUpgrade: " + Protocol +
-		"\r\n" + SecretHeader + ": " + secrets[0] + "\r\nContent-Length: 0\r\n\r\n"
+		"\r\n" + peerauth.Header + ": " + auth.Get(peerauth.Header) + "\r\nContent-Length: 0\r\n\r\n"
 	if _, err := io.WriteString(conn, req); err != nil {
 		_ = conn.Close()
 		return nil, fmt.Errorf("raftnet: upgrade request to %s: %w", address, err)
@@ -383,6 +393,10 @@ func (l *StreamLayer) DialContext(ctx context.Context, address string) (net.Conn
 			herr.Err = ErrBusy
 		}
 		return nil, herr
+	}
+	if !peerauth.CheckProof(resp.Header, secrets, nonce, q) {
+		_ = conn.Close()
+		return nil, &HandshakeError{Address: address, StatusCode: resp.StatusCode, Err: ErrNoProof}
 	}
 	if !stop() && ctx.Err() != nil {
 		// The context fired and closed the connection under us.

@@ -2,6 +2,7 @@ package raftnet_test
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -19,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"toolstackd/internal/pool/peerauth"
 	"toolstackd/internal/pool/raftnet"
 )
 
@@ -157,18 +159,25 @@ func TestRefusesWrongOrMissingSecret(t *testing.T) {
 		t.Fatalf("Dial without a secret: %v, want ErrNoSecret", err)
 	}
 
-	// Plain HTTP clients: no secret, an empty one, a wrong method, no
-	// Upgrade header.
+	// Plain HTTP clients: no signature, an empty one, one of another
+	// secret, a wrong method, no Upgrade header.
+	sign := func(secret string) string {
+		h := http.Header{}
+		peerauth.Sign(h, secret, peerauth.Request{Method: "POST", Host: srv.addr, URI: raftnet.Path}, time.Now())
+		return h.Get(peerauth.Header)
+	}
 	cases := []struct {
 		method string
 		hdr    map[string]string
 		want   int
 	}{
 		{"POST", map[string]string{"Connection": "Upgrade", "Upgrade": raftnet.Protocol}, http.StatusForbidden},
-		{"POST", map[string]string{"Connection": "Upgrade", "Upgrade": raftnet.Protocol, raftnet.SecretHeader: ""}, http.StatusForbidden},
-		{"POST", map[string]string{"Connection": "Upgrade", "Upgrade": raftnet.Protocol, raftnet.SecretHeader: "righ"}, http.StatusForbidden},
-		{"GET", map[string]string{raftnet.SecretHeader: "right"}, http.StatusMethodNotAllowed},
-		{"POST", map[string]string{raftnet.SecretHeader: "right"}, http.StatusUpgradeRequired},
+		{"POST", map[string]string{"Connection": "Upgrade", "Upgrade": raftnet.Protocol, peerauth.Header: ""}, http.StatusForbidden},
+		{"POST", map[string]string{"Connection": "Upgrade", "Upgrade": raftnet.Protocol, peerauth.Header: sign("righ")}, http.StatusForbidden},
+		// The secret itself, as hosts sent it before peerauth.
+		{"POST", map[string]string{"Connection": "Upgrade", "Upgrade": raftnet.Protocol, "X-Toolstackd-Pool-Secret": "right"}, http.StatusForbidden},
+		{"GET", map[string]string{peerauth.Header: sign("right")}, http.StatusMethodNotAllowed},
+		{"POST", map[string]string{peerauth.Header: sign("right")}, http.StatusUpgradeRequired},
 	}
 	for _, tc := range cases {
 		req, _ := http.NewRequest(tc.method, "http://"+srv.addr+raftnet.Path, nil)
@@ -183,6 +192,80 @@ func TestRefusesWrongOrMissingSecret(t *testing.T) {
 		if resp.StatusCode != tc.want {
 			t.Fatalf("%s with %v: %d, want %d", tc.method, tc.hdr, resp.StatusCode, tc.want)
 		}
+	}
+}
+
+// A listener that is not of the pool, dialled as if it were a peer (a
+// member told to follow it), learns neither the secret nor a request it
+// can replay at a real host, and gets nothing past the handshake: it
+// cannot prove it holds the secret.
+func TestForeignListenerLearnsNothing(t *testing.T) {
+	const secret = "the-real-pool-secret"
+	srv := startHost(t, "127.0.0.1", newSecrets(secret), nil, nil, 0)
+	cli := startHost(t, "127.0.0.1", newSecrets(secret), nil, nil, 0)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	got := make(chan []byte, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			got <- nil
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		br := bufio.NewReader(c)
+		var head []byte
+		for {
+			line, err := br.ReadBytes('\n')
+			head = append(head, line...)
+			if err != nil || len(line) <= 2 {
+				break
+			}
+		}
+		// Play along: agree to the upgrade, and see whether raft's bytes
+		// follow.
+		io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: "+raftnet.Protocol+"\r\nConnection: Upgrade\r\n\r\n")
+		c.SetReadDeadline(time.Now().Add(time.Second))
+		rest, _ := io.ReadAll(c)
+		got <- append(head, rest...)
+	}()
+	_, err = cli.layer.Dial(raftnetAddr(ln.Addr().String()), 5*time.Second)
+	if !errors.Is(err, raftnet.ErrNoProof) {
+		t.Fatalf("Dial to a listener without the secret: %v, want ErrNoProof", err)
+	}
+	sent := <-got
+	if bytes.Contains(sent, []byte(secret)) {
+		t.Fatalf("the secret was sent to a foreign listener:\n%s", sent)
+	}
+	// What it was sent, replayed at the real host: refused.
+	replay, err := net.Dial("tcp", srv.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer replay.Close()
+	replay.Write(sent)
+	resp, err := http.ReadResponse(bufio.NewReader(replay), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("the foreign listener's request replayed at a host: %s", resp.Status)
+	}
+	// And the same request with the real host's address: the signature
+	// no longer matches.
+	fixed := bytes.Replace(sent, []byte("Host: "+ln.Addr().String()), []byte("Host: "+srv.addr), 1)
+	again, err := net.Dial("tcp", srv.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	again.Write(fixed)
+	if resp, err = http.ReadResponse(bufio.NewReader(again), nil); err != nil || resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("the request readdressed to a host: %v %v", resp, err)
 	}
 }
 

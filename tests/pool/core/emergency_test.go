@@ -91,7 +91,7 @@ func TestRotateSecret(t *testing.T) {
 	// The old secret opens nothing.
 	old := strings.TrimSpace(strings.SplitN(before, "\n", 2)[0])
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+p.Addr(1)+"/pool/db", strings.NewReader("x"))
-	req.Header.Set("X-Toolstackd-Pool-Secret", old)
+	suite.SignPeerRequest(req, old)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

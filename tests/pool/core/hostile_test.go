@@ -31,11 +31,15 @@ func TestIntraPoolEndpointsRefuseHostileInput(t *testing.T) {
 	post := func(path, secret string, body []byte, header ...string) (int, string) {
 		t.Helper()
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+p.Addr(0)+path, bytes.NewReader(body))
-		if secret != "" {
-			req.Header.Set("X-Toolstackd-Pool-Secret", secret)
-		}
 		for i := 0; i+1 < len(header); i += 2 {
 			req.Header.Set(header[i], header[i+1])
+		}
+		switch {
+		case strings.HasPrefix(secret, "plain:"):
+			// The secret itself, as hosts sent it before requests were signed.
+			req.Header.Set("X-Toolstackd-Pool-Secret", strings.TrimPrefix(secret, "plain:"))
+		case secret != "":
+			suite.SignPeerRequest(req, secret)
 		}
 		resp, err := client.Do(req)
 		if err != nil {
@@ -49,7 +53,7 @@ func TestIntraPoolEndpointsRefuseHostileInput(t *testing.T) {
 	paths := []string{"/pool/db", "/pool/call", "/pool/transfer", "/pool/rejoin", "/pool/readd", "/pool/secret", "/pool/leave",
 		"/pool/session", "/pool/lease"}
 	for _, path := range paths {
-		for _, bad := range []string{"", "not-the-secret", secret + "x"} {
+		for _, bad := range []string{"", "not-the-secret", secret + "x", "plain:" + secret} {
 			if code, _ := post(path, bad, []byte("{}")); code != http.StatusForbidden {
 				t.Errorf("%s with secret %q: %d, want 403", path, bad, code)
 			}
@@ -87,7 +91,7 @@ func TestIntraPoolEndpointsRefuseHostileInput(t *testing.T) {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.Addr(0)+"/export_raw_vdi?vdi=OpaqueRef:x&format=raw", nil)
 		req.Header.Set("X-Toolstackd-Identity", c.who)
 		if c.secret != "" {
-			req.Header.Set("X-Toolstackd-Pool-Secret", c.secret)
+			suite.SignPeerRequest(req, c.secret)
 		}
 		resp, err := client.Do(req)
 		if err != nil {

@@ -29,34 +29,6 @@ import (
 // with RBAC_PERMISSION_DENIED and nothing else: the stream is not
 // upgraded, nothing it sends is read, no record is made.
 
-// crossAccount makes a local account on the pool r talks to and logs it
-// in over the network: user.create as root, its password set over the
-// host's local socket (where any name is the local superuser, so
-// session.change_password needs no old password), its subject with the
-// one role given. It returns the account's session.
-func crossAccount(t *testing.T, r suite.RPC, sock, name, pw, role string) string {
-	t.Helper()
-	r.Str("user.create", map[string]any{"short_name": name, "fullname": name, "other_config": map[string]string{}})
-	local := suite.SocketCaller(t, sock)
-	var s string
-	if err := json.Unmarshal(local("session.login_with_password", name, "", "1.0", "crosspool-rbac"), &s); err != nil {
-		t.Fatal(err)
-	}
-	local("session.change_password", s, "", pw)
-	local("session.logout", s)
-	var roles []string
-	if err := json.Unmarshal(r.Call("role.get_by_name_label", role), &roles); err != nil || len(roles) != 1 {
-		t.Fatalf("role %s: %v %v", role, roles, err)
-	}
-	r.Str("subject.create", map[string]any{"subject_identifier": "local:" + name, "other_config": map[string]string{},
-		"roles": roles})
-	sess, err := r.C.CallString(r.Ctx, r.At, "session.login_with_password", name, pw, "1.0", "crosspool-rbac")
-	if err != nil {
-		t.Fatalf("login as %s (%s): %v", name, role, err)
-	}
-	return sess
-}
-
 // postMigrate is POST /migrate with the session, as an upgrade or not:
 // the status, the body and the Upgrade header of the answer.
 func postMigrate(t *testing.T, ctx context.Context, at, session string, upgrade bool) (int, string, string) {
@@ -98,10 +70,10 @@ func TestCrossPoolMigrateRefusesLimitedRoles(t *testing.T) {
 	// vm-admin is the strongest role without VM.migrate_send; read-only
 	// the weakest. vm-power-admin has it: the control.
 	limited := map[string]string{
-		"vm-admin":  crossAccount(t, b, sockB, "xvmadmin", "pw-vm-admin", "vm-admin"),
-		"read-only": crossAccount(t, b, sockB, "xreader", "pw-reader", "read-only"),
+		"vm-admin":  suite.Account(t, b, sockB, "xvmadmin", "pw-vm-admin", "vm-admin"),
+		"read-only": suite.Account(t, b, sockB, "xreader", "pw-reader", "read-only"),
 	}
-	power := crossAccount(t, b, sockB, "xpower", "pw-power", "vm-power-admin")
+	power := suite.Account(t, b, sockB, "xpower", "pw-power", "vm-power-admin")
 
 	for role, s := range limited {
 		// The sessions are live (a call they may make works), so the

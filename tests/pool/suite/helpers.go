@@ -125,3 +125,31 @@ func SocketCaller(t *testing.T, sock string) func(method string, params ...any) 
 		return out.Result
 	}
 }
+
+// Account makes a local account on the pool r talks to and logs it
+// in over the network: user.create as root, its password set over the
+// host's local socket (where any name is the local superuser, so
+// session.change_password needs no old password), its subject with the
+// one role given. It returns the account's session.
+func Account(t *testing.T, r RPC, sock, name, pw, role string) string {
+	t.Helper()
+	r.Str("user.create", map[string]any{"short_name": name, "fullname": name, "other_config": map[string]string{}})
+	local := SocketCaller(t, sock)
+	var s string
+	if err := json.Unmarshal(local("session.login_with_password", name, "", "1.0", "suite-account"), &s); err != nil {
+		t.Fatal(err)
+	}
+	local("session.change_password", s, "", pw)
+	local("session.logout", s)
+	var roles []string
+	if err := json.Unmarshal(r.Call("role.get_by_name_label", role), &roles); err != nil || len(roles) != 1 {
+		t.Fatalf("role %s: %v %v", role, roles, err)
+	}
+	r.Str("subject.create", map[string]any{"subject_identifier": "local:" + name, "other_config": map[string]string{},
+		"roles": roles})
+	sess, err := r.C.CallString(r.Ctx, r.At, "session.login_with_password", name, pw, "1.0", "suite-account")
+	if err != nil {
+		t.Fatalf("login as %s (%s): %v", name, role, err)
+	}
+	return sess
+}

@@ -11,7 +11,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"toolstackd/internal/pool/peerauth"
 	"toolstackd/internal/pooltest"
 )
 
@@ -115,4 +117,11 @@ func IsDir(path string) bool {
 func IsFile(path string) bool {
 	st, err := os.Stat(path)
 	return err == nil && st.Mode().IsRegular()
+}
+
+// SignPeerRequest signs req as a host of the pool holding secret would
+// (package peerauth), covering the identity header it names, if any.
+// Set every header first.
+func SignPeerRequest(req *http.Request, secret string) {
+	peerauth.Sign(req.Header, secret, peerauth.Of(req, "X-Toolstackd-Identity"), time.Now())
 }
