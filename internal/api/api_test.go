@@ -436,7 +436,7 @@ func TestWireFormats(t *testing.T) {
 	}
 	// JSON-RPC 1.0 error shape.
 	_, b := post("/jsonrpc", "application/json", `{"method":"session.login_with_password","params":["root","x"],"id":"abc"}`)
-	if b != `{"result":null,"error":["SESSION_AUTHENTICATION_FAILED"],"id":"abc"}` {
+	if b != `{"result":null,"error":["SESSION_AUTHENTICATION_FAILED","root","Authentication failure"],"id":"abc"}` {
 		t.Errorf("v1 failure: %s", b)
 	}
 	// int64 as a bare string in XML-RPC, valid_ref_counts as <i4>.

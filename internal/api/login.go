@@ -232,7 +232,7 @@ func (g *authGuard) check(ctx context.Context, origin Origin, user, stored, pw s
 	}
 	if origin.Local {
 		if !CheckPassword(stored, pw) {
-			return xerr.New(xerr.SessionAuthenticationFailed)
+			return authFailed(user)
 		}
 		return nil
 	}
@@ -251,7 +251,7 @@ func (g *authGuard) check(ctx context.Context, origin Origin, user, stored, pw s
 	select {
 	case st.turn <- struct{}{}:
 	case <-ctx.Done():
-		return xerr.New(xerr.SessionAuthenticationFailed)
+		return authFailed(user)
 	}
 	g.mu.Lock()
 	err = g.refusal(st, user, time.Now())
@@ -278,14 +278,14 @@ func (g *authGuard) check(ctx context.Context, origin Origin, user, stored, pw s
 		case suspect <- struct{}{}:
 		case <-ctx.Done():
 			release(st.turn)
-			return xerr.New(xerr.SessionAuthenticationFailed)
+			return authFailed(user)
 		}
 	}
 	select {
 	case sem <- struct{}{}:
 	case <-ctx.Done():
 		release(suspect, st.turn)
-		return xerr.New(xerr.SessionAuthenticationFailed)
+		return authFailed(user)
 	}
 	ok := CheckPassword(stored, pw)
 	release(sem, suspect)
@@ -296,7 +296,15 @@ func (g *authGuard) check(ctx context.Context, origin Origin, user, stored, pw s
 	// The client's next check waits until this failure's delay is over.
 	hold(ctx, g.failed(st, time.Now()))
 	<-st.turn
-	return xerr.New(xerr.SessionAuthenticationFailed)
+	return authFailed(user)
+}
+
+// authFailed is xapi's refusal of a password: SESSION_AUTHENTICATION_FAILED
+// [user name, PAM's text for a failed authentication]. Every refusal of
+// a password or an account says the same, so that it tells nothing of
+// which accounts exist.
+func authFailed(user string) error {
+	return xerr.New(xerr.SessionAuthenticationFailed, user, "Authentication failure")
 }
 
 // hold waits for d or until ctx ends.

@@ -130,7 +130,7 @@ func TestLoginBackoff(t *testing.T) {
 	}
 	for i := 1; i <= 4; i++ {
 		d, e := login(bad, "wrong")
-		if e == nil || e.Code != xerr.SessionAuthenticationFailed || len(e.Data) != 0 {
+		if e == nil || e.Code != xerr.SessionAuthenticationFailed || len(e.Data) != 2 || e.Data[1] != "Authentication failure" {
 			t.Fatalf("failure %d: %v", i, e)
 		}
 		if delayed := d >= lim.FailureDelay; delayed != (i >= 2) {

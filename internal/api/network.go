@@ -4,10 +4,13 @@ import (
 	"crypto/rand"
 	"fmt"
 	"net"
+	"net/netip"
+	"slices"
 	"strings"
 
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
+	"toolstackd/internal/schema"
 	"toolstackd/internal/xerr"
 )
 
@@ -67,8 +70,96 @@ func (s *Server) registerNetwork() {
 			}
 			server["MAC"] = hw.String()
 		}
+		v4, _ := rec["ipv4_allowed"].([]string)
+		v6, _ := rec["ipv6_allowed"].([]string)
+		if err := checkAllowed(v4, false); err != nil {
+			return nil, err
+		}
+		if err := checkAllowed(v6, true); err != nil {
+			return nil, err
+		}
 		return s.implicitCreate(c, dm.VIF.Class, server)
 	})
+	// The addresses a locked VIF may use (they end up in its locking
+	// rules). xapi checks each one that is added or set, and
+	// remove_ipv4_allowed and remove_ipv6_allowed take anything, so that
+	// an entry an older version let in can still be taken out.
+	Register(s, func(c *Call, a dm.VIFAddIPV4AllowedArgs) (dm.Void, error) {
+		return dm.Void{}, addAllowed(c, dm.VIF.IPV4Allowed, string(a.Self), a.Value, false)
+	})
+	Register(s, func(c *Call, a dm.VIFAddIPV6AllowedArgs) (dm.Void, error) {
+		return dm.Void{}, addAllowed(c, dm.VIF.IPV6Allowed, string(a.Self), a.Value, true)
+	})
+	Register(s, func(c *Call, a dm.VIFSetIPV4AllowedArgs) (dm.Void, error) {
+		return dm.Void{}, setAllowed(c, dm.VIF.IPV4Allowed, string(a.Self), a.Value, false)
+	})
+	Register(s, func(c *Call, a dm.VIFSetIPV6AllowedArgs) (dm.Void, error) {
+		return dm.Void{}, setAllowed(c, dm.VIF.IPV6Allowed, string(a.Self), a.Value, true)
+	})
+}
+
+// validAllowed reports whether s may be in a VIF's ipv4_allowed (v6
+// false) or ipv6_allowed: an address of that family written plainly or
+// as address/prefix, as xapi's Helpers.assert_is_valid_ip_addr has it
+// (inet_pton of the family, or an Ipaddr prefix of it). No zone, no
+// spaces, no leading zeros in IPv4 octets; an IPv4-mapped IPv6 address
+// is IPv6.
+func validAllowed(s string, v6 bool) bool {
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		p, perr := netip.ParsePrefix(s)
+		if perr != nil {
+			return false
+		}
+		a = p.Addr()
+	}
+	if a.Zone() != "" {
+		return false
+	}
+	if v6 {
+		return a.Is6()
+	}
+	return a.Is4()
+}
+
+// checkAllowed refuses a list of allowed addresses with one entry that
+// is not an address of the field's family: INVALID_IP_ADDRESS_SPECIFIED
+// naming the field, as xapi does.
+func checkAllowed(addrs []string, v6 bool) error {
+	for _, a := range addrs {
+		if !validAllowed(a, v6) {
+			if v6 {
+				return xerr.New(xerr.InvalidIPAddressSpecified, dm.VIF.IPV6Allowed.Name)
+			}
+			return xerr.New(xerr.InvalidIPAddressSpecified, dm.VIF.IPV4Allowed.Name)
+		}
+	}
+	return nil
+}
+
+// addAllowed is VIF.add_ipv4_allowed and add_ipv6_allowed.
+func addAllowed(c *Call, f *schema.Field, vif, addr string, v6 bool) error {
+	row, err := c.Lookup(dm.VIF.Class, vif)
+	if err != nil {
+		return err
+	}
+	if err := checkAllowed([]string{addr}, v6); err != nil {
+		return err
+	}
+	return c.Update(func(tx *db.Tx) error { return tx.AddToSet(f, row.Ref, addr) })
+}
+
+// setAllowed is VIF.set_ipv4_allowed and set_ipv6_allowed: every entry
+// is checked before anything is written.
+func setAllowed(c *Call, f *schema.Field, vif string, addrs []string, v6 bool) error {
+	row, err := c.Lookup(dm.VIF.Class, vif)
+	if err != nil {
+		return err
+	}
+	if err := checkAllowed(addrs, v6); err != nil {
+		return err
+	}
+	return c.Update(func(tx *db.Tx) error { return tx.Set(f, row.Ref, slices.Clone(addrs)) })
 }
 
 // RandomMAC makes a locally administered unicast MAC address.

@@ -186,8 +186,9 @@ func walkRoles(snap db.Reader, refs []string, visit func(r *db.Row, subroles []s
 }
 
 // permissionNames returns the permission names a role grants: for a
-// static role, the lower-case wire names of the messages it may call;
-// for any other leaf, its name_label.
+// static role, the lower-case wire names of the messages it may call
+// and, for those that hold it, PermTaskAny (xapi's one permission that
+// is not a message); for any other leaf, its name_label.
 func (s *Server) permissionNames(snap db.Reader, ref string) []string {
 	set := map[string]bool{}
 	for _, leaf := range leafRoles(snap, ref) {
@@ -202,6 +203,9 @@ func (s *Server) permissionNames(snap db.Reader, ref string) []string {
 			if m.Roles.Has(role) {
 				set[strings.ToLower(m.Wire)] = true
 			}
+		}
+		if taskAnyRoles.Has(role) {
+			set[PermTaskAny] = true
 		}
 	}
 	return schema.SortedKeys(set)

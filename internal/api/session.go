@@ -43,6 +43,10 @@ type Session struct {
 	remote  bool   // the coordinator's, for one forwarded call or request
 	peer    bool   // and that request came from another host of the pool
 
+	// permissions is the record's rbac_permissions (sessionPermissions);
+	// none for the local superuser, as in xapi.
+	permissions []string
+
 	lastActive atomic.Int64 // unix nanoseconds
 	flushed    atomic.Int64 // last_active as last written to the database
 	ctx        context.Context
@@ -336,21 +340,42 @@ func (s *Server) whoIs(snap db.Reader, user, hash string, origin Origin) (*Sessi
 		}
 		return sess, schema.NullRef, nil
 	case u == nil || u.String(dm.User.PasswordHash) != hash:
-		return nil, "", xerr.New(xerr.SessionAuthenticationFailed)
+		return nil, "", authFailed(user)
 	case user == "root":
 		sess.Roles, sess.LocalSuperuser, sess.userRef = AllRoles, true, u.Ref
 		return sess, u.Ref, nil
 	}
 	subj := findSubject(snap, LocalSubjectID(user))
 	if subj == nil {
-		return nil, "", xerr.New(xerr.SessionAuthenticationFailed)
+		return nil, "", authFailed(user)
 	}
 	sess.Subject, sess.Roles, sess.userRef = subj.Ref, rolesOf(snap, subj), u.Ref
+	sess.permissions = s.sessionPermissions(snap, subj)
 	if sess.Roles == 0 {
 		// As xapi: a subject without roles may not log in.
 		return nil, "", xerr.New(xerr.RBACPermissionDenied, "session.login_with_password", "the subject has no roles in this pool")
 	}
 	return sess, u.Ref, nil
+}
+
+// sessionPermissions is what xapi records as the rbac_permissions of a
+// subject's session: for each of the subject's roles, the role's own
+// name and the names of the permissions it grants (permissionNames),
+// each once, sorted. A role that has gone is passed over, as in xapi.
+func (s *Server) sessionPermissions(snap db.Reader, subject *db.Row) []string {
+	set := map[string]bool{}
+	roles, _ := subject.Get(dm.Subject.Roles).([]string)
+	for _, ref := range roles {
+		r, ok := snap.Get(dm.Role.Class, ref)
+		if !ok {
+			continue
+		}
+		set[r.String(dm.Role.NameLabel)] = true
+		for _, p := range s.permissionNames(snap, ref) {
+			set[p] = true
+		}
+	}
+	return schema.SortedKeys(set)
 }
 
 // findSubject finds a subject by its identifier.
@@ -370,11 +395,8 @@ func (s *Server) openSession(sess *Session, userRef string, epoch uint64) (strin
 		Subject:          dm.SubjectRef(sess.Subject),
 		ValidationTime:   now,
 		AuthUserName:     sess.User,
-		RbacPermissions:  []string{},
+		RbacPermissions:  append([]string{}, sess.permissions...),
 		Originator:       sess.Originator,
-	}
-	for _, r := range sess.Roles.Roles() {
-		rec.RbacPermissions = append(rec.RbacPermissions, r.String())
 	}
 	var ref string
 	_, err := s.DB.Update(func(tx *db.Tx) (err error) {

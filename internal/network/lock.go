@@ -29,12 +29,15 @@ type Locker interface {
 }
 
 // lockedVIF is a VIF whose tap has rules, and its rate limit (qos.go)
-// with what was wrong with its qos fields when last read.
+// with what was wrong with its qos fields when last read; ruleNote is
+// why the rules the database last asked for could not be made ("" when
+// they could), so that relock logs it once.
 type lockedVIF struct {
-	tap     string
-	rules   locking.Rules
-	rate    Rate
-	qosNote string
+	tap      string
+	rules    locking.Rules
+	rate     Rate
+	qosNote  string
+	ruleNote string
 }
 
 // LockVIF applies the VIF's locking rules to its tap (every mode,
@@ -115,7 +118,20 @@ func (m *Manager) relock() {
 	for vif, l := range m.locked {
 		rules, err := locking.RulesFor(snap, vif, l.tap)
 		if err != nil {
-			continue // the VIF is gone: its unplug removes the rules
+			// A VIF that is gone has its rules removed by its unplug.
+			// Otherwise what the database now says cannot be made into
+			// rules (an address the rules cannot take): the tap keeps
+			// the rules it has, and the log says why.
+			if note := err.Error(); !xerr.HasCode(err, xerr.HandleInvalid) && note != l.ruleNote {
+				m.log.Warn("network: keeping a VIF's locking rules: its new ones cannot be made", "vif", vif, "err", err)
+				l.ruleNote = note
+				m.locked[vif] = l
+			}
+			continue
+		}
+		if l.ruleNote != "" {
+			l.ruleNote = ""
+			m.locked[vif] = l
 		}
 		if rate, note := vifRate(snap, vif); rate != l.rate || note != l.qosNote {
 			l.rate = m.setRate(vif, l.tap, l.rate, rate, note, l.qosNote)

@@ -2,7 +2,9 @@ package network
 
 import (
 	"context"
+	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -125,4 +127,91 @@ func TestApply1000VIFs(t *testing.T) {
 		t.Fatalf("a second Apply made %d calls: %v", len(calls), calls[:min(5, len(calls))])
 	}
 	t.Logf("figure: 1,000 VIFs on 50 networks: first Apply (plan, 50 bridges, recorded) %v; Apply that finds everything in place %v", first, again)
+}
+
+// lockedBuffer is a log destination that tests read while the module
+// writes to it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// A locked VIF whose allowed addresses hold text that is not an address
+// (as a database written before the API checked them may) is not locked
+// with rules made from it: LockVIF fails and nothing is applied. A tap
+// already locked keeps its rules when such text arrives later, and the
+// log says so once.
+func TestLockVIFRefusesUncheckedAddresses(t *testing.T) {
+	e := newEnv(t)
+	var logged lockedBuffer
+	e.m.log = slog.New(slog.NewTextHandler(&logged, nil))
+	n := e.network("guests")
+	_, vif := e.vmWithVIF(n, dm.VMPowerStateRunning, true)
+	ctx := context.Background()
+	set := func(v4 ...string) {
+		t.Helper()
+		if _, err := e.d.Update(func(tx *db.Tx) error {
+			if err := tx.Set(dm.VIF.LockingMode, vif, "locked"); err != nil {
+				return err
+			}
+			return tx.Set(dm.VIF.IPV4Allowed, vif, v4)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f := &fakeLocker{last: map[string]locking.Rules{}}
+	e.m.cfg.Locker = f
+	set("10.0.0.1", "1.2.3.4; flush ruleset")
+	if err := e.m.LockVIF(ctx, vif, "tsvif1.0"); err == nil || !strings.Contains(err.Error(), "is not an address") {
+		t.Fatalf("LockVIF with text in ipv4_allowed: %v", err)
+	}
+	if got := f.took(); len(got) != 0 {
+		t.Fatalf("rules applied from unchecked text: %v", got)
+	}
+
+	set("10.0.0.1")
+	if err := e.m.LockVIF(ctx, vif, "tsvif1.0"); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); e.m.Watch(wctx, 20*time.Millisecond) }()
+	defer func() { cancel(); <-done }()
+	set("10.0.0.1", "999.1.1.1")
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(logged.String(), "keeping a VIF's locking rules") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no log line for rules that cannot be made; log: %s", logged.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// More changes to the database, the bad entry still there: no new
+	// rules and no new line.
+	for i := range 3 {
+		if _, err := e.d.Update(func(tx *db.Tx) error { return tx.Set(dm.VIF.OtherConfig, vif, map[string]string{"n": itoa(i)}) }); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := strings.Count(logged.String(), "keeping a VIF's locking rules"); n != 1 {
+		t.Errorf("%d log lines for the same bad entry, want 1", n)
+	}
+	f.mu.Lock()
+	r := f.last["tsvif1.0"]
+	f.mu.Unlock()
+	if got := f.took(); len(got) != 1 || len(r.IPv4) != 1 || r.IPv4[0].String() != "10.0.0.1" {
+		t.Fatalf("calls %v, rules %+v: want the first rules kept", got, r)
+	}
 }

@@ -2,6 +2,7 @@ package network
 
 import (
 	"context"
+	"log/slog"
 	"net"
 	"reflect"
 
@@ -59,8 +60,11 @@ type VIFPort struct {
 }
 
 // vifPort reads what the switch needs of a VIF on network (its own, or
-// the one VIF.move takes it to) from the database.
-func vifPort(snap db.Reader, vifRef, network, bridge string) (VIFPort, error) {
+// the one VIF.move takes it to) from the database. An entry of its
+// allowed addresses that locking.ParseAllowed refuses is left out (a
+// locked VIF's is an error, from RulesFor), with a line in log when log
+// is not nil.
+func vifPort(snap db.Reader, vifRef, network, bridge string, log *slog.Logger) (VIFPort, error) {
 	row, ok := snap.Get(dm.VIF.Class, vifRef)
 	if !ok {
 		return VIFPort{}, xerr.New(xerr.HandleInvalid, "VIF", vifRef)
@@ -90,20 +94,43 @@ func vifPort(snap db.Reader, vifRef, network, bridge string) (VIFPort, error) {
 			p.MAC = mac
 		}
 	}
-	for _, s := range vif.IPV4Allowed {
-		if ip := net.ParseIP(s).To4(); ip != nil {
-			p.IPv4 = append(p.IPv4, ip)
+	p.IPv4 = allowedAddrs(vif.IPV4Allowed, true, func(s string, err error) {
+		if log != nil {
+			log.Warn("network: leaving out an entry of a VIF's ipv4_allowed", "vif", vif.UUID, "entry", clipEntry(s), "err", err)
 		}
-	}
-	for _, s := range vif.IPV6Allowed {
-		if ip := net.ParseIP(s); ip != nil && ip.To4() == nil {
-			p.IPv6 = append(p.IPv6, ip)
+	})
+	p.IPv6 = allowedAddrs(vif.IPV6Allowed, false, func(s string, err error) {
+		if log != nil {
+			log.Warn("network: leaving out an entry of a VIF's ipv6_allowed", "vif", vif.UUID, "entry", clipEntry(s), "err", err)
 		}
-	}
+	})
 	if p.Mode == locking.ModeLocked {
 		p.IPv4, p.IPv6 = rules.IPv4, rules.IPv6
 	}
 	return p, nil
+}
+
+// allowedAddrs parses a VIF's allowed addresses of one family (v4 or
+// IPv6), handing each entry locking.ParseAllowed refuses to skip.
+func allowedAddrs(in []string, v4 bool, skip func(s string, err error)) []net.IP {
+	var out []net.IP
+	for _, s := range in {
+		ip, err := locking.ParseAllowed(s, v4)
+		if err != nil {
+			skip(s, err)
+			continue
+		}
+		out = append(out, ip)
+	}
+	return out
+}
+
+// clipEntry bounds what a log line quotes of a database entry.
+func clipEntry(s string) string {
+	if len(s) > 80 {
+		return s[:80] + "..."
+	}
+	return s
 }
 
 // pluggedVIF is a VIF Config.VIFPorts has a port for.
@@ -118,7 +145,7 @@ func (m *Manager) plugVIFPort(ctx context.Context, vifRef, network, bridge strin
 	if m.cfg.VIFPorts == nil {
 		return nil
 	}
-	p, err := vifPort(m.db.Snapshot(), vifRef, network, bridge)
+	p, err := vifPort(m.db.Snapshot(), vifRef, network, bridge, m.log)
 	if err != nil {
 		return err
 	}
@@ -177,7 +204,9 @@ func (m *Manager) replugVIFPorts(ctx context.Context) {
 	m.lockMu.Lock()
 	defer m.lockMu.Unlock()
 	for ref, old := range m.ports {
-		p, err := vifPort(snap, ref, old.network, old.port.Bridge)
+		// Not logged here: this runs on every change to the database,
+		// and the plug logged what it left out.
+		p, err := vifPort(snap, ref, old.network, old.port.Bridge, nil)
 		if err != nil {
 			continue // a VIF that is gone is unplugged by its Release
 		}
@@ -218,7 +247,7 @@ func (m *Manager) tapVIFPort(ctx context.Context, vifRef, tap string) error {
 			bridge = nrow.String(dm.Network.Bridge)
 		}
 	}
-	p, err := vifPort(snap, vifRef, network, bridge)
+	p, err := vifPort(snap, vifRef, network, bridge, m.log)
 	if err != nil {
 		return err
 	}

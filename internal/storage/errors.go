@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"errors"
+	"regexp"
 	"strconv"
 
 	"toolstackd/internal/xerr"
@@ -56,4 +57,36 @@ func asBackend(err error, n int) error {
 		return xerr.New(xerr.TaskCancelled, "")
 	}
 	return BackendError(n, err.Error())
+}
+
+// hostPath finds an absolute path in a message: a slash at the start or
+// after a space, quote, bracket, '=' or ',', and what follows it up to
+// the next of those or a ':' (an os.PathError's "open /x/y: ...", or
+// qemu-img's "Could not open '/x/y': ...").
+var hostPath = regexp.MustCompile(`(^|[\s'"(\[=,])/[^\s'"()\[\],:;]+`)
+
+// hidePaths replaces the absolute paths in a message.
+func hidePaths(s string) string { return hostPath.ReplaceAllString(s, "${1}(path hidden)") }
+
+// forClient is a transfer's error as its client is told it (the HTTP
+// answer and the task's error_info): the same XenAPI error with every
+// absolute path in its parameters hidden. Which spool file an upload is
+// staged in, where a volume lives, the data dir: none is the client's
+// business, and each would show how the host lays out its disks. The
+// caller logs err whole before.
+func forClient(err error) error {
+	if err == nil {
+		return nil
+	}
+	xe := xerr.From(err)
+	params := make([]string, len(xe.Params))
+	changed := false
+	for i, p := range xe.Params {
+		params[i] = hidePaths(p)
+		changed = changed || params[i] != p
+	}
+	if !changed && errors.As(err, new(*xerr.Error)) {
+		return err
+	}
+	return xerr.New(xe.Code, params...)
 }

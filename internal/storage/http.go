@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -117,8 +118,9 @@ func resolveVDI(snap db.Reader, id string) (*db.Row, error) {
 	return nil, xerr.New(xerr.UUIDInvalid, "VDI", id)
 }
 
-// writeError answers with a XenAPI error, as every HTTP handler does.
-func writeError(w http.ResponseWriter, err error) { api.WriteHTTPError(w, err) }
+// writeError answers with a XenAPI error, as every HTTP handler does,
+// without the host's paths (forClient).
+func writeError(w http.ResponseWriter, err error) { api.WriteHTTPError(w, forClient(err)) }
 
 // xferTask is the task of one transfer: the API's task facility, whose
 // context task.cancel cancels, with progress held below 1 until the
@@ -151,7 +153,7 @@ func (t *xferTask) progress(p float64) {
 	t.Progress(min(p, 0.99))
 }
 func (t *xferTask) wasCancelled() bool { return t.Cancelled() }
-func (t *xferTask) finish(err error)   { t.Finish(schema.Void, nil, err) }
+func (t *xferTask) finish(err error)   { t.Finish(schema.Void, nil, forClient(err)) }
 
 // xferRoles are the roles allowed to move disk contents: those that may
 // create VDIs.
@@ -392,7 +394,9 @@ func (s *Service) admitImport(ctx context.Context, b *boundSR, vdi *db.Row, form
 	return s.importGuard(b, format).check(max(declared-vdiPhys(vdi), 0))
 }
 
-func vdiPhys(r *db.Row) int64 { n, _ := r.Get(dm.VDI.PhysicalUtilisation).(int64); return n }
+// vdiPhys is a VDI's physical utilisation, at least 0, so that declared
+// less it (both at least 0) cannot overflow.
+func vdiPhys(r *db.Row) int64 { n, _ := r.Get(dm.VDI.PhysicalUtilisation).(int64); return max(n, 0) }
 
 // localDirer is an SR whose volumes are files in a local directory.
 type localDirer interface{ localDir() string }
@@ -462,7 +466,8 @@ func (s *Service) importInto(ctx context.Context, task *xferTask, b *boundSR, vd
 		n, err = s.importQcow2(ctx, body, dev, vdi, task)
 	case "vhd":
 		n, err = imageformat.ApplyVHD(ctx, body, dev.vhdTarget(), progress)
-		if err != nil && !errors.As(err, new(imageformat.TooBigError)) && !isStreamErr(err) && ctx.Err() == nil {
+		if err != nil && !errors.As(err, new(imageformat.TooBigError)) && !isStreamErr(err) && !isSpaceErr(err) &&
+			!errors.As(err, new(*xerr.Error)) && ctx.Err() == nil {
 			err = xerr.New(xerr.ImportError, "VHD: "+err.Error())
 		}
 	}
@@ -530,15 +535,15 @@ func (s *Service) importQcow2(ctx context.Context, body io.Reader, dev *device, 
 func (s *Service) importQcow2Into(ctx context.Context, body io.Reader, dev *device, vdi *db.Row, task *xferTask, written *int64) error {
 	dir := s.spoolDir()
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
+		return fmt.Errorf("staging the upload: %w", err)
 	}
 	f, err := os.CreateTemp(dir, spoolPattern)
 	if err != nil {
-		return err
+		return fmt.Errorf("staging the upload: %w", err)
 	}
 	defer func(name string) { _ = os.Remove(name) }(f.Name())
 	defer func(c func() error) { _ = c() }(f.Close)
-	limit := dev.size + dev.size/64 + 64<<20 // data plus metadata
+	limit := spoolLimit(dev.size)
 	n, err := io.Copy(f, io.LimitReader(body, limit+1))
 	if err != nil {
 		return err
@@ -547,11 +552,15 @@ func (s *Service) importQcow2Into(ctx context.Context, body io.Reader, dev *devi
 		return imageformat.TooBigError{Size: dev.size}
 	}
 	if err := f.Sync(); err != nil {
-		return err
+		return fmt.Errorf("staging the upload: %w", err)
 	}
 	task.progress(0.5)
 	h, err := imageformat.ReadQcow2HeaderFrom(f)
-	if err != nil {
+	var big imageformat.SizeError
+	switch {
+	case errors.As(err, &big):
+		return xerr.New(xerr.VDITooSmall, vdi.Ref, strconv.FormatUint(big.Size, 10))
+	case err != nil:
 		return xerr.New(xerr.ImportError, "the upload is not a qcow2 image: "+err.Error())
 	}
 	switch {
@@ -561,17 +570,17 @@ func (s *Service) importQcow2Into(ctx context.Context, body io.Reader, dev *devi
 		return xerr.New(xerr.ImportError, "the qcow2 image has an external data file")
 	case h.CryptMethod != 0:
 		return xerr.New(xerr.ImportError, "the qcow2 image is encrypted")
-	case int64(h.Size) > dev.size:
-		return xerr.New(xerr.VDITooSmall, vdi.Ref, strconv.FormatInt(int64(h.Size), 10))
+	case h.Size > uint64(max(dev.size, 0)): // compared unsigned: Size need not fit an int64
+		return xerr.New(xerr.VDITooSmall, vdi.Ref, strconv.FormatUint(h.Size, 10))
 	}
 	src, err := openQcow2Read(ctx, f.Name(), s.run)
 	if err != nil {
-		return xerr.New(xerr.ImportError, "reading the qcow2 image: "+err.Error())
+		return xerr.New(xerr.ImportError, "the qcow2 image cannot be read: "+err.Error())
 	}
 	defer func(c func() error) { _ = c() }(src.Close)
 	m, err := imageMap(ctx, f.Name(), "qcow2", src.size)
 	if err != nil {
-		return xerr.New(xerr.ImportError, err.Error())
+		return xerr.New(xerr.ImportError, "qemu-img cannot map the qcow2 image: "+err.Error())
 	}
 	var data []Extent
 	var total int64
@@ -610,6 +619,18 @@ func (s *Service) importQcow2Into(ctx context.Context, body io.Reader, dev *devi
 		return werr
 	}
 	return err
+}
+
+// spoolLimit is the most a qcow2 upload into a disk of size bytes may
+// spool: the data plus a 64th for metadata plus 64 MiB, short of
+// math.MaxInt64 so that one more byte can be asked for.
+func spoolLimit(size int64) int64 {
+	const slack = 64 << 20
+	size = max(size, 0)
+	if size > (math.MaxInt64-slack-1)/65*64 {
+		return math.MaxInt64 - 1
+	}
+	return size + size/64 + slack
 }
 
 func (s *Service) spoolDir() string {

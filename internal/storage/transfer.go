@@ -152,7 +152,7 @@ func readChunks(ctx context.Context, body io.Reader, size int64, stop func() boo
 		bp := bufPool.Get().(*[]byte)
 		n, err := fill(body, *bp)
 		if n > 0 {
-			if total+int64(n) > size {
+			if int64(n) > size-total { // total <= size: no overflow, whatever size is
 				bufPool.Put(bp)
 				return total, imageformat.TooBigError{Size: size}
 			}

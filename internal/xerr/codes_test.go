@@ -81,7 +81,7 @@ var raisers = map[string]raiser{
 // on the wire, so these counts are accepted too.
 var xapiRaises = map[string][]int{
 	// xapi_session.ml raises it with [uname; msg] for a refused login;
-	// toolstackd does so for a rate-limited client.
+	// toolstackd sends the same for every refusal.
 	SessionAuthenticationFailed: {2},
 	// xapi_vm_lifecycle.ml's operation check raises [vm; operation].
 	VMIsTemplate: {2},

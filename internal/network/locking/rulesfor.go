@@ -1,8 +1,10 @@
 package locking
 
 import (
+	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
@@ -68,21 +70,16 @@ func RulesFor(snap db.Reader, vifRef, port string) (Rules, error) {
 }
 
 // parseAddrs parses a VIF's allowed addresses of one family, without
-// duplicates, in the database's order.
+// duplicates, in the database's order. Every entry goes through
+// ParseAllowed, whatever wrote the database (an older version did not
+// check what the API took), so no rule is ever built from text.
 func parseAddrs(vifRef, field string, in []string, v4 bool) ([]net.IP, error) {
 	var out []net.IP
 	seen := map[string]bool{}
 	for _, s := range in {
-		ip := net.ParseIP(s)
-		switch {
-		case ip == nil:
-		case v4:
-			ip = ip.To4()
-		case ip.To4() != nil:
-			ip = nil
-		}
-		if ip == nil {
-			return nil, fmt.Errorf("locking: VIF %s: %q in %s is not an address of that family", vifRef, s, field)
+		ip, err := ParseAllowed(s, v4)
+		if err != nil {
+			return nil, fmt.Errorf("locking: VIF %s: %.80q in %s %w", vifRef, s, field, err)
 		}
 		if k := ip.String(); !seen[k] {
 			seen[k] = true
@@ -90,4 +87,39 @@ func parseAddrs(vifRef, field string, in []string, v4 bool) ([]net.IP, error) {
 		}
 	}
 	return out, nil
+}
+
+// Why ParseAllowed refuses an entry.
+var (
+	errNotAddress  = errors.New("is not an address")
+	errWrongFamily = errors.New("is not an address of that family")
+	errRange       = errors.New("is an address range, which VIF locking on this host does not take (only single addresses)")
+)
+
+// ParseAllowed reads one entry of a VIF's ipv4_allowed (v4) or
+// ipv6_allowed for the locking rules: an address of that family, written
+// plainly or as a single-address prefix (/32, /128). The API also takes
+// wider prefixes, as xapi does; the rules here hold single addresses, so
+// those are refused (errRange) and the VIF is not run locked without
+// them. An IPv4-mapped IPv6 address is refused in either list: the rules
+// cannot tell it from the IPv4 address. The IPv4 result is 4 bytes long,
+// the IPv6 one 16.
+func ParseAllowed(s string, v4 bool) (net.IP, error) {
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		p, perr := netip.ParsePrefix(s)
+		if perr != nil {
+			return nil, errNotAddress
+		}
+		if a = p.Addr(); p.Bits() != a.BitLen() {
+			return nil, errRange
+		}
+	}
+	switch {
+	case a.Zone() != "":
+		return nil, errNotAddress
+	case v4 && !a.Is4(), !v4 && (!a.Is6() || a.Is4In6()):
+		return nil, errWrongFamily
+	}
+	return net.IP(a.AsSlice()), nil
 }

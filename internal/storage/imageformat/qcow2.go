@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 )
 
 // qcow2 on-disk constants (docs/interop/qcow2.txt in QEMU).
@@ -26,7 +27,22 @@ const (
 	// MaxVirtualSize bounds a VDI's virtual size (QEMU's own qcow2 limit is
 	// far above this; 64 TiB keeps the L1 table of an empty image at 1 MiB).
 	MaxVirtualSize = int64(64) << 40
+
+	// MaxQcow2Size bounds the virtual size a header may declare: no image
+	// QEMU opens is larger (its L1 table holds at most 4 Mi entries, each
+	// mapping 2^39 bytes with the largest, 2 MiB, clusters). Below it,
+	// the size converts to an int64 and rounds up to a cluster without
+	// overflowing.
+	MaxQcow2Size = uint64(1) << 61
 )
+
+// SizeError is a qcow2 header declaring a virtual size above
+// MaxQcow2Size: an image no disk can hold.
+type SizeError struct{ Size uint64 }
+
+func (e SizeError) Error() string {
+	return "the qcow2 virtual size " + strconv.FormatUint(e.Size, 10) + " is out of range"
+}
 
 // Qcow2Header is the part of a qcow2 header toolstackd needs.
 type Qcow2Header struct {
@@ -52,7 +68,8 @@ var errNotQcow2 = errors.New("not a qcow2 image")
 // ParseQcow2Header decodes a qcow2 header from the first bytes of an image
 // (at least the header, its extensions and the backing file name, which
 // QEMU always keeps in the first cluster). It never trusts the input: every
-// offset is checked against the buffer.
+// offset is checked against the buffer, and a virtual size above
+// MaxQcow2Size is a SizeError, so that Size always fits an int64.
 func ParseQcow2Header(b []byte) (*Qcow2Header, error) {
 	if len(b) < 72 {
 		return nil, errNotQcow2
@@ -80,6 +97,9 @@ func ParseQcow2Header(b []byte) (*Qcow2Header, error) {
 	}
 	if h.ClusterBits < 9 || h.ClusterBits > 21 {
 		return nil, fmt.Errorf("qcow2 cluster bits %d out of range", h.ClusterBits)
+	}
+	if h.Size > MaxQcow2Size {
+		return nil, SizeError{Size: h.Size}
 	}
 	if h.Version == 3 {
 		if len(b) < qcowV3HeaderLength {

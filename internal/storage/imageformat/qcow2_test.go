@@ -1,10 +1,13 @@
 package imageformat
 
 import (
+	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"testing"
 )
 
@@ -78,10 +81,44 @@ func FuzzParseQcow2Header(f *testing.F) {
 	img := qcow2Image(1<<30, "parent.base.qcow2", "qcow2")
 	f.Add(img.chunks[0].data)
 	f.Add(qcow2Image(0, "", "").chunks[0].data)
+	// A virtual size past int64 (issue 29, finding 9): read as an int64
+	// it was negative, and passed the check against the disk's size.
+	huge := slices.Clone(qcow2Image(1<<20, "", "").chunks[0].data)
+	binary.BigEndian.PutUint64(huge[24:], 1<<63+4096)
+	f.Add(huge)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		h, err := ParseQcow2Header(b)
 		if err == nil && h == nil {
 			t.Fatal("nil header without error")
 		}
+		if err != nil {
+			return
+		}
+		// The size converts to an int64 and rounds up to a cluster
+		// without overflowing.
+		if h.Size > MaxQcow2Size || int64(h.Size) < 0 || RoundUp(int64(h.Size), 1<<h.ClusterBits) < int64(h.Size) {
+			t.Fatalf("virtual size %d accepted", h.Size)
+		}
 	})
+}
+
+// A header whose virtual size is past MaxQcow2Size is a SizeError with
+// the size it declares; one at the bound is taken.
+func TestParseQcow2HeaderSize(t *testing.T) {
+	base := qcow2Image(1<<20, "", "").chunks[0].data
+	for _, c := range []struct {
+		size uint64
+		ok   bool
+	}{{1 << 20, true}, {MaxQcow2Size, true}, {MaxQcow2Size + 1, false}, {1<<63 + 4096, false}, {1 << 63, false}, {^uint64(0), false}} {
+		b := slices.Clone(base)
+		binary.BigEndian.PutUint64(b[24:], c.size)
+		h, err := ParseQcow2Header(b)
+		var se SizeError
+		switch {
+		case c.ok && (err != nil || h.Size != c.size):
+			t.Errorf("size %d: %+v %v", c.size, h, err)
+		case !c.ok && (!errors.As(err, &se) || se.Size != c.size):
+			t.Errorf("size %d: %+v %v, want a SizeError", c.size, h, err)
+		}
+	}
 }

@@ -63,7 +63,7 @@ func Appendable(path string) bool {
 		h.BackingFile != "" || h.ExternalDataFile || h.CryptMethod != 0 || h.NbSnapshots != 0 || h.IncompatibleFeatures != 0 {
 		return false
 	}
-	if int64(h.Size) > 8<<40 || h.RefcountTableClusters < 1 || h.RefcountTableClusters > 64 {
+	if h.Size > 8<<40 || h.RefcountTableClusters < 1 || h.RefcountTableClusters > 64 {
 		return false
 	}
 	empty, err := Qcow2IsEmpty(path)
@@ -113,7 +113,7 @@ func (a *Appender) Write(off int64, p []byte) error {
 	if off < a.pos {
 		return errors.New("qcow2 appender: writes must come in order")
 	}
-	if off+int64(len(p)) > a.size {
+	if int64(len(p)) > a.size-off { // off >= a.pos >= 0: no overflow
 		return TooBigError{Size: a.size}
 	}
 	if off > a.pos {

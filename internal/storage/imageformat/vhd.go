@@ -261,10 +261,12 @@ func parseVHDFooter(b []byte) (size int64, diskType uint32, dataOff int64, err e
 	if be.Uint32(b[64:]) != vhdChecksum(b[:vhdSector], 64) {
 		return 0, 0, 0, errors.New("VHD footer checksum mismatch")
 	}
-	size, diskType = int64(be.Uint64(b[48:])), be.Uint32(b[60:])
-	if size < 0 || size > MaxVirtualSize {
-		return 0, 0, 0, fmt.Errorf("VHD size %d out of range", size)
+	// Compared before the conversion: a size past int64 would be negative.
+	declared, diskType := be.Uint64(b[48:]), be.Uint32(b[60:])
+	if declared > uint64(MaxVirtualSize) {
+		return 0, 0, 0, fmt.Errorf("VHD size %d out of range", declared)
 	}
+	size = int64(declared)
 	if diskType == vhdFixed {
 		return 0, 0, 0, errors.New("fixed VHDs are not supported; send a dynamic or differencing VHD, or raw")
 	}
