@@ -359,6 +359,10 @@ func (p *Pool) admit(ctx context.Context, req joinRequest) (uint64, error) {
 	if _, _, err := net.SplitHostPort(req.Address); err != nil {
 		return 0, xerr.New(xerr.InvalidValue, "address", req.Address)
 	}
+	// Who it claims to be first (again below, under the join lock).
+	if err := p.checkJoiner(p.cfg.Server.DB.Snapshot(), req.UUID, req.Address); err != nil {
+		return 0, err
+	}
 	cert, err := p.joinCert(req.Cert)
 	if err != nil {
 		return 0, err
@@ -377,7 +381,14 @@ func (p *Pool) admit(ctx context.Context, req joinRequest) (uint64, error) {
 	if err := p.becomePool(ctx); err != nil {
 		return 0, err
 	}
-	rows = mergeNetworks(p.cfg.Server.DB.Snapshot(), rows)
+	snap := p.cfg.Server.DB.Snapshot()
+	if err := p.checkJoiner(snap, req.UUID, req.Address); err != nil {
+		return 0, err
+	}
+	if err := checkJoinRows(snap, req.UUID, rows); err != nil {
+		return 0, err
+	}
+	rows = mergeNetworks(snap, rows)
 	_, err = p.cfg.Server.DB.Update(func(tx *db.Tx) error {
 		if err := replica.ApplyTx(tx, rows); err != nil {
 			return err

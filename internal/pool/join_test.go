@@ -198,3 +198,88 @@ func TestMergeNetworks(t *testing.T) {
 		t.Errorf("PIFs' networks: %v, want pif0 on the pool's %s", pifs, poolNet)
 	}
 }
+
+// A joiner's rows are checked as hostile input (issue 29, finding 4): its
+// own objects, all new to the pool, or nothing.
+func TestCheckJoinRows(t *testing.T) {
+	pool, poolHost := bootedDB(t)
+	joiner, joinerHost := bootedDB(t)
+	own := func() []replica.Row {
+		t.Helper()
+		rows, err := replica.Decode(dm.Model, replica.EncodeRows(ownRows(joiner.Snapshot(), joinerHost)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rows
+	}
+	uuid := func(d *db.DB, ref string) string {
+		r, _ := d.Snapshot().Get(dm.Host.Class, ref)
+		return r.UUID()
+	}
+	jUUID := uuid(joiner, joinerHost)
+	snap := pool.Snapshot()
+	if err := checkJoinRows(snap, jUUID, own()); err != nil {
+		t.Fatalf("a fresh host's own rows: %v", err)
+	}
+	poolRow := func(c *schema.Class, ref string) replica.Row {
+		r, ok := snap.Get(c, ref)
+		if !ok {
+			t.Fatalf("no %s %s", c.Name, ref)
+		}
+		return replica.Row{Op: replica.OpPut, Class: c, Ref: r.Ref, Values: r.Stored()}
+	}
+	var template string
+	snap.Ascend(dm.VM.Class, func(r *db.Row) bool {
+		if r.Get(dm.VM.IsATemplate) == true {
+			template = r.Ref
+			return false
+		}
+		return true
+	})
+	cases := map[string]func([]replica.Row) []replica.Row{
+		"the coordinator's host row, renamed": func(rows []replica.Row) []replica.Row {
+			r := poolRow(dm.Host.Class, poolHost)
+			r.Values[dm.Host.NameLabel.Index] = "forged"
+			return append(rows, r)
+		},
+		"another uuid on the host row": func(rows []replica.Row) []replica.Row {
+			for _, r := range rows {
+				if r.Class == dm.Host.Class {
+					r.Values[dm.Host.UUID.Index] = uuid(pool, poolHost)
+				}
+			}
+			return rows
+		},
+		"a second host row": func(rows []replica.Row) []replica.Row {
+			for _, r := range rows {
+				if r.Class == dm.Host.Class {
+					v := append([]any(nil), r.Values...)
+					v[dm.Host.UUID.Index] = "00000000-0000-0000-0000-000000000001"
+					return append(rows, replica.Row{Op: replica.OpPut, Class: dm.Host.Class, Ref: "OpaqueRef:second", Values: v})
+				}
+			}
+			return rows
+		},
+		"a pool template made a control domain": func(rows []replica.Row) []replica.Row {
+			r := poolRow(dm.VM.Class, template)
+			r.Values[dm.VM.IsControlDomain.Index] = true
+			return append(rows, r)
+		},
+		"a new guest VM on the joiner": func(rows []replica.Row) []replica.Row {
+			for _, r := range rows {
+				if r.Class == dm.VM.Class {
+					v := append([]any(nil), r.Values...)
+					v[dm.VM.IsControlDomain.Index] = false
+					v[dm.VM.UUID.Index] = "00000000-0000-0000-0000-000000000002"
+					return append(rows, replica.Row{Op: replica.OpPut, Class: dm.VM.Class, Ref: "OpaqueRef:guest", Values: v})
+				}
+			}
+			return rows
+		},
+	}
+	for name, change := range cases {
+		if err := checkJoinRows(snap, jUUID, change(own())); code(err) != xerr.InvalidValue {
+			t.Errorf("%s: %v, want INVALID_VALUE", name, err)
+		}
+	}
+}

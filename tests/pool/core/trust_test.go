@@ -252,3 +252,54 @@ func TestEmergencyTransitionRefusedWhileTheCoordinatorLives(t *testing.T) {
 		t.Fatalf("login on the coordinator: %v", err)
 	}
 }
+
+// Issue 29, finding 4: a program holding pool-admin credentials that
+// joined claiming a member's uuid took the member's place in raft, and a
+// joiner's rows overwrote the coordinator's. The coordinator now refuses
+// a uuid or an address the pool has, and every row not the joiner's own
+// (internal/pool TestCheckJoinRows covers the rows one by one).
+func TestForgedJoinerRefused(t *testing.T) {
+	ctx, p, c, s := suite.JoinedPool(t)
+	r := suite.RPC{T: t, Ctx: ctx, C: c, At: p.Addr(0), S: s}
+	var hosts []string
+	if err := json.Unmarshal(r.Call("host.get_all"), &hosts); err != nil {
+		t.Fatal(err)
+	}
+	memberUUID := ""
+	for _, h := range hosts {
+		if a := r.Str("host.get_address", h); strings.HasPrefix(p.Advertised(1), a+":") {
+			memberUUID = r.Str("host.get_uuid", h)
+		}
+	}
+	if memberUUID == "" {
+		t.Fatal("no host row for host 1")
+	}
+	join := func(uuid, address string) []string {
+		t.Helper()
+		body, _ := json.Marshal(map[string]any{"uuid": uuid, "address": address, "rows": []byte{}})
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+p.Addr(0)+"/pool/join", bytes.NewReader(body))
+		req.SetBasicAuth("root", p.Password())
+		resp, err := (&http.Client{Timeout: 60 * time.Second}).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var rep struct{ Error []string }
+		if err := json.NewDecoder(resp.Body).Decode(&rep); err != nil {
+			t.Fatalf("the join's answer: %s %v", resp.Status, err)
+		}
+		return rep.Error
+	}
+	if got := join(memberUUID, "127.0.0.9:4321"); len(got) < 2 || got[0] != "INVALID_VALUE" || got[1] != "uuid" {
+		t.Fatalf("a joiner claiming host 1's uuid: %v, want INVALID_VALUE [uuid, ...]", got)
+	}
+	if got := join("6e5fd7a4-1f3c-4a61-9b52-3c0d2a1e8f00", p.Advertised(2)); len(got) < 2 || got[0] != "INVALID_VALUE" || got[1] != "address" {
+		t.Fatalf("a joiner claiming host 2's address: %v, want INVALID_VALUE [address, ...]", got)
+	}
+	// The pool is as it was: every member replicates.
+	pool := suite.PoolRef(t, ctx, c, p, 0, s)
+	r.Call("pool.set_name_description", pool, "after the forged joins")
+	for i := 1; i < p.Len(); i++ {
+		suite.WaitReplica(t, ctx, c, p, i, pool, "after the forged joins", 30*time.Second)
+	}
+}
