@@ -71,6 +71,18 @@ type Config struct {
 
 // Defaults are the limits a daemon runs with unless told otherwise.
 //
+// IdleTimeout: an idle keep-alive connection costs a file, a goroutine and
+// its buffers, and holds a slot of max-conns. 30 s keeps a client that is
+// working through calls (or polling events back to back) on one connection
+// and one TLS session, and lets a flood of idle connections drain in half
+// a minute. xapi is laxer: after a connection's first request its HTTP
+// server waits for the next one without a timeout, and the stunnel in
+// front of its HTTPS port closes idle connections only after TIMEOUTidle
+// (set from STUNNEL_IDLE_TIMEOUT in the inventory when present; otherwise
+// stunnel's default, 43,200 s, as xapi's own log line says). Clients that
+// keep idle connections longer reconnect, as after any server-side close;
+// the daemon's own clients of other hosts let theirs go after 20 s.
+//
 // BodyGrace: a client has its request body in hand when it sends the
 // headers, so the body follows at once; 10 s covers a lost segment sent
 // three times (TCP's first retransmission timeout is 1 s, doubling at each
@@ -82,7 +94,7 @@ type Config struct {
 func Defaults() Config {
 	return Config{
 		HeaderTimeout:     30 * time.Second,
-		IdleTimeout:       120 * time.Second,
+		IdleTimeout:       30 * time.Second,
 		WriteTimeout:      60 * time.Second,
 		StallTimeout:      60 * time.Second,
 		BodyGrace:         10 * time.Second,
