@@ -17,10 +17,14 @@
 //     handshake).
 //   - idle-timeout: a keep-alive connection waiting for its next request is
 //     closed after it.
-//   - stall-timeout and min-body-rate: a request body (and the stream of a
-//     hijacked transfer) that moves no byte for stall-timeout is dropped; a
-//     body must also average min-body-rate bytes a second over the time
-//     spent waiting for it, after an allowance of stall-timeout.
+//   - stall-timeout: a request body (and the stream of a hijacked transfer)
+//     that moves no byte for it is dropped.
+//   - body-grace and min-body-rate: a request body must also average
+//     min-body-rate bytes a second over the time spent waiting for it,
+//     after an allowance of body-grace (at most stall-timeout). The bound
+//     is a read deadline on the connection from the moment the handler
+//     starts, so it holds whoever reads the body: the handler, or net/http
+//     reading what the handler left.
 //   - write-timeout: every write to a client must make progress within it; a
 //     client that stops reading its reply is dropped.
 //   - max-conns-per-client: connections open at once from one IP address
@@ -57,6 +61,7 @@ type Config struct {
 	IdleTimeout       time.Duration
 	WriteTimeout      time.Duration
 	StallTimeout      time.Duration
+	BodyGrace         time.Duration // before the floor rate applies (at most StallTimeout)
 	ConsoleIdle       time.Duration // a console proxy with no traffic either way
 	MinBodyRate       int64         // bytes a second
 	MaxConnsPerClient int
@@ -65,12 +70,31 @@ type Config struct {
 }
 
 // Defaults are the limits a daemon runs with unless told otherwise.
+//
+// IdleTimeout: 2 min. xapi keeps an idle keep-alive connection without a
+// timeout on its HTTP server after the first request (and for 12 hours
+// through its stunnel unless STUNNEL_IDLE_TIMEOUT says otherwise), so the
+// clients written for it reuse connections after long pauses, and not
+// every one of them retries a call that meets a connection the server has
+// just closed (Go's own transport does not retry a POST). 2 min bounds
+// what an idle flood holds while keeping those clients working; the
+// daemon's own clients of other hosts let theirs go after 20 s.
+//
+// BodyGrace: a client has its request body in hand when it sends the
+// headers, so the body follows at once; 10 s covers a lost segment sent
+// three times (TCP's first retransmission timeout is 1 s, doubling at each
+// try) and is xapi's own bound on each read of a new connection's request
+// header (header_read_timeout_tcp). After it the floor rate applies: a 1 KiB call
+// may take 11 s, a 4 MiB one (the RPC body cap) about 70 minutes at the
+// floor, which is what a rate means; the stall timeout still drops a body
+// that stops.
 func Defaults() Config {
 	return Config{
 		HeaderTimeout:     30 * time.Second,
 		IdleTimeout:       120 * time.Second,
 		WriteTimeout:      60 * time.Second,
 		StallTimeout:      60 * time.Second,
+		BodyGrace:         10 * time.Second,
 		ConsoleIdle:       30 * time.Minute,
 		MinBodyRate:       1024,
 		MaxConnsPerClient: 512,
@@ -88,6 +112,7 @@ func (c Config) withDefaults() Config {
 	set(&c.IdleTimeout, d.IdleTimeout)
 	set(&c.WriteTimeout, d.WriteTimeout)
 	set(&c.StallTimeout, d.StallTimeout)
+	set(&c.BodyGrace, d.BodyGrace)
 	set(&c.ConsoleIdle, d.ConsoleIdle)
 	if c.MinBodyRate <= 0 {
 		c.MinBodyRate = d.MinBodyRate
@@ -470,11 +495,18 @@ var ErrSlowBody = errors.New("netguard: request body too slow")
 // and a floor rate (see the package comment). A client that sends its body
 // too slowly gets no more of it read: the handler sees ErrSlowBody or a
 // timeout and may still answer, then the connection is closed.
+//
+// The connection gets its first body deadline before the handler runs, not
+// at the handler's first read: net/http itself reads the body when a
+// handler writes its reply without having read it (up to 256 KiB, to keep
+// the connection), and that read must be bounded too.
 func (g *Guard) Handler(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Body != nil && r.Body != http.NoBody {
 			gc, _ := r.Context().Value(connKey{}).(*Conn)
-			b := &body{rc: r.Body, ctl: http.NewResponseController(w), gc: gc, stall: g.cfg.StallTimeout, rate: g.cfg.MinBodyRate}
+			b := &body{rc: r.Body, ctl: http.NewResponseController(w), gc: gc, stall: g.cfg.StallTimeout,
+				grace: min(g.cfg.BodyGrace, g.cfg.StallTimeout), rate: g.cfg.MinBodyRate}
+			b.ctl.SetReadDeadline(time.Now().Add(b.grace))
 			r.Body = b
 			defer b.after()
 		}
@@ -484,12 +516,12 @@ func (g *Guard) Handler(h http.Handler) http.Handler {
 
 // after runs when the handler returns with the body perhaps not read to
 // its end: net/http reads (a bounded amount of) the rest, and that read
-// gets a fresh stall deadline rather than what is left of an old one.
+// gets what is left of the body's budget, at most the stall timeout.
 func (b *body) after() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if !b.done && b.err == nil {
-		b.ctl.SetReadDeadline(time.Now().Add(b.stall))
+		b.ctl.SetReadDeadline(time.Now().Add(max(minWait, min(b.stall, b.budget()))))
 	}
 }
 
@@ -498,6 +530,7 @@ type body struct {
 	ctl    *http.ResponseController
 	gc     *Conn
 	stall  time.Duration
+	grace  time.Duration
 	rate   int64
 	mu     sync.Mutex
 	got    int64
@@ -519,10 +552,7 @@ func (b *body) Read(p []byte) (int, error) {
 	if b.done {
 		return b.rc.Read(p)
 	}
-	// The time spent waiting for the body may not exceed the allowance
-	// plus what the bytes received so far buy at the floor rate.
-	budget := b.stall + time.Duration(float64(b.got)/float64(b.rate)*float64(time.Second)) - b.waited
-	wait := min(b.stall, budget)
+	wait := min(b.stall, b.budget())
 	if wait < minWait {
 		b.drop(ErrSlowBody)
 		return 0, ErrSlowBody
@@ -545,6 +575,13 @@ func (b *body) Read(p []byte) (int, error) {
 	b.done = true
 	b.ctl.SetReadDeadline(time.Time{})
 	return n, err
+}
+
+// budget is how much longer the body may be waited for: the time spent
+// waiting for it may not exceed the grace plus what the bytes received so
+// far buy at the floor rate.
+func (b *body) budget() time.Duration {
+	return b.grace + time.Duration(float64(b.got)/float64(b.rate)*float64(time.Second)) - b.waited
 }
 
 // drop stops reading from a client that sends too slowly: reads of the

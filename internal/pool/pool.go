@@ -183,7 +183,9 @@ func Open(cfg Config) (*Pool, error) {
 	p.client = &http.Client{
 		Transport: &http.Transport{
 			DialContext: dial, TLSClientConfig: clientTLS, TLSHandshakeTimeout: 10 * time.Second,
-			MaxIdleConnsPerHost: 8, IdleConnTimeout: 90 * time.Second,
+			// Idle connections are let go before the API listener's
+			// default idle timeout (30 s) would close them under a call.
+			MaxIdleConnsPerHost: 8, IdleConnTimeout: 20 * time.Second,
 			// Disk transfers pass through here: big buffers, fewer calls.
 			ReadBufferSize: 256 << 10, WriteBufferSize: 256 << 10,
 		},

@@ -61,8 +61,8 @@ func NewClient(source netip.Addr) *Client {
 		DialContext:           d.DialContext,
 		MaxConnsPerHost:       maxConnsPerHost,
 		MaxIdleConnsPerHost:   maxConnsPerHost,
-		IdleConnTimeout:       30 * time.Second,
-		ResponseHeaderTimeout: 0, // the call's context bounds it
+		IdleConnTimeout:       20 * time.Second, // before the daemon's default idle timeout, 30 s
+		ResponseHeaderTimeout: 0,                // the call's context bounds it
 	}
 	return &Client{hc: &http.Client{Transport: tr}}
 }

@@ -60,7 +60,8 @@ func newRemotePool(dest map[string]string, port string, tlsConfig *tls.Config) (
 		u.Host = net.JoinHostPort(u.Hostname(), port)
 	}
 	d := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
-	tr := &http.Transport{DialContext: d.DialContext, MaxIdleConnsPerHost: 2, IdleConnTimeout: 30 * time.Second,
+	// Idle connections go before a toolstackd's default idle timeout (30 s).
+	tr := &http.Transport{DialContext: d.DialContext, MaxIdleConnsPerHost: 2, IdleConnTimeout: 20 * time.Second,
 		ResponseHeaderTimeout: remoteCallTimeout, TLSHandshakeTimeout: 10 * time.Second, TLSClientConfig: tlsConfig}
 	return &remotePool{master: u, session: dest["session_id"], host: dest["host"], port: port, tls: tlsConfig,
 		hc: &http.Client{Transport: tr, Timeout: remoteCallTimeout}}, nil

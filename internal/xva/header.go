@@ -33,6 +33,7 @@ package xva
 
 import (
 	"bytes"
+	"encoding/xml"
 	"errors"
 	"fmt"
 	"math"
@@ -53,8 +54,14 @@ const (
 	// MaxOVASize bounds ova.xml: the metadata of a VM with many
 	// snapshots fits many times over.
 	MaxOVASize = 32 << 20
-	// MaxObjects bounds the objects ova.xml may describe.
-	MaxObjects = 100000
+	// MaxObjects bounds the objects ova.xml may describe. An export
+	// holds a VM, its VBDs, VDIs and VIFs, their SRs and networks (xapi
+	// adds the host, the VM's metrics records, vGPUs and vTPMs) and,
+	// with its snapshots, the same again for each snapshot: a VM with 16
+	// disks, 7 NICs and 100 snapshots is about 4,500 objects. The bound
+	// is over twice that; an archive over it is refused while ova.xml is
+	// read (countObjects), before any object is decoded.
+	MaxObjects = 10000
 	// ExportVsn is the archive version we write: 2, as xapi writes, with
 	// a checksum after every block.
 	ExportVsn = 2
@@ -88,7 +95,8 @@ type Header struct {
 	Objects []Object
 }
 
-// Find returns the object with the given id, or nil.
+// Find returns the object with the given id, or nil. It scans the
+// objects: to look many ids up, use an index (see planImport).
 func (h *Header) Find(id string) *Object {
 	for i := range h.Objects {
 		if h.Objects[i].ID == id {
@@ -139,6 +147,11 @@ func DecodeHeader(b []byte) (*Header, error) {
 		}
 		b = b[end+2:]
 	}
+	// The objects are counted first, from the markup alone: a header
+	// over the bound is refused before its values are built.
+	if err := countObjects(b); err != nil {
+		return nil, err
+	}
 	// The value is read by the XML-RPC request decoder, which is bounded
 	// in depth and hardened against hostile input: wrapped as the one
 	// parameter of a call.
@@ -173,7 +186,7 @@ func DecodeHeader(b []byte) (*Header, error) {
 		return nil, fmt.Errorf("%s has no objects array", OVAName)
 	}
 	if len(objs) > MaxObjects {
-		return nil, fmt.Errorf("%s describes %d objects, more than %d", OVAName, len(objs), MaxObjects)
+		return nil, fmt.Errorf("%s describes %d objects, more than %d objects", OVAName, len(objs), MaxObjects)
 	}
 	seen := make(map[string]bool, len(objs))
 	h.Objects = make([]Object, 0, len(objs))
@@ -198,6 +211,65 @@ func DecodeHeader(b []byte) (*Header, error) {
 		h.Objects = append(h.Objects, o)
 	}
 	return h, nil
+}
+
+// countObjects reads ova.xml's markup, builds none of its values, and
+// fails as soon as the objects array of its top-level struct has more than
+// MaxObjects entries. Markup it cannot read it leaves to the decoder,
+// which reads the same tokens and says what is wrong.
+func countObjects(b []byte) error {
+	// The path to an object: the top <value>, its <struct>, a <member>
+	// named "objects", its <value>, <array>, <data>, then one <value> per
+	// object. matched counts the open elements, from the top, that are
+	// on it.
+	path := [...]string{"value", "struct", "member", "value", "array", "data", "value"}
+	d := xml.NewDecoder(bytes.NewReader(b))
+	d.Strict = true
+	depth, matched, n := 0, 0, 0
+	var name []byte // the text of the member's <name>
+	inName, isObjects := false, false
+	for {
+		tok, err := d.RawToken()
+		if err != nil {
+			return nil // the end, or the decoder's to report
+		}
+		switch t := tok.(type) {
+		case xml.StartElement:
+			depth++
+			if matched == depth-1 && depth <= len(path) && t.Name.Local == path[depth-1] {
+				matched = depth
+			}
+			switch {
+			case depth == 3 && matched == 3: // a member of the top struct
+				name = name[:0]
+			case depth == 4 && matched == 3 && t.Name.Local == "name":
+				inName = true
+			case depth == 4 && matched == 4: // the member's value
+				isObjects = string(name) == "objects"
+			case depth == len(path) && matched == depth && isObjects:
+				if n++; n > MaxObjects {
+					return fmt.Errorf("%s describes more than %d objects", OVAName, MaxObjects)
+				}
+			}
+		case xml.EndElement:
+			if depth == 0 {
+				return nil // an end with no start: the decoder's to report
+			}
+			if matched == depth {
+				matched--
+			}
+			depth--
+			inName = false
+		case xml.CharData:
+			switch {
+			case !inName:
+			case len(name)+len(t) <= len("objects"):
+				name = append(name, t...)
+			default:
+				name = append(name[:0], '?') // longer: another member
+			}
+		}
+	}
 }
 
 func clamp32(n int64) int32 { return int32(max(min(n, math.MaxInt32), math.MinInt32)) }

@@ -45,8 +45,16 @@ func isClass(o *Object, name string) bool { return strings.EqualFold(o.Class, na
 func isNull(id string) bool { return id == "" || id == schema.NullRef }
 
 // planImport checks ova.xml's objects and picks those an import makes.
+// It takes time in proportion to the objects: a few passes over them,
+// with references looked up in an index by id, never by a scan.
 func planImport(h *Header) (*importPlan, error) {
 	p := &importPlan{sizes: map[string]int64{}}
+	byID := make(map[string]*Object, len(h.Objects))
+	for i := range h.Objects {
+		if _, dup := byID[h.Objects[i].ID]; !dup { // the first, as Find (DecodeHeader refuses duplicates)
+			byID[h.Objects[i].ID] = &h.Objects[i]
+		}
+	}
 	vmIDs := map[string]bool{}
 	for i := range h.Objects {
 		o := &h.Objects[i]
@@ -77,7 +85,7 @@ func planImport(h *Header) (*importPlan, error) {
 			if isNull(vdi) || strings.EqualFold(str(o.Snapshot["type"]), "CD") {
 				continue
 			}
-			d := h.Find(vdi)
+			d := byID[vdi]
 			if d == nil || !isClass(d, "VDI") {
 				return nil, xerr.New(xerr.ImportErrorFailedToFindObject, clip(vdi))
 			}
@@ -94,7 +102,7 @@ func planImport(h *Header) (*importPlan, error) {
 		case isClass(o, "VIF") && vmIDs[str(o.Snapshot["VM"])]:
 			p.vifs = append(p.vifs, o)
 			net := str(o.Snapshot["network"])
-			n := h.Find(net)
+			n := byID[net]
 			if n == nil || !isClass(n, "network") {
 				return nil, xerr.New(xerr.ImportErrorFailedToFindObject, clip(net))
 			}
@@ -127,6 +135,9 @@ type importer struct {
 	ids    map[string]string // archive id -> ref made or found here
 	undo   []func(ctx context.Context, c api.Caller)
 	vmRefs []string
+	// bridges indexes this host's networks by bridge (the first in ref
+	// order), made at the first archive network looked up by bridge.
+	bridges map[string]string
 }
 
 // Import reads an archive from body and makes its VMs, as caller, under
@@ -307,15 +318,17 @@ func (im *importer) network(ctx context.Context, n *Object) (string, error) {
 		}
 	}
 	if bridge != "" {
-		var found string
-		snap.Ascend(dm.Network.Class, func(r *db.Row) bool {
-			if r.String(dm.Network.Bridge) == bridge {
-				found = r.Ref
-				return false
-			}
-			return true
-		})
-		if found != "" {
+		if im.bridges == nil {
+			// Indexed once for the import, not scanned per network.
+			im.bridges = map[string]string{}
+			snap.Ascend(dm.Network.Class, func(r *db.Row) bool {
+				if b := r.String(dm.Network.Bridge); b != "" && im.bridges[b] == "" {
+					im.bridges[b] = r.Ref
+				}
+				return true
+			})
+		}
+		if found := im.bridges[bridge]; found != "" {
 			return found, nil
 		}
 	}
@@ -329,6 +342,12 @@ func (im *importer) network(ctx context.Context, n *Object) (string, error) {
 		return "", err
 	}
 	im.made("network.destroy", ref)
+	// A later archive network may be found by the new one's bridge.
+	if row, ok := im.s.srv.DB.Snapshot().Get(dm.Network.Class, ref); ok && im.bridges != nil {
+		if b := row.String(dm.Network.Bridge); b != "" && im.bridges[b] == "" {
+			im.bridges[b] = ref
+		}
+	}
 	return ref, nil
 }
 
