@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -242,6 +243,12 @@ func run(ctx context.Context, o options) error {
 	current.set(api.TrimSlash(h.router))
 	var cur atomic.Pointer[host] // for the watchdog and the debug hooks
 	cur.Store(h)
+	// The pool's other hosts connect within a budget of their own, which
+	// no client flood can take (netguard.Guard.SetPeers).
+	guard.SetPeers(func(ip netip.Addr) bool {
+		h := cur.Load()
+		return h != nil && h.pool != nil && h.pool.IsPeer(ip)
+	})
 	ls, err := listen(o, guard, &current, cur.Load, log)
 	if err != nil {
 		_ = h.close() // the listen error is the one to report

@@ -49,6 +49,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -66,7 +67,11 @@ type Config struct {
 	MinBodyRate       int64         // bytes a second
 	MaxConnsPerClient int
 	MaxConns          int // 0: from RLIMIT_NOFILE (see MaxConnsForLimit)
-	Log               *slog.Logger
+	// MaxPeerConns bounds the connections from the pool's other hosts
+	// (SetPeers), which are counted apart from clients': a client flood
+	// never leaves a peer waiting (raft, leases, forwarded calls).
+	MaxPeerConns int
+	Log          *slog.Logger
 }
 
 // Defaults are the limits a daemon runs with unless told otherwise.
@@ -98,6 +103,7 @@ func Defaults() Config {
 		ConsoleIdle:       30 * time.Minute,
 		MinBodyRate:       1024,
 		MaxConnsPerClient: 512,
+		MaxPeerConns:      256,
 	}
 }
 
@@ -116,6 +122,9 @@ func (c Config) withDefaults() Config {
 	set(&c.ConsoleIdle, d.ConsoleIdle)
 	if c.MinBodyRate <= 0 {
 		c.MinBodyRate = d.MinBodyRate
+	}
+	if c.MaxPeerConns <= 0 {
+		c.MaxPeerConns = d.MaxPeerConns
 	}
 	if c.MaxConnsPerClient <= 0 {
 		c.MaxConnsPerClient = d.MaxConnsPerClient
@@ -184,6 +193,11 @@ type Guard struct {
 	total     int
 	perClient map[string]int
 	idle      *list.List // of *Conn, longest idle first
+	peerConns int        // connections from peers, outside total
+
+	// peers reports whether an address is another host of the pool.
+	peers       atomic.Pointer[func(netip.Addr) bool]
+	refusedPeer atomic.Int64
 
 	refusedClient atomic.Int64
 	refusedTotal  atomic.Int64
@@ -197,6 +211,27 @@ func New(cfg Config) *Guard {
 	return &Guard{cfg: cfg, perClient: map[string]int{}, idle: list.New()}
 }
 
+// SetPeers tells the Guard which source addresses are the pool's other
+// hosts. Their connections get a budget of their own (MaxPeerConns),
+// outside the per-client and global caps and never reclaimed as idle:
+// however many connections clients hold, a peer's next one is accepted.
+// The address alone lets a connection in; what it may do is still up to
+// the request's signature (the pool's business).
+func (g *Guard) SetPeers(f func(netip.Addr) bool) { g.peers.Store(&f) }
+
+func (g *Guard) isPeer(c net.Conn) bool {
+	f := g.peers.Load()
+	if f == nil {
+		return false
+	}
+	a, ok := c.RemoteAddr().(*net.TCPAddr)
+	if !ok {
+		return false
+	}
+	ip, ok := netip.AddrFromSlice(a.IP)
+	return ok && (*f)(ip.Unmap())
+}
+
 // Config is the Guard's effective configuration.
 func (g *Guard) Config() Config { return g.cfg }
 
@@ -205,6 +240,8 @@ type Stats struct {
 	Open, Idle, MaxConns       int
 	RefusedClient, RefusedFull int64 // over the per-client cap; over the global cap
 	Reclaimed                  int64 // idle connections closed to make room
+	Peers                      int   // open connections from the pool's other hosts
+	RefusedPeer                int64 // peers' connections over their own budget
 }
 
 // Stats reports the counters.
@@ -212,7 +249,8 @@ func (g *Guard) Stats() Stats {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return Stats{Open: g.total, Idle: g.idle.Len(), MaxConns: g.cfg.MaxConns,
-		RefusedClient: g.refusedClient.Load(), RefusedFull: g.refusedTotal.Load(), Reclaimed: g.reclaimed.Load()}
+		RefusedClient: g.refusedClient.Load(), RefusedFull: g.refusedTotal.Load(), Reclaimed: g.reclaimed.Load(),
+		Peers: g.peerConns, RefusedPeer: g.refusedPeer.Load()}
 }
 
 // Listener wraps l. Connections of a local listener (the Unix socket) are
@@ -259,8 +297,14 @@ func (l *listener) Accept() (net.Conn, error) {
 	}
 }
 
+// clientKey is who a connection counts against: its IPv4 address, or the
+// /64 of its IPv6 address (one site's, as the login limits count it).
 func clientKey(c net.Conn) string {
 	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.Unmap().Is6() {
+			p, _ := ip.Prefix(64)
+			return p.String()
+		}
 		return a.IP.String()
 	}
 	host, _, err := net.SplitHostPort(c.RemoteAddr().String())
@@ -272,6 +316,9 @@ func clientKey(c net.Conn) string {
 
 // admit counts a new connection in, or returns nil if it must be refused.
 func (g *Guard) admit(c net.Conn, local bool) *Conn {
+	if !local && g.isPeer(c) {
+		return g.admitPeer(c)
+	}
 	key := ""
 	if !local {
 		key = clientKey(c)
@@ -313,6 +360,21 @@ func (g *Guard) admit(c net.Conn, local bool) *Conn {
 	return gc
 }
 
+// admitPeer counts in a connection from another host of the pool, within
+// the peers' own budget.
+func (g *Guard) admitPeer(c net.Conn) *Conn {
+	g.mu.Lock()
+	if g.peerConns >= g.cfg.MaxPeerConns {
+		g.mu.Unlock()
+		g.refusedPeer.Add(1)
+		g.note("refusing a connection: the pool's hosts hold all their connections", "cap", g.cfg.MaxPeerConns)
+		return nil
+	}
+	g.peerConns++
+	g.mu.Unlock()
+	return &Conn{Conn: c, g: g, peer: true, counted: true, writeTimeout: g.cfg.WriteTimeout, stall: g.cfg.StallTimeout, console: g.cfg.ConsoleIdle}
+}
+
 func (g *Guard) closeVictims(vs []*Conn) {
 	for _, v := range vs {
 		g.reclaimed.Add(1)
@@ -326,6 +388,10 @@ func (g *Guard) forgetLocked(c *Conn) {
 		return
 	}
 	c.counted = false
+	if c.peer {
+		g.peerConns--
+		return
+	}
 	g.total--
 	if !c.local {
 		if n := g.perClient[c.key] - 1; n > 0 {
@@ -372,7 +438,7 @@ func (g *Guard) connState(c net.Conn, st http.ConnState) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if st == http.StateIdle {
-		if gc.idleElem == nil && gc.counted {
+		if gc.idleElem == nil && gc.counted && !gc.peer {
 			gc.idleElem = g.idle.PushBack(gc)
 		}
 		return
@@ -390,6 +456,7 @@ type Conn struct {
 	g            *Guard
 	key          string
 	local        bool
+	peer         bool // from another host of the pool: counted apart
 	writeTimeout time.Duration
 	stall        time.Duration
 	console      time.Duration

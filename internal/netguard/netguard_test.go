@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -444,3 +446,84 @@ func TestMaxConnsForLimit(t *testing.T) {
 		}
 	}
 }
+
+// Issue 29, finding 3: a client flood held every connection a host would
+// take, and its peers' lease renewals and raft with them. Connections
+// from the pool's other hosts are counted apart, within a budget of their
+// own: clients holding every slot leave a peer's next connection served,
+// and peers cannot take clients' slots either.
+func TestPeersHaveTheirOwnBudget(t *testing.T) {
+	cfg := fast()
+	cfg.MaxConns, cfg.MaxConnsPerClient, cfg.MaxPeerConns, cfg.HeaderTimeout = 6, 100, 2, time.Minute
+	g := New(cfg)
+	l, err := net.Listen("tcp", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := g.Server(hello)
+	go hs.Serve(g.Listener(l, false))
+	t.Cleanup(func() { hs.Close() })
+	port := l.Addr().(*net.TCPAddr).Port
+	peer := netip.MustParseAddr("127.0.0.7")
+	g.SetPeers(func(a netip.Addr) bool { return a == peer })
+	dialFrom := func(src string) net.Conn {
+		t.Helper()
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+		c, err := d.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	// A slow-header flood from clients fills the cap.
+	for range 6 {
+		c := dialFrom("127.0.0.5")
+		io.WriteString(c, "GET / HTTP/1.1\r\n")
+	}
+	waitFor(t, func() bool { return g.Stats().Open == 6 })
+	if get(dialFrom("127.0.0.6")) {
+		t.Fatal("a client was served over the cap")
+	}
+	// The peer is served, twice at once, and a third peer connection is
+	// over the peers' budget.
+	p1, p2 := dialFrom("127.0.0.7"), dialFrom("127.0.0.7")
+	if !get(p1) || !get(p2) {
+		t.Fatal("a peer was refused while clients held every slot")
+	}
+	if get(dialFrom("127.0.0.7")) {
+		t.Fatal("a peer was served over the peers' budget")
+	}
+	if s := g.Stats(); s.Peers != 2 || s.Open != 6 || s.RefusedPeer != 1 {
+		t.Fatalf("stats %+v", s)
+	}
+	// Idle peer connections are not reclaimed for clients.
+	waitFor(t, func() bool { return g.Stats().Idle == 0 && g.Stats().Peers == 2 })
+	p1.Close()
+	waitFor(t, func() bool { return g.Stats().Peers == 1 })
+}
+
+// The per-client cap counts an IPv6 /64 as one client.
+func TestClientKeyIPv6Prefix(t *testing.T) {
+	for _, c := range []struct{ addr, want string }{
+		{"[2001:db8:1:2:aaaa::1]:80", "2001:db8:1:2::/64"},
+		{"[2001:db8:1:2:bbbb::9]:80", "2001:db8:1:2::/64"},
+		{"[::ffff:10.0.0.1]:80", "10.0.0.1"},
+		{"10.0.0.1:80", "10.0.0.1"},
+	} {
+		a, err := net.ResolveTCPAddr("tcp", c.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := clientKey(fakeConn{remote: a}); got != c.want {
+			t.Errorf("clientKey(%s) = %s, want %s", c.addr, got, c.want)
+		}
+	}
+}
+
+type fakeConn struct {
+	net.Conn
+	remote net.Addr
+}
+
+func (f fakeConn) RemoteAddr() net.Addr { return f.remote }

@@ -2,9 +2,12 @@ package pool
 
 import (
 	"errors"
+	"net"
 	"net/http"
+	"net/netip"
 	"time"
 
+	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/pool/peerauth"
 )
 
@@ -77,4 +80,58 @@ func (t *signingTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 		return nil, errNoProof
 	}
 	return resp, nil
+}
+
+// peerAddrs is the set of the pool's other hosts' IP addresses, as last
+// computed, and when.
+type peerAddrs struct {
+	at  time.Time
+	ips map[netip.Addr]bool
+}
+
+// peerAddrsTTL is how long a computed set of peer addresses is used.
+const peerAddrsTTL = 2 * time.Second
+
+// IsPeer reports whether ip is the address of another host of this pool
+// (raft's configuration, or a host row's address): the connection
+// guard's test for a peer's own connection budget. A host that joins or
+// moves is known within peerAddrsTTL.
+func (p *Pool) IsPeer(ip netip.Addr) bool {
+	cur := p.peerIPs.Load()
+	if cur == nil || time.Since(cur.at) > peerAddrsTTL {
+		cur = &peerAddrs{at: time.Now(), ips: p.computePeerIPs()}
+		p.peerIPs.Store(cur)
+	}
+	return cur.ips[ip]
+}
+
+func (p *Pool) computePeerIPs() map[netip.Addr]bool {
+	ips := map[netip.Addr]bool{}
+	add := func(hostport string) {
+		host, _, err := net.SplitHostPort(hostport)
+		if err != nil {
+			host = hostport
+		}
+		if a, err := netip.ParseAddr(host); err == nil {
+			ips[a.Unmap()] = true
+		}
+	}
+	if rf := p.cfg.Repl.Raft(); rf != nil {
+		if f := rf.GetConfiguration(); f.Error() == nil {
+			for _, s := range f.Configuration().Servers {
+				if string(s.ID) != p.cfg.HostUUID {
+					add(string(s.Address))
+				}
+			}
+		}
+	}
+	if len(ips) == 0 {
+		return ips // a host alone has no peers
+	}
+	for _, h := range p.cfg.Server.DB.Snapshot().All(dm.Host.Class) {
+		if h.UUID() != p.cfg.HostUUID {
+			add(h.String(dm.Host.Address))
+		}
+	}
+	return ips
 }

@@ -134,6 +134,8 @@ type Pool struct {
 	peer   *http.Client
 	// auth checks peers' signatures, raft's included.
 	auth *peerauth.Verifier
+	// peerIPs caches the other hosts' addresses (IsPeer).
+	peerIPs atomic.Pointer[peerAddrs]
 
 	joinMu sync.Mutex // one join (either side) at a time
 	// joinPin is the coordinator's certificate fingerprint seen by a join
