@@ -170,3 +170,26 @@ func FuzzVerify(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkSignVerifyProve is the authentication's cost per intra-pool
+// request: the sender's signature, the receiver's check (with its nonce
+// store) and proof, and the sender's check of the proof.
+func BenchmarkSignVerifyProve(b *testing.B) {
+	v := NewVerifier()
+	secrets := []string{poolSecret}
+	q := req()
+	for i := 0; b.Loop(); i++ {
+		h := http.Header{}
+		at := now.Add(time.Duration(i) * time.Millisecond)
+		nonce := Sign(h, poolSecret, q, at)
+		secret, n, err := v.Verify(h, secrets, q, isSelf, at)
+		if err != nil {
+			b.Fatal(err)
+		}
+		answer := http.Header{}
+		Prove(answer, secret, n, q)
+		if !CheckProof(answer, secrets, nonce, q) {
+			b.Fatal("proof")
+		}
+	}
+}
