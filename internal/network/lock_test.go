@@ -67,10 +67,7 @@ func TestLockVIF(t *testing.T) {
 	if err := e.m.LockVIF(ctx, vif, "tsvif1.0"); err != nil {
 		t.Fatal(err)
 	}
-	wctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); e.m.Watch(wctx, 20*time.Millisecond) }()
-	defer func() { cancel(); <-done }()
+	defer watch(ctx, e.m)()
 	if _, err := e.d.Update(func(tx *db.Tx) error { return tx.Set(dm.VIF.LockingMode, vif, "disabled") }); err != nil {
 		t.Fatal(err)
 	}
@@ -185,10 +182,7 @@ func TestLockVIFRefusesUncheckedAddresses(t *testing.T) {
 	if err := e.m.LockVIF(ctx, vif, "tsvif1.0"); err != nil {
 		t.Fatal(err)
 	}
-	wctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); e.m.Watch(wctx, 20*time.Millisecond) }()
-	defer func() { cancel(); <-done }()
+	defer watch(ctx, e.m)()
 	set("10.0.0.1", "999.1.1.1")
 	deadline := time.Now().Add(5 * time.Second)
 	for !strings.Contains(logged.String(), "keeping a VIF's locking rules") {
@@ -214,4 +208,12 @@ func TestLockVIFRefusesUncheckedAddresses(t *testing.T) {
 	if got := f.took(); len(got) != 1 || len(r.IPv4) != 1 || r.IPv4[0].String() != "10.0.0.1" {
 		t.Fatalf("calls %v, rules %+v: want the first rules kept", got, r)
 	}
+}
+
+// watch runs m's watcher until the returned stop is called.
+func watch(ctx context.Context, m *Manager) (stop func()) {
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); m.Watch(wctx, 20*time.Millisecond) }()
+	return func() { cancel(); <-done }
 }

@@ -25,14 +25,7 @@ func TestSlowBodiesHeldToRate(t *testing.T) {
 	// Before the grace existed the allowance was the stall timeout, a
 	// minute here.
 	bound := 10 * grace
-	dial := func(t *testing.T) net.Conn {
-		c, err := net.Dial("tcp", d.Addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		return c
-	}
+	dial := func(t *testing.T) net.Conn { return dialTo(t, d.Addr) }
 	for _, path := range []string{"/", "/cli"} {
 		t.Run("trickled "+path, func(t *testing.T) {
 			// A few at once, each sending a byte a second.

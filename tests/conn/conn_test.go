@@ -102,14 +102,7 @@ func TestSlowClients(t *testing.T) {
 	vdi := str(d.must(t, "VDI.create", sess, map[string]any{"SR": srs[0], "virtual_size": "1048576", "name_label": "slow",
 		"name_description": "", "type": "user", "sharable": false, "read_only": false, "other_config": map[string]string{}}))
 
-	dial := func(t *testing.T) net.Conn {
-		c, err := net.Dial("tcp", d.Addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		return c
-	}
+	dial := func(t *testing.T) net.Conn { return dialTo(t, d.Addr) }
 	// trickle writes one byte of s a second until the connection fails.
 	trickle := func(c net.Conn, s string) {
 		go func() {
@@ -226,4 +219,15 @@ func TestSlowClients(t *testing.T) {
 	})
 	// The daemon is still healthy, and the import's VDI is usable.
 	d.must(t, "VDI.get_record", sess, vdi)
+}
+
+// dialTo opens a TCP connection to addr, closed when the test ends.
+func dialTo(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
