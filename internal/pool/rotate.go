@@ -9,6 +9,7 @@ import (
 	"toolstackd/internal/api"
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/pool/dbraft"
+	"toolstackd/internal/pool/peerauth"
 	"toolstackd/internal/pool/secret"
 	"toolstackd/internal/xerr"
 )
@@ -24,10 +25,17 @@ const (
 	stepRetire = "retire"
 )
 
+// secretStep is one step of a rotation as the coordinator sends it: the
+// new secret sealed under the secret hosts hold now (peerauth.Seal), so
+// that the request carries nothing a listener without the pool's secret
+// can read.
 type secretStep struct {
 	Step   string `json:"step"`
 	Secret string `json:"secret,omitempty"`
 }
+
+// sealPurpose binds a sealed secret to rotations.
+const sealPurpose = "pool secret rotation"
 
 // rotateSecret is pool.rotate_secret, on the coordinator: a new secret,
 // accepted everywhere, then presented everywhere, then the old one
@@ -61,9 +69,13 @@ func (p *Pool) rotateSecret(c *api.Call, _ dm.PoolRotateSecretArgs) (dm.Void, er
 		return dm.Void{}, err
 	}
 	for _, step := range []string{stepAccept, stepRotate, stepRetire} {
+		sealed, err := peerauth.Seal(p.secrets.Current(), sealPurpose, next)
+		if err != nil {
+			return dm.Void{}, err
+		}
 		for _, addr := range peers {
 			ctx, cancel := context.WithTimeout(c.Ctx, 30*time.Second)
-			err := p.notify(ctx, addr, secretPath, secretStep{Step: step, Secret: next})
+			err := p.notify(ctx, addr, secretPath, secretStep{Step: step, Secret: sealed})
 			cancel()
 			if err != nil {
 				p.log.Warn("pool.rotate_secret: a host did not take a step", "host", addr, "step", step, "err", err)
@@ -97,7 +109,14 @@ func (p *Pool) takeStep(st secretStep) error {
 // serveSecret takes a step of a rotation the coordinator runs.
 func (p *Pool) serveSecret(w http.ResponseWriter, r *http.Request) {
 	var st secretStep
-	if readJSON(w, r, &st) {
-		answer(w, p.takeStep(st), http.StatusBadRequest)
+	if !readJSON(w, r, &st) {
+		return
 	}
+	next, err := peerauth.Open(p.secrets.Valid(), sealPurpose, st.Secret)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	st.Secret = next
+	answer(w, p.takeStep(st), http.StatusBadRequest)
 }

@@ -41,6 +41,8 @@
 package peerauth
 
 import (
+	"crypto/aes"
+	"crypto/cipher"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -296,4 +298,54 @@ func SameAddr(a, b string) bool {
 	}
 	ai, bi := net.ParseIP(ah), net.ParseIP(bh)
 	return ai != nil && bi != nil && ai.Equal(bi)
+}
+
+// Seal encrypts a value hosts of the pool pass each other (a new secret
+// during a rotation) under a key derived from secret and purpose, so that
+// only holders of the secret read it, whoever else sees the request.
+// AES-256-GCM with a random nonce; purpose is bound in as associated data.
+func Seal(secret, purpose, plain string) (string, error) {
+	aead, err := sealer(secret, purpose)
+	if err != nil {
+		return "", err
+	}
+	nonce := make([]byte, aead.NonceSize())
+	_, _ = rand.Read(nonce)
+	return version + "." + enc.EncodeToString(aead.Seal(nonce, nonce, []byte(plain), []byte(purpose))), nil
+}
+
+// ErrSealed is a sealed value that none of the secrets opens.
+var ErrSealed = errors.New("peerauth: the sealed value does not open with this host's secrets")
+
+// Open decrypts what Seal made under one of secrets.
+func Open(secrets []string, purpose, sealed string) (string, error) {
+	body, ok := strings.CutPrefix(sealed, version+".")
+	if !ok || len(body) > 4096 {
+		return "", ErrSealed
+	}
+	raw, err := enc.DecodeString(body)
+	if err != nil {
+		return "", ErrSealed
+	}
+	for _, s := range secrets {
+		if s == "" {
+			continue
+		}
+		aead, err := sealer(s, purpose)
+		if err != nil || len(raw) < aead.NonceSize() {
+			continue
+		}
+		if plain, err := aead.Open(nil, raw[:aead.NonceSize()], raw[aead.NonceSize():], []byte(purpose)); err == nil {
+			return string(plain), nil
+		}
+	}
+	return "", ErrSealed
+}
+
+func sealer(secret, purpose string) (cipher.AEAD, error) {
+	block, err := aes.NewCipher(mac(secret, []byte("toolstackd pool seal "+version+"\n"+purpose)))
+	if err != nil {
+		return nil, err
+	}
+	return cipher.NewGCM(block)
 }

@@ -193,3 +193,30 @@ func BenchmarkSignVerifyProve(b *testing.B) {
 		}
 	}
 }
+
+func TestSealOpen(t *testing.T) {
+	sealed, err := Seal(poolSecret, "rotation", "the-next-secret")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(sealed, "the-next-secret") || strings.Contains(sealed, poolSecret) {
+		t.Fatal("the sealed value shows what it holds")
+	}
+	if got, err := Open([]string{otherSecret, poolSecret}, "rotation", sealed); err != nil || got != "the-next-secret" {
+		t.Fatalf("Open: %q %v", got, err)
+	}
+	for name, c := range map[string]struct {
+		secrets         []string
+		purpose, sealed string
+	}{
+		"another secret":  {[]string{otherSecret}, "rotation", sealed},
+		"another purpose": {[]string{poolSecret}, "something else", sealed},
+		"tampered":        {[]string{poolSecret}, "rotation", sealed[:len(sealed)-2] + "AA"},
+		"empty":           {[]string{poolSecret}, "rotation", ""},
+		"plain text":      {[]string{poolSecret}, "rotation", "the-next-secret"},
+	} {
+		if _, err := Open(c.secrets, c.purpose, c.sealed); !errors.Is(err, ErrSealed) {
+			t.Errorf("%s: %v, want ErrSealed", name, err)
+		}
+	}
+}
