@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/hashicorp/raft"
+
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/pool/peerauth"
 )
@@ -66,9 +68,6 @@ type signingTransport struct {
 
 func (t *signingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	r := req.Clone(req.Context())
-	if req.Host != "" {
-		r.Host = req.Host
-	}
 	nonce, q := t.p.sign(r)
 	resp, err := t.base.RoundTrip(r)
 	if err != nil {
@@ -116,13 +115,9 @@ func (p *Pool) computePeerIPs() map[netip.Addr]bool {
 			ips[a.Unmap()] = true
 		}
 	}
-	if rf := p.cfg.Repl.Raft(); rf != nil {
-		if f := rf.GetConfiguration(); f.Error() == nil {
-			for _, s := range f.Configuration().Servers {
-				if string(s.ID) != p.cfg.HostUUID {
-					add(string(s.Address))
-				}
-			}
+	for _, s := range p.raftServers() {
+		if string(s.ID) != p.cfg.HostUUID {
+			add(string(s.Address))
 		}
 	}
 	if len(ips) == 0 {
@@ -134,4 +129,18 @@ func (p *Pool) computePeerIPs() map[netip.Addr]bool {
 		}
 	}
 	return ips
+}
+
+// raftServers is raft's configuration now: none on a host alone, or when
+// raft cannot say.
+func (p *Pool) raftServers() []raft.Server {
+	rf := p.cfg.Repl.Raft()
+	if rf == nil {
+		return nil
+	}
+	f := rf.GetConfiguration()
+	if f.Error() != nil {
+		return nil
+	}
+	return f.Configuration().Servers
 }

@@ -176,13 +176,9 @@ func haEnabled(snap db.Reader) bool {
 // pool: in raft's configuration, or a host row's address with the pool's
 // port.
 func (p *Pool) knownMember(snap db.Reader, addr string) bool {
-	if rf := p.cfg.Repl.Raft(); rf != nil {
-		if f := rf.GetConfiguration(); f.Error() == nil {
-			for _, s := range f.Configuration().Servers {
-				if peerauth.SameAddr(string(s.Address), addr) {
-					return true
-				}
-			}
+	for _, s := range p.raftServers() {
+		if peerauth.SameAddr(string(s.Address), addr) {
+			return true
 		}
 	}
 	for _, h := range snap.All(dm.Host.Class) {

@@ -36,15 +36,7 @@ func (p *Pool) checkJoiner(snap db.Reader, uuid, address string) error {
 
 // knownID reports whether a raft server has the id.
 func (p *Pool) knownID(id string) bool {
-	rf := p.cfg.Repl.Raft()
-	if rf == nil {
-		return false
-	}
-	f := rf.GetConfiguration()
-	if f.Error() != nil {
-		return false
-	}
-	for _, s := range f.Configuration().Servers {
+	for _, s := range p.raftServers() {
 		if string(s.ID) == id {
 			return true
 		}
