@@ -166,15 +166,21 @@ func TestMemberSessionsFollowRevocation(t *testing.T) {
 	sock := filepath.Join(p.Hosts[0].DataDir, "xapi.sock")
 	suite.Account(t, r, sock, "padmin", "pw-padmin", "pool-admin")
 	suite.Account(t, r, sock, "poper", "pw-poper", "pool-operator")
-	var local string
-	suite.WaitUntil(t, 30*time.Second, "the account reaches the member's replica", func() bool {
-		var err error
-		local, err = c.CallString(ctx, p.Addr(1), "session.slave_local_login_with_password", "padmin", "pw-padmin")
-		return err == nil
+	// The replica applies the log in order: once the later account is
+	// known there (its login fails for its role, not for its password),
+	// so is the earlier one.
+	var err error
+	suite.WaitUntil(t, 30*time.Second, "the accounts reach the member's replica", func() bool {
+		_, err = c.CallString(ctx, p.Addr(1), "session.slave_local_login_with_password", "poper", "pw-poper")
+		e, ok := testdaemon.AsError(err)
+		return err == nil || !ok || e.Code != "SESSION_AUTHENTICATION_FAILED"
 	})
-	_, err := c.CallString(ctx, p.Addr(1), "session.slave_local_login_with_password", "poper", "pw-poper")
 	if e, ok := testdaemon.AsError(err); !ok || e.Code != "RBAC_PERMISSION_DENIED" {
 		t.Fatalf("a pool-operator's slave-local login: %v, want RBAC_PERMISSION_DENIED", err)
+	}
+	local, err := c.CallString(ctx, p.Addr(1), "session.slave_local_login_with_password", "padmin", "pw-padmin")
+	if err != nil {
+		t.Fatalf("a pool-admin's slave-local login: %v", err)
 	}
 	pool := suite.PoolRef(t, ctx, c, p, 0, s)
 	if _, err := c.Call(ctx, p.Addr(1), "pool.set_name_description", local, pool, "by the member's session"); err != nil {
