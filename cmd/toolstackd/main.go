@@ -33,9 +33,11 @@ import (
 	"toolstackd/internal/pool"
 	"toolstackd/internal/storage"
 	"toolstackd/internal/version"
+	"toolstackd/internal/xenops/qemu"
 )
 
 type options struct {
+	qemu        qemu.Config // the QEMU backend's settings from flags
 	dataDir     string
 	listen      string
 	advertise   string
@@ -152,6 +154,9 @@ func rootCmd() *cobra.Command {
 	f.Var(&o.hostMemory, "host-memory", "the memory VMs may use on this host, e.g. 16GiB (a simulated host's size); 0: the simulator's is unbounded, QEMU's is the host's available memory")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.Var(&o.logTarget, "log-target", logTargetHelp)
+	f.StringVar(&o.qemu.Deprivilege, "qemu-deprivilege", "auto", "run each VM's QEMU as a user of its own, under QEMU's seccomp sandbox, with only its own files: auto (when the daemon runs as root), on (refuse to start without root) or off")
+	f.IntVar(&o.qemu.UserBase, "qemu-user-base", qemu.DefaultUserBase, "the first of the user ids reserved for QEMU processes (one per running VM, uid and gid alike); no other user of the host may have one")
+	f.IntVar(&o.qemu.Users, "qemu-users", qemu.DefaultUsers, "how many user ids from --qemu-user-base are reserved for QEMU processes")
 	f.StringVar(&o.watchdog, "watchdog", "", "HA's watchdog: a device (/dev/watchdog) it pets while this host holds its lease, or \"fake\" (tests: a process that kills this daemon's process group); empty: none")
 	f.StringVar(&o.journal, "instance-journal", "", "tests: append every domain's start and stop (and a fake watchdog's reset) to this file, to check that no VM ever runs twice")
 	f.StringVar(&o.haTiming, "ha-timing", "", "HA's timing values over the defaults (docs/ha.md), e.g. lease=10s,renew=2s,grace=5s,watchdog=10s,margin=2s,drift=0.01")

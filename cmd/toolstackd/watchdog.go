@@ -59,7 +59,7 @@ func leadProcessGroup() error {
 // watchdog, the VMs join this daemon's process group, which the fake kills
 // as a reset would.
 func qemuConfig(o options) qemu.Config {
-	var c qemu.Config
+	c := o.qemu
 	if o.watchdog == "fake" {
 		c.ProcessGroup = os.Getpid()
 	}

@@ -176,7 +176,7 @@ func fileExtents(f *os.File, size int64) []Extent {
 // qemu-img gives, or through a read-only qemu-nbd when the map cannot
 // locate all data (compressed clusters).
 func openQcow2Read(ctx context.Context, path, run string) (*device, error) {
-	paths, _, err := chain(path, "qcow2")
+	paths, _, err := imageformat.Chain(path, "qcow2")
 	if err != nil {
 		return nil, err
 	}

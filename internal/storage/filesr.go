@@ -559,7 +559,7 @@ func (s *fileSR) pathOf(key string) (string, string, error) {
 	if safepath.Name(key) != nil || strings.HasPrefix(key, ".") || strings.HasSuffix(key, baseSuffix) {
 		return "", "", notOurs
 	}
-	if f := foreignFormat(key); f != "" {
+	if f := imageformat.FormatOfName(key); f != "" {
 		p, err := safepath.JoinName(s.dir, key)
 		if err != nil {
 			return "", "", notOurs
@@ -567,16 +567,6 @@ func (s *fileSR) pathOf(key string) (string, string, error) {
 		return p, f, nil
 	}
 	return "", "", BackendError(smVDIMissing, fmt.Sprintf("%q is not a volume of this SR", key))
-}
-
-func foreignFormat(name string) string {
-	switch strings.ToLower(filepath.Ext(name)) {
-	case ".qcow2":
-		return "qcow2"
-	case ".raw", ".img", ".iso":
-		return "raw"
-	}
-	return ""
 }
 
 // keyOf maps a directory entry to a volume key, or "" for files that are
@@ -588,7 +578,7 @@ func keyOf(name string) string {
 	if k, ok := strings.CutSuffix(name, qcowSuffix); ok && isUUID(k) {
 		return k
 	}
-	if foreignFormat(name) != "" {
+	if imageformat.FormatOfName(name) != "" {
 		return name
 	}
 	return ""
@@ -630,7 +620,7 @@ func (s *fileSR) graph() (map[string]*node, map[string][]string, error) {
 			} else if b != "" && filepath.Dir(b) == s.dir {
 				n.parent = filepath.Base(b)
 			}
-		case foreignFormat(name) == "raw":
+		case imageformat.FormatOfName(name) == "raw":
 			n = &node{name: name, format: "raw"}
 		default:
 			continue
@@ -1196,7 +1186,7 @@ func (s *fileSR) SetResetOnBoot(ctx context.Context, key string, reset bool) err
 // image found in the directory, or written by another host of a shared
 // SR, could otherwise hand any host file to a VM.
 func (s *fileSR) checkChain(p, format string) error {
-	paths, formats, err := chain(p, format)
+	paths, formats, err := imageformat.Chain(p, format)
 	if err != nil {
 		return err
 	}
@@ -1217,42 +1207,6 @@ func (s *fileSR) checkChain(p, format string) error {
 	return nil
 }
 
-// chain lists an image and its backing files, top first, as absolute
-// paths with their formats.
-func chain(path, format string) ([]string, []string, error) {
-	var paths, formats []string
-	seen := map[string]bool{}
-	for path != "" {
-		if seen[path] || len(paths) > 1000 {
-			return nil, nil, errors.New("backing chain loops or is too long")
-		}
-		seen[path] = true
-		paths, formats = append(paths, path), append(formats, format)
-		if format != "qcow2" {
-			break
-		}
-		h, err := imageformat.ReadQcow2Header(path)
-		if err != nil {
-			return nil, nil, err
-		}
-		if h.BackingFile == "" || h.ExternalDataFile {
-			break
-		}
-		next := h.BackingFile
-		if !filepath.IsAbs(next) {
-			next = filepath.Join(filepath.Dir(path), next)
-		}
-		path, format = next, h.BackingFormat
-		if format == "" {
-			format = "qcow2"
-			if foreignFormat(next) == "raw" {
-				format = "raw"
-			}
-		}
-	}
-	return paths, formats, nil
-}
-
 // volImage is a volume's image file and its backing chain (chain's paths).
 type volImage struct {
 	path, format string
@@ -1269,7 +1223,7 @@ func (s *fileSR) imagePair(key, baseKey string) (k, b volImage, err error) {
 		if err != nil {
 			return k, b, err
 		}
-		c, _, err := chain(p, f)
+		c, _, err := imageformat.Chain(p, f)
 		if err != nil {
 			return k, b, err
 		}

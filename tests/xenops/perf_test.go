@@ -84,7 +84,10 @@ func handLaunch(t *testing.T, argv []string, qmpPath string) time.Duration {
 func TestQEMUStartOverhead(t *testing.T) {
 	g := testGuest(t)
 	r := newResolver()
-	e := newEnv(t, xenops.Config{Backend: "qemu", Disks: r, KernelDirs: []string{g.dir}, QEMU: qemu.Config{Accel: g.accel}},
+	// Not jailed: the hand launch replays the daemon's command line, whose
+	// inherited descriptors only the daemon's own start provides. The
+	// jail's cost is internal/xenops/qemu's BenchmarkEmulatorStart.
+	e := newEnv(t, xenops.Config{Backend: "qemu", Disks: r, KernelDirs: []string{g.dir}, QEMU: qemu.Config{Accel: g.accel, Deprivilege: "off"}},
 		envOptions{persist: true})
 	t.Cleanup(func() { killLeftovers(t, e) })
 	vm := e.guestVM(g, "overhead", nil)

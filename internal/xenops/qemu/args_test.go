@@ -14,7 +14,7 @@ func TestQEMUArgv(t *testing.T) {
 			Platform: map[string]string{"cores-per-socket": "2"}},
 		Disks: []backend.Disk{{VBD: "b0", Device: "0", Path: "/x.qcow2", Format: "qcow2", Bootable: true}, {VBD: "b3", Device: "3", CD: true}},
 		NICs:  []backend.NIC{{VIF: "v0", Device: "0", MAC: "02:00:00:00:00:01", Mode: "user"}}}
-	a, err := q.qemuArgv(j)
+	a, err := q.qemuArgv(j, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +34,7 @@ func TestQEMUArgv(t *testing.T) {
 		}
 	}
 	j.Disks = append(j.Disks, backend.Disk{Device: "7", CD: true})
-	if _, err := q.qemuArgv(j); err == nil {
+	if _, err := q.qemuArgv(j, nil); err == nil {
 		t.Error("a CD beyond the IDE slots was accepted")
 	}
 }

@@ -55,7 +55,9 @@ func (q *QEMU) ExportDisk(ctx context.Context, uuid, device, name string) (strin
 	sock := exportSock(d)
 	if _, err := os.Stat(sock); errors.Is(err, os.ErrNotExist) {
 		// nbd-server-start takes the legacy form of a socket address.
-		addr := map[string]any{"type": "unix", "data": map[string]any{"path": sock}}
+		d.mu.Lock()
+		addr := map[string]any{"type": "unix", "data": map[string]any{"path": jailPath(&d.j, sock)}}
+		d.mu.Unlock()
 		if err := qmp.Execute(ctx, "nbd-server-start", map[string]any{"addr": addr, "max-connections": 4}, nil); err != nil {
 			return "", fmt.Errorf("qemu: nbd-server-start: %w", err)
 		}

@@ -102,7 +102,7 @@ func migSocket(ctx context.Context, qmp *QMP, name string) (*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("qemu: migration socket: %w", err)
 	}
-	err = qmp.ExecuteFD(ctx, "getfd", map[string]any{"fdname": name}, fds[1])
+	err = qmp.ExecuteFD(ctx, "getfd", map[string]any{"fdname": name}, fds[1], nil)
 	_ = syscall.Close(fds[1]) // QEMU has its own copy now (or none)
 	if err != nil {
 		_ = syscall.Close(fds[0])

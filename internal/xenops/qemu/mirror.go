@@ -184,14 +184,21 @@ func (q *QEMU) StartMirror(ctx context.Context, uuid, device string, t backend.M
 	if err != nil {
 		return err
 	}
-	add := map[string]any{"driver": "nbd", "node-name": node, "export": u.Export, "server": u.QEMUServer()}
-	if local {
+	add := map[string]any{"driver": "nbd", "export": u.Export, "server": u.QEMUServer()}
+	h := live(ctx, d, qmp, node)
+	switch {
+	case local:
 		// The image is opened as a disk's is; its size is known once
 		// it is open.
-		add = blockdevArg(backend.Disk{Path: t.Path, Format: t.Format})
-		add["node-name"] = node
+		add, err = blockdevFor(h, backend.Disk{Device: device, Path: t.Path, Format: t.Format})
+	case h != nil:
+		add, err = handedNode(h, t.URI, false, diskOpaque(device))
 	}
-	if err := qmp.Execute(ctx, "blockdev-add", add, nil); err != nil {
+	if err == nil {
+		add["node-name"] = node
+		err = qmp.Execute(ctx, "blockdev-add", add, nil)
+	}
+	if err != nil {
 		return mirrorFailed(disk, fmt.Errorf("opening the target: %w", err))
 	}
 	if local {
@@ -453,6 +460,8 @@ func (q *QEMU) CompleteMirror(ctx context.Context, uuid, device string, pivot bo
 		switch {
 		case known && tg.URI == "" && tg.Path != "":
 			jl.Disks[i].Path, jl.Disks[i].Format = tg.Path, blockdevArg(backend.Disk{Format: tg.Format})["driver"].(string)
+		case known && tg.URI != "":
+			jl.Disks[i].Path, jl.Disks[i].Format = tg.URI, "raw"
 		default:
 			jl.Disks[i].Format = "raw"
 			jl.Disks[i].Path = targetURI(ctx, qmp, target, jl.Disks[i].Path)

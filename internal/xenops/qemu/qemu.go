@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -61,6 +62,14 @@ type Config struct {
 	// daemon runs one; nil makes them through netlink in the daemon's
 	// own namespace, on bridges that exist there.
 	Taps Taps
+	// Deprivilege is "auto" (default: jail each emulator when the daemon
+	// runs as root, jail.go), "on" (the same, and refuse to run without
+	// root) or "off" (emulators run as the daemon's user, unsandboxed).
+	Deprivilege string
+	// UserBase and Users are the user ids reserved for jailed emulators
+	// (default DefaultUserBase and DefaultUsers); no other user of the
+	// host may have one of them.
+	UserBase, Users int
 }
 
 // QEMU runs one qemu-system-x86_64 process per domain and drives it over
@@ -82,6 +91,9 @@ type QEMU struct {
 	// auto is what Accel "auto" resolved to at start-up, autoReason why
 	// (see detectAccel).
 	auto, autoReason string
+
+	// jailOn says whether new domains' emulators are jailed (jail.go).
+	jailOn bool
 
 	// hostTaps makes taps when Config.Taps is nil (qemu_net.go).
 	hostTaps *hostTaps
@@ -115,6 +127,8 @@ type qemuJournal struct {
 	// cleared by MarkComplete: a restarted daemon finds such a domain
 	// paused and leaves the decision to the manager (DomainInfo.Received).
 	Received bool `json:",omitempty"`
+	// Jail is set for a domain whose emulator is jailed (jail.go).
+	Jail *jail `json:",omitempty"`
 }
 
 type qemuDomain struct {
@@ -180,6 +194,9 @@ func New(cfg Config, log *slog.Logger) (*QEMU, error) {
 		return nil, err
 	}
 	q := &QEMU{cfg: cfg, log: log, doms: map[string]*qemuDomain{}, nextDomid: 1, stop: make(chan struct{}), hostTaps: &hostTaps{}}
+	if err := q.decideJail(); err != nil {
+		return nil, err
+	}
 	q.detectAccel()
 	ents, err := os.ReadDir(cfg.StateDir)
 	if err != nil {
@@ -199,7 +216,7 @@ func New(cfg Config, log *slog.Logger) (*QEMU, error) {
 			log.Warn("qemu: unreadable domain journal", "dir", e.Name(), "err", err)
 			continue
 		}
-		if err := checkJournal(&d.j, cfg.StateDir, e.Name()); err != nil {
+		if err := q.checkJournal(&d.j, e.Name()); err != nil {
 			// Not ours as written: neither managed nor cleaned up.
 			log.Warn("qemu: domain journal refused", "dir", e.Name(), "err", err)
 			continue
@@ -351,8 +368,8 @@ func (q *QEMU) save(d *qemuDomain) error {
 // that directory, its sockets there or in a socket directory of ours,
 // its taps named as setupNIC names them. Destroy removes what a journal
 // names, so a journal must not be able to name anything else.
-func checkJournal(j *qemuJournal, stateDir, name string) error {
-	dir, err := backend.EntryPath(stateDir, name, "")
+func (q *QEMU) checkJournal(j *qemuJournal, name string) error {
+	dir, err := backend.EntryPath(q.cfg.StateDir, name, "")
 	if err != nil {
 		return err
 	}
@@ -372,6 +389,11 @@ func checkJournal(j *qemuJournal, stateDir, name string) error {
 	for _, n := range j.NICs {
 		if n.Tap != "" && !tapNamePattern.MatchString(n.Tap) {
 			return fmt.Errorf("tap %q", n.Tap)
+		}
+	}
+	if jl := j.Jail; jl != nil {
+		if !q.inRange(jl.UID) || jl.Dir != "" && !isProcFd(jl.Dir) || jl.SockDir != "" && !isProcFd(jl.SockDir) {
+			return fmt.Errorf("jail %d %q %q", jl.UID, jl.Dir, jl.SockDir)
 		}
 	}
 	return nil
@@ -442,10 +464,19 @@ func (q *QEMU) Create(ctx context.Context, spec *backend.Spec) (int64, error) {
 	domid := q.nextDomid
 	q.nextDomid++
 	d := &qemuDomain{state: backend.DomainBuilding, exited: make(chan struct{}), vcpus: spec.VCPUs, memory: spec.Target}
+	var jl *jail
+	if q.jailOn {
+		uid, err := q.allocUID()
+		if err != nil {
+			q.mu.Unlock()
+			return 0, err
+		}
+		jl = &jail{UID: uid}
+	}
 	sd := q.sockDir(dir, spec.UUID)
 	d.j = qemuJournal{UUID: spec.UUID, Domid: domid, Spec: *spec, Accel: accel, Dir: dir,
 		QMPPath: filepath.Join(sd, "qmp.sock"), VNCPath: filepath.Join(sd, "vnc.sock"), SerialPath: filepath.Join(sd, "serial.sock"),
-		LogPath: filepath.Join(dir, "qemu.log"), HotCPUs: spec.HotCPUs}
+		LogPath: filepath.Join(dir, "qemu.log"), HotCPUs: spec.HotCPUs, Jail: jl}
 	q.doms[spec.UUID] = d
 	q.mu.Unlock()
 	fail := func(err error) (int64, error) {
@@ -464,6 +495,11 @@ func (q *QEMU) Create(ctx context.Context, spec *backend.Spec) (int64, error) {
 	}
 	if err := os.MkdirAll(sd, 0o700); err != nil {
 		return fail(err)
+	}
+	if jl != nil {
+		if err := ownDirs(jl.UID, dir, sd); err != nil {
+			return fail(err)
+		}
 	}
 	if err := q.save(d); err != nil {
 		return fail(err)
@@ -506,6 +542,18 @@ func (q *QEMU) Build(ctx context.Context, uuid string) error {
 			}
 		}
 	}
+	if jl := d.j.Jail; jl != nil {
+		// QEMU's loader opens a direct boot's files by name: they are
+		// copied to where the emulator's user can read them.
+		for _, f := range []struct{ src, name string }{{s.Kernel, "kernel"}, {s.Ramdisk, "initrd"}} {
+			if f.src == "" {
+				continue
+			}
+			if _, err := copyOwned(f.src, d.j.Dir, f.name, jl.UID); err != nil {
+				return xerr.New(xerr.BootloaderFailed, s.VMRef, f.name+": "+err.Error())
+			}
+		}
+	}
 	return nil
 }
 
@@ -535,15 +583,43 @@ func (q *QEMU) StartDeviceModel(ctx context.Context, uuid string) error {
 		return err
 	}
 	d.mu.Lock()
-	argv, err := q.qemuArgv(&d.j)
-	if err != nil {
-		d.mu.Unlock()
-		return err
-	}
-	d.j.Argv = argv
 	j := d.j
 	d.mu.Unlock()
 	vm := j.Spec.VMRef
+	// What QEMU inherits: a resume's image first (fd 3, -incoming fd:3),
+	// then a jailed domain's directories, images and taps.
+	h := &startHandoff{}
+	defer h.close()
+	if j.Spec.RestoreFrom != "" {
+		img, _, err := backend.OpenImageStream(j.Spec.RestoreFrom, backend.RecQEMU)
+		if err != nil {
+			q.log.Warn("qemu: unusable suspend image", "vm", j.UUID, "err", err)
+			return xerr.New(xerr.SuspendImageNotAccessible, j.Spec.RestoreFrom)
+		}
+		h.add(img)
+	}
+	var hand handoff
+	if jl := j.Jail; jl != nil {
+		names := *jl
+		if names.Dir, err = h.dir(j.Dir); err != nil {
+			return err
+		}
+		names.SockDir = names.Dir
+		if sd := filepath.Dir(j.QMPPath); sd != j.Dir {
+			if names.SockDir, err = h.dir(sd); err != nil {
+				return err
+			}
+		}
+		j.Jail, hand = &names, h
+	}
+	argv, err := q.qemuArgv(&j, hand)
+	if err != nil {
+		return err
+	}
+	argv = append(h.args, argv...)
+	d.mu.Lock()
+	d.j.Argv, d.j.Jail = argv, j.Jail
+	d.mu.Unlock()
 	logf, err := os.OpenFile(j.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
@@ -557,16 +633,11 @@ func (q *QEMU) StartDeviceModel(ctx context.Context, uuid string) error {
 	if q.cfg.ProcessGroup > 0 {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pgid: q.cfg.ProcessGroup}
 	}
-	if j.Spec.RestoreFrom != "" {
-		img, _, err := backend.OpenImageStream(j.Spec.RestoreFrom, backend.RecQEMU)
-		if err != nil {
-			_ = logf.Close()
-			q.log.Warn("qemu: unusable suspend image", "vm", j.UUID, "err", err)
-			return xerr.New(xerr.SuspendImageNotAccessible, j.Spec.RestoreFrom)
-		}
-		defer func(c func() error) { _ = c() }(img.Close)
-		cmd.ExtraFiles = []*os.File{img}
+	if j.Jail != nil {
+		cmd.SysProcAttr.Credential = q.credential(&j)
+		cmd.Dir = "/"
 	}
+	cmd.ExtraFiles = h.files
 	err = cmd.Start()
 	_ = logf.Close()
 	if err != nil {
@@ -906,7 +977,7 @@ func (q *QEMU) Suspend(ctx context.Context, uuid, path string, progress func(flo
 		return err
 	}
 	// QEMU gets the same open file, positioned after the header.
-	if err := qmp.ExecuteFD(ctx, "getfd", map[string]any{"fdname": "suspend"}, int(f.Fd())); err != nil {
+	if err := qmp.ExecuteFD(ctx, "getfd", map[string]any{"fdname": "suspend"}, int(f.Fd()), nil); err != nil {
 		return err
 	}
 	if wasRunning {
@@ -1152,13 +1223,19 @@ func (q *QEMU) PlugDisk(ctx context.Context, uuid string, disk backend.Disk) err
 		return xerr.New(xerr.OperationNotAllowed, "IDE disks cannot be hot-plugged")
 	}
 	if disk.Path != "" {
-		if err := qmp.Execute(ctx, "blockdev-add", blockdevArg(disk), nil); err != nil {
+		bd, err := blockdevFor(live(ctx, d, qmp, devID(disk.Device)), disk)
+		if err == nil {
+			err = qmp.Execute(ctx, "blockdev-add", bd, nil)
+		}
+		if err != nil {
+			dropFdsets(context.WithoutCancel(ctx), qmp, diskOpaque(disk.Device), "")
 			return err
 		}
 	}
 	if err := qmp.Execute(ctx, "device_add", dev, nil); err != nil {
 		if disk.Path != "" {
 			dropBlockNode(context.Background(), qmp, nodeName(disk.Device))
+			dropFdsets(context.Background(), qmp, diskOpaque(disk.Device), "")
 		}
 		return err
 	}
@@ -1191,6 +1268,7 @@ func (q *QEMU) UnplugDisk(ctx context.Context, uuid, device string, force bool) 
 			dropBlockNode(ctx, qmp, disk.Overlays[i])
 		}
 		dropBlockNode(ctx, qmp, nodeName(device))
+		dropFdsets(ctx, qmp, diskOpaque(device), "")
 	}
 	if !ok {
 		q.log.Warn("qemu: forced unplug; the guest still holds the device until it reboots", "vm", uuid, "device", device)
@@ -1208,6 +1286,7 @@ func (q *QEMU) ChangeMedium(ctx context.Context, uuid string, disk backend.Disk)
 	if err != nil {
 		return err
 	}
+	name := ""
 	if disk.Path == "" {
 		err = qmp.Execute(ctx, "eject", map[string]any{"id": devID(disk.Device), "force": true}, nil)
 	} else {
@@ -1215,12 +1294,27 @@ func (q *QEMU) ChangeMedium(ctx context.Context, uuid string, disk backend.Disk)
 		if format == "" {
 			format = "raw"
 		}
+		name = disk.Path
+		if h := live(ctx, d, qmp, devID(disk.Device)); h != nil {
+			var fs []*os.File
+			if fs, err = openImage(disk.Path, true); err != nil {
+				return err
+			}
+			if name, err = h.fdset(fs, diskOpaque(disk.Device)); err != nil {
+				return err
+			}
+		}
 		err = qmp.Execute(ctx, "blockdev-change-medium", map[string]any{
-			"id": devID(disk.Device), "filename": disk.Path, "format": format, "read-only-mode": "read-only"}, nil)
+			"id": devID(disk.Device), "filename": name, "format": format, "read-only-mode": "read-only"}, nil)
 	}
+	// The old medium's descriptors go (or the new one's, if it failed).
 	if err != nil {
+		if strings.HasPrefix(name, "/dev/fdset/") {
+			dropFdsets(context.WithoutCancel(ctx), qmp, diskOpaque(disk.Device), "")
+		}
 		return err
 	}
+	dropFdsets(ctx, qmp, diskOpaque(disk.Device), name)
 	return q.record(d, func(j *qemuJournal) {
 		if i := j.diskIndex(disk.Device); i >= 0 {
 			j.Disks[i] = disk
@@ -1249,7 +1343,13 @@ func (q *QEMU) LiveSnapshot(ctx context.Context, uuid, device, path, format stri
 	if format == "" {
 		format = "qcow2"
 	}
-	args := map[string]any{"driver": format, "node-name": node, "backing": nil, "file": protocolNode(path, false)}
+	file := protocolNode(path, false)
+	if h := live(ctx, d, qmp, node); h != nil {
+		if file, err = handedNode(h, path, false, diskOpaque(device)); err != nil {
+			return err
+		}
+	}
+	args := map[string]any{"driver": format, "node-name": node, "backing": nil, "file": file}
 	if err := qmp.Execute(ctx, "blockdev-add", args, nil); err != nil {
 		return err
 	}
@@ -1274,7 +1374,11 @@ func (q *QEMU) PlugNIC(ctx context.Context, uuid string, n backend.NIC) error {
 	if err := q.setupNIC(ctx, d, &n); err != nil {
 		return err
 	}
-	nd := netdevArg(n)
+	nd, err := netdevFor(live(ctx, d, qmp, netID(n.Device)), n)
+	if err != nil {
+		q.forgetNIC(d, n.Device)
+		return err
+	}
 	if nd == nil {
 		return nil
 	}

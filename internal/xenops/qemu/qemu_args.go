@@ -145,13 +145,18 @@ func netdevArg(n backend.NIC) map[string]any {
 
 // qemuArgv is the emulator's command line for a domain: the machine and
 // its fixed devices, what the platform keys choose, firmware and direct
-// kernel boot, then the domain's disks, NICs and hot-added VCPUs.
-func (q *QEMU) qemuArgv(j *qemuJournal) ([]string, error) {
+// kernel boot, then the domain's disks, NICs and hot-added VCPUs. For a
+// jailed domain (jail.go), h hands over what lies outside its directory.
+func (q *QEMU) qemuArgv(j *qemuJournal, h handoff) ([]string, error) {
 	s := &j.Spec
 	a := q.machineArgs(j)
 	a = append(a, platformArgs(s)...)
-	a = append(a, q.bootArgs(j)...)
-	devs, err := deviceArgs(j)
+	boot, err := q.bootArgs(j, h)
+	if err != nil {
+		return nil, err
+	}
+	a = append(a, boot...)
+	devs, err := deviceArgs(j, h)
 	if err != nil {
 		return nil, err
 	}
@@ -190,7 +195,7 @@ func (q *QEMU) machineArgs(j *qemuJournal) []string {
 	if cps, err := strconv.Atoi(s.Platform["cores-per-socket"]); err == nil && cps > 0 && maxcpus%cps == 0 {
 		smp += fmt.Sprintf(",sockets=%d,cores=%d,threads=1", maxcpus/cps, cps)
 	}
-	return []string{
+	a := []string{
 		"-name", "guest=" + optEscape(s.Name) + ",debug-threads=on",
 		"-uuid", s.UUID,
 		"-machine", mopts,
@@ -201,15 +206,20 @@ func (q *QEMU) machineArgs(j *qemuJournal) []string {
 		"-no-shutdown", "-no-reboot",
 		"-msg", "timestamp=on",
 		"-display", "none",
-		"-qmp", "unix:" + optEscape(j.QMPPath) + ",server=on,wait=off",
-		"-vnc", "unix:" + optEscape(j.VNCPath),
-		"-chardev", "socket,id=serial0,path=" + optEscape(j.SerialPath) + ",server=on,wait=off",
+		"-qmp", "unix:" + optEscape(jailPath(j, j.QMPPath)) + ",server=on,wait=off",
+		"-vnc", "unix:" + optEscape(jailPath(j, j.VNCPath)),
+		"-chardev", "socket,id=serial0,path=" + optEscape(jailPath(j, j.SerialPath)) + ",server=on,wait=off",
 		"-serial", "chardev:serial0",
-		"-pidfile", j.Dir + "/qemu.pid",
 		"-smbios", "type=1,uuid=" + s.UUID,
 		"-device", "virtio-balloon-pci,id=balloon0,addr=0x3",
 		"-device", "pvpanic",
 	}
+	if j.Jail != nil {
+		// QEMU resolves a pid file's directory by its full path, which a
+		// jailed emulator may not search: the daemon knows the pid anyway.
+		return append(a, sandboxArgs...)
+	}
+	return append(a, "-pidfile", j.Dir+"/qemu.pid")
 }
 
 // platformArgs are what the platform keys timeoffset, vga and usb choose.
@@ -235,29 +245,48 @@ func platformArgs(s *backend.Spec) []string {
 
 // bootArgs are the UEFI firmware and its variable store, and a direct
 // kernel boot's kernel, initrd and command line.
-func (q *QEMU) bootArgs(j *qemuJournal) []string {
+func (q *QEMU) bootArgs(j *qemuJournal, h handoff) ([]string, error) {
 	s := &j.Spec
 	var a []string
 	if s.Firmware == "uefi" {
+		code, vars := q.cfg.OVMFCode, j.Dir+"/OVMF_VARS.fd"
+		if h != nil {
+			for _, f := range []struct {
+				path *string
+				ro   bool
+			}{{&code, true}, {&vars, false}} {
+				fs, err := openImage(*f.path, f.ro)
+				if err != nil {
+					return nil, xerr.New(xerr.FailedToStartEmulator, s.VMRef, "qemu", "UEFI firmware: "+err.Error())
+				}
+				if *f.path, err = h.fdset(fs, "firmware"); err != nil {
+					return nil, err
+				}
+			}
+		}
 		a = append(a,
-			"-drive", "if=pflash,format=raw,unit=0,readonly=on,file="+optEscape(q.cfg.OVMFCode),
-			"-drive", "if=pflash,format=raw,unit=1,file="+optEscape(j.Dir+"/OVMF_VARS.fd"))
+			"-drive", "if=pflash,format=raw,unit=0,readonly=on,file="+optEscape(code),
+			"-drive", "if=pflash,format=raw,unit=1,file="+optEscape(vars))
 	}
 	if s.Kernel != "" {
-		a = append(a, "-kernel", s.Kernel)
+		kernel, initrd := s.Kernel, s.Ramdisk
+		if j.Jail != nil { // copied by Build
+			kernel, initrd = jailPath(j, j.Dir+"/kernel"), jailPath(j, j.Dir+"/initrd")
+		}
+		a = append(a, "-kernel", kernel)
 		if s.Ramdisk != "" {
-			a = append(a, "-initrd", s.Ramdisk)
+			a = append(a, "-initrd", initrd)
 		}
 		if s.Cmdline != "" {
 			a = append(a, "-append", s.Cmdline)
 		}
 	}
-	return a
+	return a, nil
 }
 
 // deviceArgs are the domain's disks, NICs and hot-added VCPUs, the disks
 // and NICs with their boot order.
-func deviceArgs(j *qemuJournal) ([]string, error) {
+func deviceArgs(j *qemuJournal, h handoff) ([]string, error) {
 	s := &j.Spec
 	var a []string
 	// Boot order by bootindex: BIOS order letters c (disk), d (CD), n
@@ -266,7 +295,11 @@ func deviceArgs(j *qemuJournal) ([]string, error) {
 	diskBus := s.Platform["disk-bus"]
 	for _, d := range j.Disks {
 		if d.Path != "" {
-			a = append(a, "-blockdev", jsonArg(blockdevArg(d)))
+			bd, err := blockdevFor(h, d)
+			if err != nil {
+				return nil, err
+			}
+			a = append(a, "-blockdev", jsonArg(bd))
 		}
 		dev, err := diskDevice(d, diskBus, boot["vbd"+d.Device])
 		if err != nil {
@@ -276,7 +309,10 @@ func deviceArgs(j *qemuJournal) ([]string, error) {
 	}
 	model := nicModel(s.Platform)
 	for _, n := range j.NICs {
-		nd := netdevArg(n)
+		nd, err := netdevFor(h, n)
+		if err != nil {
+			return nil, err
+		}
 		if nd == nil {
 			continue
 		}

@@ -159,8 +159,8 @@ func (q *QMP) Execute(ctx context.Context, cmd string, args any, out any) error 
 
 // ExecuteFD is Execute with a file descriptor passed alongside the
 // command (for getfd and add-fd).
-func (q *QMP) ExecuteFD(ctx context.Context, cmd string, args any, fd int) error {
-	return q.execute(ctx, cmd, args, nil, fd)
+func (q *QMP) ExecuteFD(ctx context.Context, cmd string, args any, fd int, out any) error {
+	return q.execute(ctx, cmd, args, out, fd)
 }
 
 func (q *QMP) execute(ctx context.Context, cmd string, args any, out any, fd int) error {

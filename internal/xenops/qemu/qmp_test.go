@@ -169,7 +169,7 @@ func TestQMPClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer file.Close()
-	if err := q.ExecuteFD(ctx, "getfd", map[string]any{"fdname": "x"}, int(file.Fd())); err != nil {
+	if err := q.ExecuteFD(ctx, "getfd", map[string]any{"fdname": "x"}, int(file.Fd()), nil); err != nil {
 		t.Fatal(err)
 	}
 	select {
