@@ -223,7 +223,10 @@ func (p *Pool) readd(m member) error {
 	if err := rf.AddNonvoter(raft.ServerID(m.UUID), raft.ServerAddress(m.Address), 0, 30*time.Second).Error(); err != nil {
 		return err
 	}
-	return p.balanceVoters()
+	// A voter again once it has shown it is live and caught up
+	// (voters.go): keepVoters checks it from now on.
+	p.kickVoters()
+	return nil
 }
 
 // serveRejoin: the coordinator tells this host to start again from its

@@ -1,11 +1,14 @@
 package pool
 
-import "toolstackd/internal/db"
+import (
+	"toolstackd/internal/db"
+	"toolstackd/internal/schema"
+)
 
 // The pieces of pool.join that internal/poolfarm, the test tool that runs
 // many light simulated hosts in one process, uses to join a real
-// coordinator exactly as a real host does. Nothing in the daemon uses
-// them.
+// coordinator exactly as a real host does (and the pool tests, to send a
+// coordinator joins no real host would). Nothing in the daemon uses them.
 
 // JoinPath is the coordinator's endpoint of pool.join (POST, with the
 // coordinator's pool-admin credentials as basic authorization and a
@@ -22,3 +25,7 @@ type JoinReply = joinReply
 // metrics, CPUs, local storage and control domain), read from snap, whose
 // host row is self.
 func OwnRows(snap db.Reader, self string) []*db.Row { return ownRows(snap, self) }
+
+// OwnVersions are the XenAPI and database schema versions a host of this
+// toolstackd, with the datamodel m, names in its JoinRequest.
+func OwnVersions(m *schema.Model) (apiVer, dbSchema *Version) { return apiVersion(), schemaVersion(m) }

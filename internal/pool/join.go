@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -38,14 +39,22 @@ type joinRequest struct {
 	Rows    []byte `json:"rows"`    // its own rows (replica.EncodeRows)
 	// Cert is its certificate (PEM) when it speaks TLS: the pool pins it.
 	Cert string `json:"cert,omitempty"`
+	// APIVersion and DBSchema are its XenAPI and database schema
+	// versions: the coordinator admits its own only (joincheck.go).
+	APIVersion *Version `json:"api_version,omitempty"`
+	DBSchema   *Version `json:"db_schema,omitempty"`
 }
 
 // joinReply is the coordinator's answer: the secret and the raft index
-// the joiner must reach, or a XenAPI error (code, then parameters).
+// the joiner must reach, or a XenAPI error (code, then parameters). To a
+// GET it is the coordinator's versions (or an error): what the joiner
+// checks before it sends its own request.
 type joinReply struct {
-	Secret string   `json:"secret,omitempty"`
-	Index  uint64   `json:"index,omitempty"`
-	Error  []string `json:"error,omitempty"`
+	Secret     string   `json:"secret,omitempty"`
+	Index      uint64   `json:"index,omitempty"`
+	Error      []string `json:"error,omitempty"`
+	APIVersion *Version `json:"api_version,omitempty"`
+	DBSchema   *Version `json:"db_schema,omitempty"`
 }
 
 // join is pool.join, on the joining host.
@@ -69,8 +78,20 @@ func (p *Pool) join(c *api.Call, a dm.PoolJoinArgs) (dm.Void, error) {
 	if err != nil {
 		return dm.Void{}, err
 	}
+	ctx, cancel := context.WithTimeout(c.Ctx, joinTimeout)
+	defer cancel()
+	// Nothing is pinned yet: the coordinator's certificate is taken on
+	// this first contact and trusted alone until the pool's database,
+	// with the pool's certificates, arrives.
+	first, seen := p.firstContact()
+	// The coordinator's versions first: a pool this host cannot be part
+	// of gets nothing of this host's.
+	if err := p.checkMasterVersions(ctx, first, master, a.MasterUsername, a.MasterPassword); err != nil {
+		return dm.Void{}, err
+	}
 	req := joinRequest{UUID: p.cfg.HostUUID, Address: p.Advertised(),
-		Rows: replica.EncodeRows(ownRows(snap, p.cfg.Server.Cfg.HostRef))}
+		Rows:       replica.EncodeRows(ownRows(snap, p.cfg.Server.Cfg.HostRef)),
+		APIVersion: apiVersion(), DBSchema: schemaVersion(p.cfg.Server.Model)}
 	if own := p.ownCert(); own != nil {
 		req.Cert = certPEM(own)
 	}
@@ -78,32 +99,12 @@ func (p *Pool) join(c *api.Call, a dm.PoolJoinArgs) (dm.Void, error) {
 	if err != nil {
 		return dm.Void{}, err
 	}
-	ctx, cancel := context.WithTimeout(c.Ctx, joinTimeout)
-	defer cancel()
-	hreq, err := p.request(ctx, master, joinPath, "application/json", body)
-	if err != nil {
-		return dm.Void{}, err
-	}
-	// The coordinator checks its own credentials, as xapi's join logs in
-	// to the master with them (over TLS where the hosts serve HTTPS).
-	hreq.SetBasicAuth(a.MasterUsername, a.MasterPassword)
-	// Nothing is pinned yet: the coordinator's certificate is taken on
-	// this first contact and trusted alone until the pool's database,
-	// with the pool's certificates, arrives.
-	first, seen := p.firstContact()
-	resp, err := first.Do(hreq)
-	if err != nil {
-		p.log.Warn("pool.join: cannot reach the master", "master", master, "err", err)
-		return dm.Void{}, xerr.New(xerr.JoiningHostConnectionFailed)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	var reply joinReply
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&reply); err != nil {
-		p.log.Warn("pool.join: the master's answer is not one", "master", master, "status", resp.Status, "err", err)
+	reply, err := p.askMaster(ctx, first, master, http.MethodPost, body, a.MasterUsername, a.MasterPassword)
+	if errors.Is(err, errNoAnswer) {
 		return dm.Void{}, xerr.New(xerr.JoiningHostServiceFailed)
 	}
-	if len(reply.Error) > 0 {
-		return dm.Void{}, xerr.New(reply.Error[0], reply.Error[1:]...)
+	if err != nil {
+		return dm.Void{}, err
 	}
 	if err := p.secrets.Set(reply.Secret); err != nil {
 		return dm.Void{}, err
@@ -125,8 +126,72 @@ func (p *Pool) join(c *api.Call, a dm.PoolJoinArgs) (dm.Void, error) {
 		p.log.Warn("pool.join: the coordinator's certificate is not pinned in the pool's database: this host will not accept it",
 			"coordinator", master, "fingerprint", fp)
 	}
+	// This host holds the pool's database: the coordinator may now check
+	// that it is live and make it a voter (voters.go). The join is done
+	// either way; a member that is not a voter yet is made one later.
+	p.announceJoined(ctx)
 	p.log.Info("joined the pool", "coordinator", master)
 	return dm.Void{}, nil
+}
+
+// askMaster sends a join's request (method with body) to the coordinator
+// at master over the first-contact client, with the coordinator's
+// credentials, and returns its answer; an error it answers is returned
+// as that error.
+func (p *Pool) askMaster(ctx context.Context, first *http.Client, master, method string, body []byte, user, pw string) (joinReply, error) {
+	var reply joinReply
+	hreq, err := http.NewRequestWithContext(ctx, method, joinPath, bytes.NewReader(body))
+	if err != nil {
+		return reply, err
+	}
+	if body != nil {
+		hreq.Header.Set("Content-Type", "application/json")
+	}
+	p.toPeer(hreq, master)
+	// The coordinator checks its own credentials, as xapi's join logs in
+	// to the master with them (over TLS where the hosts serve HTTPS).
+	hreq.SetBasicAuth(user, pw)
+	resp, err := first.Do(hreq)
+	if err != nil {
+		p.log.Warn("pool.join: cannot reach the master", "master", master, "err", err)
+		return reply, xerr.New(xerr.JoiningHostConnectionFailed)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&reply); err != nil {
+		p.log.Warn("pool.join: the master's answer is not one", "master", master, "method", method, "status", resp.Status, "err", err)
+		return reply, errNoAnswer
+	}
+	if len(reply.Error) > 0 {
+		return reply, xerr.New(reply.Error[0], reply.Error[1:]...)
+	}
+	return reply, nil
+}
+
+// errNoAnswer: the master's answer to a join's request is not one.
+var errNoAnswer = errors.New("pool: the master's answer is not a join's answer")
+
+// checkMasterVersions asks the coordinator at master for its versions
+// and refuses to join a pool whose API or schema version is not this
+// host's. A coordinator that does not say (a toolstackd from before
+// versions were checked, or no toolstackd) is left to the join request
+// itself, which carries this host's versions; a coordinator that refuses
+// the credentials or is a member is refused here, before this host sends
+// its own request.
+func (p *Pool) checkMasterVersions(ctx context.Context, first *http.Client, master, user, pw string) error {
+	reply, err := p.askMaster(ctx, first, master, http.MethodGet, nil, user, pw)
+	switch {
+	case errors.Is(err, errNoAnswer):
+		return nil
+	case err != nil:
+		return err
+	case reply.APIVersion == nil && reply.DBSchema == nil:
+		return nil
+	}
+	if err := checkVersions(apiVersion(), schemaVersion(p.cfg.Server.Model), reply.APIVersion, reply.DBSchema); err != nil {
+		p.log.Warn("pool.join: the master runs other versions than this host", "master", master, "err", err)
+		return err
+	}
+	return nil
 }
 
 // masterAddress is "ip:port" for pool.join's master_address, which may
@@ -312,7 +377,8 @@ func mergeNetworks(snap db.Reader, rows []replica.Row) []replica.Row {
 	return out
 }
 
-// serveJoin is the coordinator's side of pool.join.
+// serveJoin is the coordinator's side of pool.join: to a GET, its
+// versions; to a POST, the join itself.
 func (p *Pool) serveJoin(w http.ResponseWriter, r *http.Request) {
 	reply := func(rep joinReply) {
 		w.Header().Set("Content-Type", "application/json")
@@ -329,10 +395,15 @@ func (p *Pool) serveJoin(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(api.WithOrigin(r.Context(), api.Origin{Remote: r.RemoteAddr}), joinTimeout)
 	defer cancel()
-	// Credentials first: nobody else gets a byte of the body read.
+	// Credentials first: nobody else gets a byte of the body read, nor
+	// the versions.
 	user, pw, _ := r.BasicAuth()
 	if err := p.cfg.Server.CheckPoolAdmin(ctx, user, pw); err != nil {
 		fail(err)
+		return
+	}
+	if r.Method == http.MethodGet {
+		reply(joinReply{APIVersion: apiVersion(), DBSchema: schemaVersion(p.cfg.Server.Model)})
 		return
 	}
 	var req joinRequest
@@ -353,6 +424,10 @@ func (p *Pool) serveJoin(w http.ResponseWriter, r *http.Request) {
 // admit brings a joining host into the pool: its rows into the database,
 // itself into raft. It returns the raft index the joiner must reach.
 func (p *Pool) admit(ctx context.Context, req joinRequest) (uint64, error) {
+	// Versions first: rows of another schema are not read at all.
+	if err := checkVersions(req.APIVersion, req.DBSchema, apiVersion(), schemaVersion(p.cfg.Server.Model)); err != nil {
+		return 0, err
+	}
 	if _, err := uuid.Parse(req.UUID); err != nil || len(req.UUID) != 36 || req.UUID == p.cfg.HostUUID {
 		return 0, xerr.New(xerr.InvalidValue, "uuid", req.UUID)
 	}
@@ -408,11 +483,12 @@ func (p *Pool) admit(ctx context.Context, req joinRequest) (uint64, error) {
 		return 0, err
 	}
 	rf := p.cfg.Repl.Raft()
+	// A non-voter until it has shown it is a live toolstackd (voters.go):
+	// the joiner says when it holds the pool's database (it cannot
+	// before it has this answer), and the coordinator looks for itself
+	// at its next sweep.
 	if err := rf.AddNonvoter(raft.ServerID(req.UUID), raft.ServerAddress(req.Address), 0, 30*time.Second).Error(); err != nil {
 		return 0, fmt.Errorf("adding the host to raft: %w", err)
-	}
-	if err := p.balanceVoters(); err != nil {
-		p.log.Warn("could not rebalance the pool's voters", "err", err)
 	}
 	if err := rf.Barrier(30 * time.Second).Error(); err != nil {
 		return 0, err
@@ -448,44 +524,6 @@ func (p *Pool) becomePool(ctx context.Context) error {
 		return fmt.Errorf("pool: the first snapshot: %w", err)
 	}
 	p.log.Info("this host is now the coordinator of a pool")
-	return nil
-}
-
-// balanceVoters promotes or demotes members until the pool has the
-// largest odd number of voters its size allows, up to MaxVoters (an even
-// number of voters tolerates no more failures than one fewer, and needs
-// one more answer for every write). The coordinator itself stays a voter.
-func (p *Pool) balanceVoters() error {
-	rf := p.cfg.Repl.Raft()
-	f := rf.GetConfiguration()
-	if err := f.Error(); err != nil {
-		return err
-	}
-	servers := f.Configuration().Servers
-	want := min(len(servers), MaxVoters)
-	if want%2 == 0 {
-		want--
-	}
-	voters := 0
-	for _, s := range servers {
-		if s.Suffrage == raft.Voter {
-			voters++
-		}
-	}
-	for _, s := range servers {
-		switch {
-		case voters < want && s.Suffrage == raft.Nonvoter:
-			if err := rf.AddVoter(s.ID, s.Address, 0, 30*time.Second).Error(); err != nil {
-				return err
-			}
-			voters++
-		case voters > want && s.Suffrage == raft.Voter && string(s.ID) != p.cfg.HostUUID:
-			if err := rf.DemoteVoter(s.ID, 0, 30*time.Second).Error(); err != nil {
-				return err
-			}
-			voters--
-		}
-	}
 	return nil
 }
 
@@ -540,6 +578,12 @@ func (p *Pool) transferTo(id string) error {
 			continue
 		}
 		if s.Suffrage != raft.Voter {
+			// Only a host that shows it is live gets a vote: a host
+			// that does not could not take the pool over anyway.
+			if err := p.proveLive(context.Background(), s); err != nil {
+				p.log.Warn("pool.designate_new_master: the host has not shown it is a live toolstackd", "host", id, "err", err)
+				return xerr.New(xerr.HostOffline, id)
+			}
 			if err := rf.AddVoter(s.ID, s.Address, 0, 30*time.Second).Error(); err != nil {
 				return err
 			}

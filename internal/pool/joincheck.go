@@ -1,6 +1,9 @@
 package pool
 
 import (
+	"fmt"
+
+	"toolstackd/internal/api"
 	dm "toolstackd/internal/api/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/pool/replica"
@@ -12,6 +15,16 @@ import (
 // administrator's password until it has joined, and what it sends is
 // hostile input.
 //
+//   - It runs the XenAPI version (host.API_version_major/minor) and the
+//     database schema version of the coordinator: rows of another schema
+//     are not this pool's rows, and a host of another API version would
+//     answer the pool's calls otherwise. A mismatch is refused with
+//     xapi's POOL_JOINING_HOST_MUST_HAVE_SAME_API_VERSION or
+//     POOL_JOINING_HOST_MUST_HAVE_SAME_DB_SCHEMA [joiner's, coordinator's]
+//     (each "major.minor", "" when the joiner did not say), before its
+//     rows are read. The joiner asks the coordinator for its versions
+//     first and refuses itself, with the same errors, before it sends
+//     anything of its own.
 //   - It names a uuid and an address no host of the pool has: a joiner
 //     cannot take a member's place in raft.
 //   - Its rows are its own objects only, each new to the pool: its host
@@ -21,6 +34,45 @@ import (
 //     row that names an object of the pool's, or of another host, or that
 //     would overwrite a row the pool has, is refused whole: the
 //     coordinator makes the joiner's rows, and none other.
+
+// Version is a major.minor version pair: the XenAPI's or the database
+// schema's.
+type Version struct {
+	Major int64 `json:"major"`
+	Minor int64 `json:"minor"`
+}
+
+// String is the version as xapi's join errors name it, "major.minor";
+// "" for none.
+func (v *Version) String() string {
+	if v == nil {
+		return ""
+	}
+	return fmt.Sprintf("%d.%d", v.Major, v.Minor)
+}
+
+// apiVersion is this toolstackd's XenAPI version, as its host record's
+// API_version_major and API_version_minor say.
+func apiVersion() *Version { return &Version{Major: api.APIVersionMajor, Minor: api.APIVersionMinor} }
+
+// schemaVersion is the database schema version of model m.
+func schemaVersion(m *schema.Model) *Version {
+	return &Version{Major: int64(m.SchemaMajor), Minor: int64(m.SchemaMinor)}
+}
+
+// checkVersions refuses a joiner whose API version (joinerAPI) or schema
+// version (joinerSchema) is not the coordinator's (masterAPI,
+// masterSchema); a version not given is a mismatch.
+func checkVersions(joinerAPI, joinerSchema, masterAPI, masterSchema *Version) error {
+	same := func(a, b *Version) bool { return a != nil && b != nil && *a == *b }
+	if !same(joinerAPI, masterAPI) {
+		return xerr.New(xerr.PoolJoiningHostMustHaveSameAPIVersion, joinerAPI.String(), masterAPI.String())
+	}
+	if !same(joinerSchema, masterSchema) {
+		return xerr.New(xerr.PoolJoiningHostMustHaveSameDBSchema, joinerSchema.String(), masterSchema.String())
+	}
+	return nil
+}
 
 // checkJoiner refuses a joiner whose uuid or address is a host of the
 // pool already.

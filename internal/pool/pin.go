@@ -202,10 +202,10 @@ func (p *Pool) joinCert(s string) (*x509.Certificate, error) {
 	return cert, nil
 }
 
-// firstContact is the HTTP client of a join's one request to the
+// firstContact is the HTTP client of a join's requests to the
 // coordinator, which nothing pinned can check yet: it accepts the
-// certificate presented and seen() is its fingerprint afterwards. Without
-// TLS it is the pool's own client.
+// certificate presented first, and only that one afterwards, and seen()
+// is its fingerprint. Without TLS it is the pool's own client.
 func (p *Pool) firstContact() (client *http.Client, seen func() string) {
 	if p.cfg.TLS == nil {
 		return p.client, func() string { return "" }
@@ -216,9 +216,15 @@ func (p *Pool) firstContact() (client *http.Client, seen func() string) {
 		if len(cs.PeerCertificates) == 0 {
 			return errNotPinned
 		}
+		got := Fingerprint(cs.PeerCertificates[0].Raw)
 		mu.Lock()
-		fp = Fingerprint(cs.PeerCertificates[0].Raw)
-		mu.Unlock()
+		defer mu.Unlock()
+		// A join makes more than one connection (its versions, then the
+		// join itself): each must be to the coordinator first seen.
+		if fp != "" && fp != got {
+			return fmt.Errorf("%w: the coordinator presented %s, then %s", errNotPinned, fp, got)
+		}
+		fp = got
 		return nil
 	}
 	base, ok := p.client.Transport.(*http.Transport)

@@ -24,16 +24,20 @@
 //
 // # Joining
 //
-// pool.join runs on the joining host. It sends the coordinator, with the
-// coordinator's pool-admin credentials, its own rows (host, metrics, CPUs,
-// local storage, control domain). The coordinator — if it was a host
-// alone, it first makes a pool of itself: raft bootstrapped with one
-// voter and a snapshot of its whole database — writes those rows
-// through raft, adds the host to raft as a non-voter and promotes
-// members until the pool has the largest odd number of voters up to 5,
-// and answers with the pool secret. The joiner keeps the secret, starts
-// raft, and raft replaces its database with the pool's (the snapshot,
-// then the log); the same process goes on serving.
+// pool.join runs on the joining host. It asks the coordinator for its
+// XenAPI and database schema versions and goes on only when they are its
+// own; then it sends the coordinator, with the coordinator's pool-admin
+// credentials, its versions and its own rows (host, metrics, CPUs, local
+// storage, control domain). The coordinator — if it was a host alone, it
+// first makes a pool of itself: raft bootstrapped with one voter and a
+// snapshot of its whole database — checks the versions and the rows
+// (joincheck.go), writes the rows through raft, adds the host to raft as
+// a non-voter and answers with the pool secret. The joiner keeps the
+// secret, starts raft, and raft replaces its database with the pool's
+// (the snapshot, then the log); the same process goes on serving. Once
+// it holds the pool's database it tells the coordinator, which makes it
+// a voter, if the pool has fewer than the largest odd number of voters
+// up to 5, when it has shown it is a live toolstackd (voters.go).
 //
 // # Members
 //
@@ -146,6 +150,8 @@ type Pool struct {
 	watching  sync.WaitGroup
 
 	mig migrationState // live migrations arriving (migrate.go)
+
+	votes voters // who is promoted to voter (voters.go)
 }
 
 // Open sets up the pool layer; a host that was in a pool when it stopped
@@ -155,6 +161,7 @@ func Open(cfg Config) (*Pool, error) {
 		cfg.Log = slog.Default()
 	}
 	p := &Pool{cfg: cfg, log: cfg.Log}
+	p.votes.kick = make(chan struct{}, 1)
 	p.advertise.Store(&cfg.Advertise)
 	var err error
 	if p.secrets, err = secret.Open(cfg.DataDir); err != nil {
@@ -241,11 +248,15 @@ func (p *Pool) startRaft(bootstrap bool) error {
 		return err
 	}
 	p.stopWatch = make(chan struct{})
-	p.watching.Add(1)
+	p.watching.Add(2)
 	go func() {
 		defer p.watching.Done()
 		p.watchLiveness(p.cfg.Repl.Raft(), p.stopWatch)
 	}()
+	go func(stop <-chan struct{}) {
+		defer p.watching.Done()
+		p.keepVoters(stop)
+	}(p.stopWatch)
 	return nil
 }
 
@@ -268,7 +279,9 @@ func (p *Pool) Routes(r *mux.Router) {
 		http.Error(w, "this host runs no raft", http.StatusServiceUnavailable)
 	})
 	r.HandleFunc(deltaPath, p.peerOnly(p.serveDelta)).Methods(http.MethodPost)
-	r.HandleFunc(joinPath, p.serveJoin).Methods(http.MethodPost)
+	r.HandleFunc(joinPath, p.serveJoin).Methods(http.MethodPost, http.MethodGet)
+	r.HandleFunc(joinedPath, p.peerOnly(p.serveJoined)).Methods(http.MethodPost)
+	r.HandleFunc(alivePath, p.peerOnly(p.serveAlive)).Methods(http.MethodPost)
 	r.HandleFunc(callPath, p.peerOnly(p.serveCall)).Methods(http.MethodPost)
 	r.HandleFunc(pingPath, p.peerOnly(servePing)).Methods(http.MethodPost)
 	r.HandleFunc(transferPath, p.peerOnly(p.serveTransfer)).Methods(http.MethodPost)

@@ -40,13 +40,15 @@
 // CANNOT_CONTACT_HOST. Its host.other_config has poolfarm=light so that
 // nobody mistakes it for a real host.
 //
-// It should never vote. The coordinator keeps the largest odd number of
-// voters up to 5 among all members (pool.MaxVoters), promoting members in
-// the order raft lists them, so light hosts must join after enough real
-// hosts that the pool already has its 5 voters: 5 real hosts, then the
-// farm. With fewer real hosts the coordinator would promote light hosts,
-// whose raft log is in memory and never synced, and the pool's write
-// quorum would no longer be a real one. Host.Voter tells.
+// It never votes. The coordinator keeps the largest odd number of voters
+// up to 5 among all members (pool.MaxVoters), but promotes only members
+// that show they are live toolstackd hosts (they answer the coordinator's
+// signed check at their own address with their raft state), and a light
+// host answers no such check: its raft log is in memory and never
+// synced, and a write quorum with it would no longer be a real one. With
+// fewer than 5 real hosts the pool keeps fewer voters and the
+// coordinator logs each light host as staying a non-voter. Host.Voter
+// tells.
 //
 // # Use
 //
@@ -297,13 +299,25 @@ func (h *Host) rows() ([]*db.Row, string, string, error) {
 		CPUs: 1, CPUModel: "poolfarm light simulated host", CPUVendor: "poolfarm",
 		MemTotal: o.MemoryTotal, MemFree: o.MemoryFree,
 	}
-	d := db.New(dm.Model, db.Options{})
-	ref, err := api.FirstBoot(d, facts, api.BootOptions{Hostname: name})
+	rows, uuid, ref, err := HostRows(facts, map[string]string{"poolfarm": "light"})
 	if err != nil {
-		return nil, "", "", fmt.Errorf("poolfarm: light host %d's first boot: %w", h.Index, err)
+		return nil, "", "", fmt.Errorf("poolfarm: light host %d: %w", h.Index, err)
+	}
+	return rows, uuid, ref, nil
+}
+
+// HostRows are the rows a host whose first boot found facts brings to a
+// pool it joins (pool.OwnRows), with otherConfig as its
+// host.other_config, and its host uuid and ref: what a join request
+// carries for a host that is not a toolstackd process.
+func HostRows(facts api.HostFacts, otherConfig map[string]string) (rows []*db.Row, uuid, ref string, err error) {
+	d := db.New(dm.Model, db.Options{})
+	ref, err = api.FirstBoot(d, facts, api.BootOptions{Hostname: facts.Hostname})
+	if err != nil {
+		return nil, "", "", fmt.Errorf("first boot: %w", err)
 	}
 	_, err = d.Update(func(tx *db.Tx) error {
-		return tx.Set(dm.Host.OtherConfig, ref, map[string]string{"poolfarm": "light"})
+		return tx.Set(dm.Host.OtherConfig, ref, otherConfig)
 	})
 	if err != nil {
 		return nil, "", "", err
@@ -311,7 +325,7 @@ func (h *Host) rows() ([]*db.Row, string, string, error) {
 	snap := d.Snapshot()
 	host, ok := snap.Get(dm.Host.Class, ref)
 	if !ok {
-		return nil, "", "", errors.New("poolfarm: first boot made no host")
+		return nil, "", "", errors.New("first boot made no host")
 	}
 	return pool.OwnRows(snap, ref), host.UUID(), ref, nil
 }
@@ -328,7 +342,9 @@ func (h *Host) Join(ctx context.Context) error {
 		return err
 	}
 	h.UUID, h.HostRef = id, ref
-	body, err := json.Marshal(pool.JoinRequest{UUID: id, Address: h.Addr, Rows: replica.EncodeRows(rows)})
+	apiVer, dbSchema := pool.OwnVersions(dm.Model)
+	body, err := json.Marshal(pool.JoinRequest{UUID: id, Address: h.Addr, Rows: replica.EncodeRows(rows),
+		APIVersion: apiVer, DBSchema: dbSchema})
 	if err != nil {
 		return err
 	}

@@ -51,7 +51,7 @@ func TestIntraPoolEndpointsRefuseHostileInput(t *testing.T) {
 		return resp.StatusCode, msg.String()
 	}
 	paths := []string{"/pool/db", "/pool/call", "/pool/transfer", "/pool/rejoin", "/pool/readd", "/pool/secret", "/pool/leave",
-		"/pool/session", "/pool/lease"}
+		"/pool/session", "/pool/lease", "/pool/joined", "/pool/alive"}
 	for _, path := range paths {
 		for _, bad := range []string{"", "not-the-secret", secret + "x", "plain:" + secret} {
 			if code, _ := post(path, bad, []byte("{}")); code != http.StatusForbidden {
@@ -60,7 +60,8 @@ func TestIntraPoolEndpointsRefuseHostileInput(t *testing.T) {
 		}
 	}
 	// Holders of the secret sending garbage.
-	for _, path := range []string{"/pool/transfer", "/pool/readd", "/pool/secret", "/pool/leave", "/pool/session", "/pool/lease"} {
+	for _, path := range []string{"/pool/transfer", "/pool/readd", "/pool/secret", "/pool/leave", "/pool/session", "/pool/lease",
+		"/pool/joined"} {
 		if code, _ := post(path, secret, []byte("\x00not json")); code != http.StatusBadRequest {
 			t.Errorf("%s with garbage: %d, want 400", path, code)
 		}

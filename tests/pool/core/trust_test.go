@@ -280,26 +280,12 @@ func TestForgedJoinerRefused(t *testing.T) {
 	if memberUUID == "" {
 		t.Fatal("no host row for host 1")
 	}
-	join := func(uuid, address string) []string {
-		t.Helper()
-		body, _ := json.Marshal(map[string]any{"uuid": uuid, "address": address, "rows": []byte{}})
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+p.Addr(0)+"/pool/join", bytes.NewReader(body))
-		req.SetBasicAuth("root", p.Password())
-		resp, err := (&http.Client{Timeout: 60 * time.Second}).Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var rep struct{ Error []string }
-		if err := json.NewDecoder(resp.Body).Decode(&rep); err != nil {
-			t.Fatalf("the join's answer: %s %v", resp.Status, err)
-		}
-		return rep.Error
-	}
-	if got := join(memberUUID, "127.0.0.9:4321"); len(got) < 2 || got[0] != "INVALID_VALUE" || got[1] != "uuid" {
+	claiming := suite.BareJoin(t, "claims-a-uuid", "127.0.0.9:4321")
+	claiming.UUID = memberUUID
+	if got := suite.PostJoin(t, ctx, p, 0, claiming); len(got) < 2 || got[0] != "INVALID_VALUE" || got[1] != "uuid" {
 		t.Fatalf("a joiner claiming host 1's uuid: %v, want INVALID_VALUE [uuid, ...]", got)
 	}
-	if got := join("6e5fd7a4-1f3c-4a61-9b52-3c0d2a1e8f00", p.Advertised(2)); len(got) < 2 || got[0] != "INVALID_VALUE" || got[1] != "address" {
+	if got := suite.PostJoin(t, ctx, p, 0, suite.BareJoin(t, "claims-an-address", p.Advertised(2))); len(got) < 2 || got[0] != "INVALID_VALUE" || got[1] != "address" {
 		t.Fatalf("a joiner claiming host 2's address: %v, want INVALID_VALUE [address, ...]", got)
 	}
 	// The pool is as it was: every member replicates.
