@@ -51,7 +51,7 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 // few writes not counted, and returns the latencies' p50 and p99.
 func measure(ctx context.Context, s subject, writers, per int) (result, error) {
 	for i := range 10 {
-		if err := s.write(ctx, 99, i); err != nil {
+		if err := writeRetrying(ctx, s, 99, i); err != nil {
 			return result{}, fmt.Errorf("%s warm-up: %w", s.name, err)
 		}
 	}
