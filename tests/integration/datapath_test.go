@@ -52,6 +52,13 @@ func (d *daemon) str(raw json.RawMessage) string {
 
 // qemuCmdline finds the QEMU process of a VM by its uuid.
 func qemuCmdline(uuid string) string {
+	cmd, _ := qemuProcess(uuid)
+	return cmd
+}
+
+// qemuProcess is the command line and the open files (their paths, one
+// per line) of the QEMU process of the VM with uuid.
+func qemuProcess(uuid string) (cmd, files string) {
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
@@ -59,11 +66,19 @@ func qemuCmdline(uuid string) string {
 			continue
 		}
 		cmd := strings.ReplaceAll(string(b), "\x00", " ")
-		if strings.Contains(cmd, "qemu-system") && strings.Contains(cmd, uuid) {
-			return cmd
+		if !strings.Contains(cmd, "qemu-system") || !strings.Contains(cmd, uuid) {
+			continue
 		}
+		fds, _ := os.ReadDir(filepath.Join("/proc", e.Name(), "fd"))
+		var open []string
+		for _, fd := range fds {
+			if l, err := os.Readlink(filepath.Join("/proc", e.Name(), "fd", fd.Name())); err == nil {
+				open = append(open, l)
+			}
+		}
+		return cmd, strings.Join(open, "\n")
 	}
-	return ""
+	return "", ""
 }
 
 func TestVMGetsItsDiskFromTheDatapath(t *testing.T) {
@@ -90,14 +105,14 @@ func TestVMGetsItsDiskFromTheDatapath(t *testing.T) {
 		"type": "Disk", "empty": false, "other_config": map[string]any{}, "qos_algorithm_type": "", "qos_algorithm_params": map[string]any{}}))
 	d.call("VM.start", vm, false, false)
 	uuid := d.str(d.call("VM.get_uuid", vm))
-	cmd := qemuCmdline(uuid)
+	cmd, files := qemuProcess(uuid)
 	if cmd == "" {
 		t.Fatal("no QEMU process for the VM")
 	}
 	// The disk QEMU opens is the file SR's image of this VDI, handed over
-	// by the storage layer's datapath.
-	if !strings.Contains(cmd, vdiUUID) {
-		t.Errorf("QEMU does not open the VDI %s:\n%s", vdiUUID, cmd)
+	// by the storage layer's datapath (and, QEMU jailed, opened for it).
+	if !strings.Contains(files, vdiUUID) {
+		t.Errorf("QEMU does not hold the VDI %s:\n%s\n%s", vdiUUID, cmd, files)
 	}
 	var attached bool
 	json.Unmarshal(d.call("VBD.get_currently_attached", vbd), &attached)
