@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"sync"
 	"time"
+
+	"toolstackd/internal/netguard"
 )
 
 // Peers' source addresses. The connection guard gives the pool's other
@@ -24,7 +26,8 @@ import (
 // holder of the secret adds an address; at most maxSources are kept, the
 // least recently seen forgotten first. Clients sharing a source address
 // with a peer (behind the same NAT) share the peer's budget too, as they
-// would if that address were the peer's own.
+// would if that address were the peer's own. The connection such a
+// request came on moves to the peers' budget too (netguard.Peer).
 
 const (
 	// sourceTTL is how long a source address counts as a peer's after
@@ -79,9 +82,14 @@ func (b *sourceBook) has(ip netip.Addr, now time.Time) bool {
 }
 
 // noteSource records the source address of r, a request whose signature
-// was accepted (a request over the local socket has none).
+// was accepted (a request over the local socket has none), and moves the
+// connection it came on to the peers' budget: one accepted before its
+// address was known as a peer's would otherwise stay among the clients'
+// and be closed as idle to make room for them, under a call the peer is
+// about to send on it.
 func (p *Pool) noteSource(r *http.Request) {
 	if ap, err := netip.ParseAddrPort(r.RemoteAddr); err == nil {
 		p.sources.note(ap.Addr(), time.Now())
 	}
+	netguard.Peer(r.Context())
 }
