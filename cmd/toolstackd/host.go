@@ -20,6 +20,7 @@ import (
 	"toolstackd/internal/ha"
 	"toolstackd/internal/ha/lease"
 	"toolstackd/internal/ha/watchdog"
+	"toolstackd/internal/metrics"
 	"toolstackd/internal/network"
 	"toolstackd/internal/pool"
 	"toolstackd/internal/pool/dbraft"
@@ -46,6 +47,9 @@ type host struct {
 	rrdd   *rrdd.Service
 	net    *network.Manager
 	router *mux.Router
+	// metrics is /metrics' registry (serveMetrics); HA adds its own
+	// once it is up.
+	metrics *metrics.Registry
 	// closers run when the host closes, last added first.
 	closers  []func() error
 	stopOnce sync.Once
@@ -108,6 +112,16 @@ func (h *host) openHA(o options) error {
 	}
 	svc.Routes(h.router)
 	svc.Register(h.srv)
+	if reg := h.metrics; reg != nil {
+		reg.Counter("ha_lease_renewals_total", "This host's HA lease renewals granted.",
+			func() float64 { ok, _, _ := svc.Renewals(); return float64(ok) })
+		reg.Counter("ha_lease_renewal_failures_total", "This host's HA lease renewals not granted (refused, or no answer in a renewal period).",
+			func() float64 { _, failed, _ := svc.Renewals(); return float64(failed) })
+		reg.Counter("ha_lease_renewal_seconds_total", "The time this host's granted renewals took, in all (over ha_lease_renewals_total: the mean).",
+			func() float64 { _, _, took := svc.Renewals(); return took.Seconds() })
+		reg.Gauge("ha_lease_remaining_seconds", "How long this host's HA lease still holds (0: none held).",
+			func() float64 { return svc.LeaseLeft().Seconds() })
+	}
 	svc.Start()
 	h.closers = append(h.closers, func() error { svc.Close(); return nil })
 	return nil

@@ -70,6 +70,9 @@ type options struct {
 	// metricsPlugins is the directory of rrdd plugin files (--metrics-plugin-dir).
 	metricsPlugins string
 	conns          netguard.Config
+	// guard is the listeners' connection guard, set by run (its counters
+	// are on /metrics).
+	guard *netguard.Guard
 	// The service's files (issue 16): the configuration file, where
 	// runtime files, hook scripts and storage plugins live.
 	config     string
@@ -230,6 +233,7 @@ func run(ctx context.Context, o options) error {
 	}
 	o.certStore = store
 	guard := connectionGuard(o, log)
+	o.guard = guard
 	ejected := make(chan string, 1)
 	o.onEject = func(rootHash string) {
 		select {

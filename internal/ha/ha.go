@@ -33,6 +33,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorilla/mux"
@@ -108,8 +109,25 @@ type Service struct {
 	wd     watchdog.Watchdog // armed while HA is on (the loop's own)
 	killed bool              // the lease is over and the last look found no protected VM here (the loop's own)
 
+	// This host's renewals: granted, not granted, and the time the
+	// granted ones took (Renewals).
+	renewed, renewFailed, renewNanos atomic.Int64
+
 	stop chan struct{}
 	wg   sync.WaitGroup
+}
+
+// Renewals reports this host's lease renewals since it started: how many
+// were granted, how many were not (refused, or unanswered within a
+// renewal period), and the time the granted ones took in all.
+func (s *Service) Renewals() (granted, failed int64, took time.Duration) {
+	return s.renewed.Load(), s.renewFailed.Load(), time.Duration(s.renewNanos.Load())
+}
+
+// LeaseLeft is how long this host's lease still holds (0 when it holds
+// none).
+func (s *Service) LeaseLeft() time.Duration {
+	return max(0, s.holder.Until().Sub(s.cfg.Now()))
 }
 
 // New makes a host's HA service; Start runs it.
@@ -369,16 +387,21 @@ func (s *Service) renew() {
 		s.mu.Unlock()
 		if l != nil {
 			s.recordRenewal(l, s.cfg.HostUUID, s.cfg.Now())
+			s.renewed.Add(1) // the coordinator's own: no time on the wire
 			s.holder.Granted(a)
 		}
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timing.Renew)
 	defer cancel()
+	start := time.Now()
 	if err := s.cfg.Pool.NotifyCoordinator(ctx, leasePath, renewal{Host: s.cfg.HostUUID}); err != nil {
+		s.renewFailed.Add(1)
 		s.log.Debug("HA: lease renewal failed", "err", err)
 		return
 	}
+	s.renewNanos.Add(int64(time.Since(start)))
+	s.renewed.Add(1)
 	s.holder.Granted(a)
 }
 

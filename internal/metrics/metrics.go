@@ -21,6 +21,16 @@
 //	                                                calls waiting
 //	toolstackd_xenops_queue_depth                   VM operations queued or
 //	                                                running
+//	toolstackd_conns_open, _max, _peers             connections open from
+//	                                                clients, their cap, and
+//	                                                from the pool's hosts
+//	toolstackd_conns_refused_{client,full,peer}_total connections closed at
+//	                                                accept, by the cap met
+//	toolstackd_conns_reclaimed_total                idle connections closed
+//	                                                to make room
+//	toolstackd_ha_lease_renewals_total,             this host's HA lease
+//	_renewal_failures_total, _renewal_seconds_total renewals and their time
+//	toolstackd_ha_lease_remaining_seconds           how long the lease holds
 //
 // plus the Go runtime's and the process's own (go_*, process_*). The
 // host, VM and SR data sources of the rrd module join them when that

@@ -375,6 +375,42 @@ func (g *Guard) admitPeer(c net.Conn) *Conn {
 	return &Conn{Conn: c, g: g, peer: true, counted: true, writeTimeout: g.cfg.WriteTimeout, stall: g.cfg.StallTimeout, console: g.cfg.ConsoleIdle}
 }
 
+// Peer moves the connection that the request with context ctx came in on
+// from the clients' budget to the peers' (SetPeers), and reports whether
+// the connection now counts as a peer's. The pool calls it for a request
+// that proved the pool secret: a peer's connection accepted before its
+// source address was known as a peer's (the first one after a join, or
+// from an address other than the one the pool reaches the peer at) stops
+// counting against the clients' caps and is no longer closed as idle to
+// make room for them. It does nothing for the local socket, a connection
+// the Guard does not count, or when the peers' budget is full.
+func Peer(ctx context.Context) bool {
+	c, _ := ctx.Value(connKey{}).(*Conn)
+	if c == nil {
+		return false
+	}
+	return c.g.promote(c)
+}
+
+func (g *Guard) promote(c *Conn) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch {
+	case c.peer:
+		return true
+	case !c.counted || c.local || g.peerConns >= g.cfg.MaxPeerConns:
+		return false
+	}
+	if c.idleElem != nil {
+		g.idle.Remove(c.idleElem)
+		c.idleElem = nil
+	}
+	g.forgetLocked(c) // out of the clients' counts
+	c.peer, c.counted = true, true
+	g.peerConns++
+	return true
+}
+
 func (g *Guard) closeVictims(vs []*Conn) {
 	for _, v := range vs {
 		g.reclaimed.Add(1)
@@ -456,7 +492,7 @@ type Conn struct {
 	g            *Guard
 	key          string
 	local        bool
-	peer         bool // from another host of the pool: counted apart
+	peer         bool // from another host of the pool: counted apart (guarded by g.mu)
 	writeTimeout time.Duration
 	stall        time.Duration
 	console      time.Duration

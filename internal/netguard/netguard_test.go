@@ -2,6 +2,7 @@ package netguard
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -501,6 +502,75 @@ func TestPeersHaveTheirOwnBudget(t *testing.T) {
 	waitFor(t, func() bool { return g.Stats().Idle == 0 && g.Stats().Peers == 2 })
 	p1.Close()
 	waitFor(t, func() bool { return g.Stats().Peers == 1 })
+}
+
+// A connection accepted as a client's moves to the peers' budget once a
+// request on it proves to be a peer's (Peer): it no longer counts
+// against the clients' cap and is not closed as idle to make room.
+func TestPeerMovesAConnection(t *testing.T) {
+	cfg := fast()
+	cfg.MaxConns, cfg.MaxConnsPerClient, cfg.MaxPeerConns, cfg.HeaderTimeout, cfg.IdleTimeout = 4, 100, 1, time.Minute, time.Minute
+	g := New(cfg)
+	moved := make(chan bool, 4)
+	hs := g.Server(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/peer" {
+			moved <- Peer(r.Context())
+		}
+		hello(w, r)
+	}))
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go hs.Serve(g.Listener(l, false))
+	t.Cleanup(func() { hs.Close() })
+	dial := func() net.Conn {
+		t.Helper()
+		c, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	call := func(c net.Conn, path string) bool {
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		defer c.SetDeadline(time.Time{})
+		if _, err := io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			return false
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			return false
+		}
+		io.Copy(io.Discard, resp.Body)
+		return resp.StatusCode == 200
+	}
+	p, q := dial(), dial()
+	if !call(p, "/peer") || !<-moved {
+		t.Fatal("the first connection was not moved to the peers' budget")
+	}
+	if !call(q, "/peer") || <-moved {
+		t.Fatal("a connection was moved over the peers' budget")
+	}
+	waitFor(t, func() bool { s := g.Stats(); return s.Peers == 1 && s.Open == 1 && s.Idle == 1 })
+	// Clients fill the cap with slow heads: the client connection left
+	// idle is closed to make room, the moved one is not.
+	for range 4 {
+		io.WriteString(dial(), "GET / HTTP/1.1\r\n")
+	}
+	waitFor(t, func() bool { s := g.Stats(); return s.Open == 4 && s.Reclaimed == 1 })
+	if !call(p, "/") {
+		t.Fatal("the moved connection was closed for clients")
+	}
+	if call(q, "/") {
+		t.Fatal("the idle client connection was kept at the cap")
+	}
+	if Peer(context.Background()) {
+		t.Fatal("Peer without a connection")
+	}
+	p.Close()
+	waitFor(t, func() bool { return g.Stats().Peers == 0 })
 }
 
 // The per-client cap counts an IPv6 /64 as one client.

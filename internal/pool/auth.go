@@ -49,6 +49,7 @@ func (p *Pool) verify(w http.ResponseWriter, r *http.Request) error {
 		p.log.Warn("refused an intra-pool request", "from", r.RemoteAddr, "path", r.URL.Path, "err", err)
 		return err
 	}
+	p.noteSource(r)
 	peerauth.Prove(w.Header(), secret, nonce, q)
 	return nil
 }
@@ -92,16 +93,17 @@ type peerAddrs struct {
 const peerAddrsTTL = 2 * time.Second
 
 // IsPeer reports whether ip is the address of another host of this pool
-// (raft's configuration, or a host row's address): the connection
-// guard's test for a peer's own connection budget. A host that joins or
-// moves is known within peerAddrsTTL.
+// (raft's configuration, or a host row's address) or the source address
+// of a request that proved the pool secret lately (peersource.go): the
+// connection guard's test for a peer's own connection budget. A host
+// that joins or moves is known within peerAddrsTTL.
 func (p *Pool) IsPeer(ip netip.Addr) bool {
 	cur := p.peerIPs.Load()
 	if cur == nil || time.Since(cur.at) > peerAddrsTTL {
 		cur = &peerAddrs{at: time.Now(), ips: p.computePeerIPs()}
 		p.peerIPs.Store(cur)
 	}
-	return cur.ips[ip]
+	return cur.ips[ip] || p.sources.has(ip, time.Now())
 }
 
 func (p *Pool) computePeerIPs() map[netip.Addr]bool {

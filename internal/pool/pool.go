@@ -140,6 +140,9 @@ type Pool struct {
 	auth *peerauth.Verifier
 	// peerIPs caches the other hosts' addresses (IsPeer).
 	peerIPs atomic.Pointer[peerAddrs]
+	// sources are the source addresses of requests that proved the pool
+	// secret (IsPeer, peersource.go).
+	sources sourceBook
 
 	joinMu sync.Mutex // one join (either side) at a time
 	// joinPin is the coordinator's certificate fingerprint seen by a join
@@ -172,7 +175,8 @@ func Open(cfg Config) (*Pool, error) {
 		clientTLS = pinnedTLS(cfg.TLS, p.verifyPeer)
 	}
 	p.auth = peerauth.NewVerifier()
-	p.lcfg = raftnet.Config{Advertise: cfg.Advertise, Secrets: p.secrets.Valid, TLS: clientTLS, Verifier: p.auth, IsSelf: p.isSelf}
+	p.lcfg = raftnet.Config{Advertise: cfg.Advertise, Secrets: p.secrets.Valid, TLS: clientTLS, Verifier: p.auth, IsSelf: p.isSelf,
+		Verified: p.noteSource}
 	dialer := net.Dialer{Timeout: 10 * time.Second}
 	if cfg.LocalIP != nil {
 		p.lcfg.LocalAddr = &net.TCPAddr{IP: cfg.LocalIP}

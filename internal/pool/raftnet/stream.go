@@ -82,6 +82,10 @@ type Config struct {
 	// names this host besides Advertise and the address a connection
 	// arrived at (the host was readdressed).
 	IsSelf func(host string) bool
+	// Verified, when set, is told of each upgrade request whose
+	// signature was accepted (the pool learns its peers' source
+	// addresses from them).
+	Verified func(r *http.Request)
 	// TLS, when set, makes Dial speak TLS (the peer's HTTPS listener).
 	TLS *tls.Config
 	// LocalAddr, when set, is the local address Dial binds to; hosts
@@ -227,6 +231,9 @@ func (l *StreamLayer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		http.Error(w, "pool secret refused", http.StatusForbidden)
 		return
+	}
+	if l.cfg.Verified != nil {
+		l.cfg.Verified(r)
 	}
 	if !headerHasToken(r.Header, "Upgrade", Protocol) || !headerHasToken(r.Header, "Connection", "Upgrade") {
 		w.Header().Set("Upgrade", Protocol)
