@@ -296,14 +296,23 @@ func TestTimeouts(t *testing.T) {
 		closedWithin(t, c, bound)
 	})
 	t.Run("moving body", func(t *testing.T) {
-		// 400 bytes a second for 1.5 s: above the floor, served.
-		c := dial()
+		// 400 bytes a second for 1.5 s: above the floor, served. The
+		// stall bound is ten times the writes' gap plus slack, so that a
+		// busy machine's late wake-up is not a stall.
+		cfg := fast()
+		cfg.StallTimeout = 5 * time.Second
+		_, addr := serve(t, cfg, longPoll)
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
 		io.WriteString(c, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 600\r\n\r\n")
 		for range 30 {
 			c.Write([]byte(strings.Repeat("y", 20)))
 			time.Sleep(50 * time.Millisecond)
 		}
-		c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		c.SetReadDeadline(time.Now().Add(30 * time.Second))
 		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 		if err != nil {
 			t.Fatal(err)
