@@ -82,12 +82,16 @@ func (q *QEMU) decideJail() error {
 		return fmt.Errorf("qemu backend: user ids %d+%d are not a range for emulators", c.UserBase, c.Users)
 	}
 	root := os.Geteuid() == 0
+	mapped := idsMapped("/proc/self/uid_map", c.UserBase, c.Users) && idsMapped("/proc/self/gid_map", c.UserBase, c.Users)
 	switch c.Deprivilege {
 	case "", "auto":
-		q.jailOn = root
+		q.jailOn = root && mapped
 	case "on":
 		if !root {
 			return errors.New("qemu backend: --qemu-deprivilege=on needs the daemon to run as root")
+		}
+		if !mapped {
+			return fmt.Errorf("qemu backend: user ids %d+%d do not exist in this user namespace (/proc/self/uid_map)", c.UserBase, c.Users)
 		}
 		q.jailOn = true
 	case "off":
@@ -95,9 +99,32 @@ func (q *QEMU) decideJail() error {
 		return fmt.Errorf("qemu backend: deprivilege %q is not auto, on or off", c.Deprivilege)
 	}
 	if !q.jailOn {
-		q.log.Warn("qemu: emulators run as the daemon's own user", "deprivilege", c.Deprivilege, "root", root)
+		q.log.Warn("qemu: emulators run as the daemon's own user", "deprivilege", c.Deprivilege, "root", root, "ids_mapped", mapped)
 	}
 	return nil
+}
+
+// idsMapped says whether ids base to base+n-1 all exist in this process's
+// user namespace, by its map file (inside outside count lines); in a
+// container that maps fewer ids they cannot be switched to. An unreadable
+// map is taken as the initial namespace's, which has them all.
+func idsMapped(mapFile string, base, n int) bool {
+	b, err := os.ReadFile(mapFile) //nolint:gosec // a fixed /proc path
+	if err != nil {
+		return true
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 3 {
+			continue
+		}
+		in, err1 := strconv.ParseInt(f[0], 10, 64)
+		count, err2 := strconv.ParseInt(f[2], 10, 64)
+		if err1 == nil && err2 == nil && in <= int64(base) && int64(base)+int64(n) <= in+count {
+			return true
+		}
+	}
+	return false
 }
 
 // allocUID gives a new domain the lowest free user id of the range.

@@ -30,6 +30,9 @@ func newJailHost(t testing.TB, deprivilege string) *jailHost {
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
 		t.Skip("qemu-system-x86_64 is not installed")
 	}
+	if deprivilege != "off" && !idsMapped("/proc/self/uid_map", DefaultUserBase, DefaultUsers) {
+		t.Skip("the emulators' user ids do not exist in this user namespace (/proc/self/uid_map)")
+	}
 	data, err := os.MkdirTemp("", "jail") // short: QEMU's sockets live below
 	if err != nil {
 		t.Fatal(err)
@@ -302,5 +305,32 @@ func BenchmarkEmulatorStart(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// In a user namespace that maps fewer ids, the emulators' range does not
+// exist and the jail cannot be had.
+func TestIDsMapped(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct {
+		uidMap string
+		want   bool
+	}{
+		{"         0          0 4294967295\n", true},
+		{"         0     100000      65536\n", false},
+		{"         0     100000      65536\n    131072     300000      32768\n", true},
+		{"    131072     300000      32767\n", false},
+		{"", false},
+	} {
+		p := filepath.Join(dir, "uid_map")
+		if err := os.WriteFile(p, []byte(c.uidMap), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if got := idsMapped(p, DefaultUserBase, DefaultUsers); got != c.want {
+			t.Errorf("%q: %v, want %v", c.uidMap, got, c.want)
+		}
+	}
+	if !idsMapped(filepath.Join(dir, "missing"), DefaultUserBase, DefaultUsers) {
+		t.Error("an unreadable map refused the range")
 	}
 }
