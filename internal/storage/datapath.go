@@ -48,6 +48,12 @@ func VBDDatapath(vmUUID, vdiUUID string) string { return "vbd/" + vmUUID + "/" +
 
 // internalDP reports datapaths the storage layer itself opens for
 // transfers: a VDI they hold read-write cannot be snapshotted.
+// transferDP says whether a datapath is a transfer's: an import, export,
+// copy or mirror, which ends on its own and dies with the daemon.
+func transferDP(dp string) bool {
+	return internalDP(dp) || strings.HasPrefix(dp, "export/")
+}
+
 func internalDP(dp string) bool {
 	return strings.HasPrefix(dp, "import/") || strings.HasPrefix(dp, "copy/") || strings.HasPrefix(dp, "mirror/")
 }
@@ -420,7 +426,7 @@ func (s *Service) restoreDatapaths(ctx context.Context) {
 			continue
 		}
 		for dp, v := range st.DPs {
-			if strings.HasPrefix(dp, "import/") || strings.HasPrefix(dp, "export/") || strings.HasPrefix(dp, "copy/") || strings.HasPrefix(dp, "mirror/") {
+			if transferDP(dp) {
 				continue // transfers die with the daemon
 			}
 			if _, err := s.apply(ctx, dp, vdiRef, OpAttach(v.Mode)); err != nil {

@@ -447,12 +447,49 @@ func (s *Service) holdIdleVDI(c *api.Call, vdiRef, srRef, op string) (release fu
 		return nil, err
 	}
 	unlock := s.lock("vdi:" + vdiRef)
-	if s.vdiBusy(s.db.Snapshot(), vdiRef) {
+	// A transfer's datapath goes just after its last byte: a client that
+	// acts on the VDI as soon as it has that byte (XO destroys a snapshot
+	// right after exporting it) waits for it, and is refused only if a
+	// transfer still holds the VDI after transferSettle.
+	settle := time.Now().Add(transferSettle)
+	for s.vdiBusy(s.db.Snapshot(), vdiRef) {
+		if !s.onlyTransfers(vdiRef) || time.Now().After(settle) || c.Ctx.Err() != nil {
+			unlock()
+			done()
+			return nil, xerr.New(xerr.VDIInUse, vdiRef, op)
+		}
 		unlock()
-		done()
-		return nil, xerr.New(xerr.VDIInUse, vdiRef, op)
+		time.Sleep(10 * time.Millisecond)
+		unlock = s.lock("vdi:" + vdiRef)
 	}
 	return func() { unlock(); done() }, nil
+}
+
+// transferSettle bounds how long an operation that needs a VDI idle
+// waits for transfers that hold it to end.
+const transferSettle = 5 * time.Second
+
+// onlyTransfers says whether every datapath holding a VDI is a transfer's
+// (an export, import, copy or mirror) and no VBD of it is
+// attached: a hold that ends on its own.
+func (s *Service) onlyTransfers(vdiRef string) bool {
+	for _, vbd := range vbdsOf(s.db.Snapshot(), vdiRef) {
+		if boolField(vbd, dm.VBD.CurrentlyAttached) {
+			return false
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.vdis[vdiRef]
+	if st == nil {
+		return true
+	}
+	for dp := range st.DPs {
+		if !transferDP(dp) {
+			return false
+		}
+	}
+	return true
 }
 
 // handleVDICopy: VDI.copy(vdi, sr, base_vdi, into_vdi) copies a VDI's

@@ -4,7 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -457,6 +460,35 @@ func TestConcurrentOperations(t *testing.T) {
 		if !strings.HasPrefix(f, ".") {
 			t.Errorf("file left in the SR: %s", f)
 		}
+	}
+}
+
+// A VDI destroyed while the last bytes of its export are still on their
+// way (as XO destroys a snapshot as soon as it has exported it) waits for
+// the export's datapath to go, instead of failing with VDI_IN_USE.
+func TestDestroyWaitsForAnEndingExport(t *testing.T) {
+	h := newHarness(t)
+	vdi := h.createVDI(h.localSR(), 8<<20)
+	resp, err := http.Get(h.xferURL("/export_raw_vdi", url.Values{"vdi": {vdi}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if _, err := io.ReadFull(resp.Body, make([]byte, 1<<20)); err != nil {
+		t.Fatal(err)
+	}
+	destroyed := make(chan *rpcError, 1)
+	go func() {
+		_, e := h.call("VDI.destroy", h.sess, vdi)
+		destroyed <- e
+	}()
+	time.Sleep(200 * time.Millisecond) // the destroy is under way, the export not done
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if e := <-destroyed; e != nil {
+		t.Fatalf("VDI.destroy as the export ended: %v", e)
 	}
 }
 
