@@ -41,10 +41,13 @@ var hello = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 })
 
 // get sends one request on c and reads the reply; it reports whether one came.
-func get(c net.Conn) bool {
+func get(c net.Conn) bool { return getPath(c, "/") }
+
+// getPath is get for path: whether a 200 came.
+func getPath(c net.Conn, path string) bool {
 	c.SetDeadline(time.Now().Add(5 * time.Second))
 	defer c.SetDeadline(time.Time{})
-	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+	if _, err := io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
 		return false
 	}
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
@@ -542,24 +545,11 @@ func TestPeerMovesAConnection(t *testing.T) {
 		t.Cleanup(func() { c.Close() })
 		return c
 	}
-	call := func(c net.Conn, path string) bool {
-		c.SetDeadline(time.Now().Add(5 * time.Second))
-		defer c.SetDeadline(time.Time{})
-		if _, err := io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
-			return false
-		}
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-		if err != nil {
-			return false
-		}
-		io.Copy(io.Discard, resp.Body)
-		return resp.StatusCode == 200
-	}
 	p, q := dial(), dial()
-	if !call(p, "/peer") || !<-moved {
+	if !getPath(p, "/peer") || !<-moved {
 		t.Fatal("the first connection was not moved to the peers' budget")
 	}
-	if !call(q, "/peer") || <-moved {
+	if !getPath(q, "/peer") || <-moved {
 		t.Fatal("a connection was moved over the peers' budget")
 	}
 	waitFor(t, func() bool { s := g.Stats(); return s.Peers == 1 && s.Open == 1 && s.Idle == 1 })
@@ -569,10 +559,10 @@ func TestPeerMovesAConnection(t *testing.T) {
 		io.WriteString(dial(), "GET / HTTP/1.1\r\n")
 	}
 	waitFor(t, func() bool { s := g.Stats(); return s.Open == 4 && s.Reclaimed == 1 })
-	if !call(p, "/") {
+	if !getPath(p, "/") {
 		t.Fatal("the moved connection was closed for clients")
 	}
-	if call(q, "/") {
+	if getPath(q, "/") {
 		t.Fatal("the idle client connection was kept at the cap")
 	}
 	if Peer(context.Background()) {

@@ -176,15 +176,15 @@ func ownDirs(uid int, dirs ...string) error {
 
 // copyOwned copies a file into a jailed domain's directory as name,
 // owned by its user and readable by it alone.
-func copyOwned(src, dir, name string, uid int) (string, error) {
+func copyOwned(src, dir, name string, uid int) error {
 	dst := filepath.Join(dir, name)
 	if err := backend.CopyFile(src, dst); err != nil {
-		return "", err
+		return err
 	}
 	if err := os.Chown(dst, uid, uid); err != nil {
-		return "", err
+		return err
 	}
-	return dst, os.Chmod(dst, 0o400)
+	return os.Chmod(dst, 0o400)
 }
 
 // handoff gives QEMU open files: at its start as inherited descriptors

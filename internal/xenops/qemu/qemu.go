@@ -549,7 +549,7 @@ func (q *QEMU) Build(ctx context.Context, uuid string) error {
 			if f.src == "" {
 				continue
 			}
-			if _, err := copyOwned(f.src, d.j.Dir, f.name, jl.UID); err != nil {
+			if err := copyOwned(f.src, d.j.Dir, f.name, jl.UID); err != nil {
 				return xerr.New(xerr.BootloaderFailed, s.VMRef, f.name+": "+err.Error())
 			}
 		}
