@@ -12,7 +12,7 @@ import (
 	"github.com/gorilla/mux"
 
 	"toolstackd/internal/api"
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/certs"
 	"toolstackd/internal/cli"
 	"toolstackd/internal/db"

@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"toolstackd/internal/api"
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/metrics"
 	"toolstackd/internal/netguard"
 	"toolstackd/internal/rrd/plugin"

@@ -16,7 +16,7 @@ import (
 	"sync"
 	"time"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/atomicfile"
 	"toolstackd/internal/db"
 	"toolstackd/internal/network"

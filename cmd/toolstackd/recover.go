@@ -7,7 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db/persist"
 )
 

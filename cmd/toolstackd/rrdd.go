@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/rrd/plugin"
 	"toolstackd/internal/rrdd"

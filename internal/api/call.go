@@ -6,7 +6,7 @@ import (
 	"log/slog"
 	"strings"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/api/wire"
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"

@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"time"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/api/events"
 	"toolstackd/internal/api/wire"
 	"toolstackd/internal/db"

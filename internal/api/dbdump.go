@@ -8,7 +8,7 @@ import (
 
 	"github.com/gorilla/mux"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/db/xmldb"
 	"toolstackd/internal/schema"

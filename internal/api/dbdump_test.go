@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 )
 

@@ -4,7 +4,7 @@ import (
 	"encoding/xml"
 	"testing"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 )
 

@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"net/http"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/api/wire"
 	"toolstackd/internal/db"
 	"toolstackd/internal/forwarding"

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"testing"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 )
 
 // BenchmarkCheckArgs measures the argument-limit walk alone, and the role

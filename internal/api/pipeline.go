@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/forwarding"
 	"toolstackd/internal/schema"
 	"toolstackd/internal/xerr"

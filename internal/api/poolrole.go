@@ -4,7 +4,7 @@ import (
 	"context"
 	"sync/atomic"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/schema"
 	"toolstackd/internal/xerr"
 )

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 )
 
 // A call made with WithProgress reports to its caller through a relay:

@@ -3,7 +3,7 @@ package api
 import (
 	"strings"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/schema"
 	"toolstackd/internal/xerr"
 )

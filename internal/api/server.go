@@ -12,7 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/api/events"
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"

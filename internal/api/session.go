@@ -17,7 +17,7 @@ import (
 
 	"github.com/google/uuid"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"
 	"toolstackd/internal/xerr"

@@ -5,7 +5,7 @@ import (
 	"sync"
 	"time"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/api/wire"
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"

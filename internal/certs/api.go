@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"toolstackd/internal/api"
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/xerr"
 )
@@ -50,7 +50,7 @@ type Config struct {
 //     pool.certificate_uninstall remove it; pool.certificate_list names
 //     them.
 //
-// The routing table (internal/api/datamodel/routes.json) runs the host
+// The routing table (internal/datamodel/routes.json) runs the host
 // messages on the host named and the pool ones on the coordinator.
 
 // Register binds the certificate messages on srv.

@@ -9,7 +9,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/cli/xe"
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"
 )

@@ -14,7 +14,7 @@ import (
 	"github.com/gorilla/mux"
 
 	"toolstackd/internal/api"
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/cli/xe"
 	"toolstackd/internal/db"
 )

@@ -10,7 +10,7 @@
 // prompt, exit).
 package cli
 
-//go:generate go run ./gen -in ../api/datamodel/cli_commands.json -out zz_table.go
+//go:generate go run ./gen -in ../datamodel/cli_commands.json -out zz_table.go
 
 import (
 	"bufio"

@@ -1,7 +1,7 @@
 package cli
 
 import (
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/schema"
 )
 

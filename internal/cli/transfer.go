@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/cli/proto"
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"

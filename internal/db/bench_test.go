@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 )
 

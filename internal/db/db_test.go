@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"
 	"toolstackd/internal/xerr"

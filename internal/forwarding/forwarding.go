@@ -4,7 +4,7 @@
 // # The rules
 //
 // Every message has a route (schema.Route), written as data in
-// internal/api/datamodel/routes.json and generated into the message table
+// internal/datamodel/routes.json and generated into the message table
 // (datamodel.RouteOf). The rules follow xapi's message forwarding: most
 // calls run on the pool coordinator; calls about a host run on that host;
 // calls about a running VM run where the VM is resident; storage calls run
@@ -51,7 +51,7 @@ import (
 	"slices"
 	"sort"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"
 	"toolstackd/internal/xerr"

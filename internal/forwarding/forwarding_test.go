@@ -6,7 +6,7 @@ import (
 	"slices"
 	"testing"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/forwarding"
 	"toolstackd/internal/schema"
@@ -424,7 +424,7 @@ func TestEveryMessageInAPool(t *testing.T) {
 
 // TestErrorCodes checks the codes Resolve raises against errors.json.
 func TestErrorCodes(t *testing.T) {
-	b, err := os.ReadFile("../api/datamodel/errors.json")
+	b, err := os.ReadFile("../datamodel/errors.json")
 	if err != nil {
 		t.Fatal(err)
 	}

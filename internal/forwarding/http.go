@@ -3,7 +3,7 @@ package forwarding
 import (
 	"slices"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 )
 

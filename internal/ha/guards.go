@@ -2,7 +2,7 @@ package ha
 
 import (
 	"toolstackd/internal/api"
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/ha/planner"
 )

@@ -4,7 +4,7 @@ import (
 	"strconv"
 
 	"toolstackd/internal/api"
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 )
 
 func itoa(n int) string { return strconv.Itoa(n) }

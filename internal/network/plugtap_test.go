@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"toolstackd/internal/api"
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/network"
 	"toolstackd/internal/network/locking"

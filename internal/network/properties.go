@@ -5,7 +5,7 @@ import (
 	"slices"
 
 	"toolstackd/internal/api"
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/xerr"
 )

@@ -3,7 +3,7 @@ package network
 import (
 	"strconv"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 )
 

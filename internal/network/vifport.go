@@ -6,7 +6,7 @@ import (
 	"net"
 	"reflect"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/network/locking"
 	"toolstackd/internal/xerr"

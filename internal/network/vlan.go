@@ -4,7 +4,7 @@ import (
 	"strconv"
 
 	"toolstackd/internal/api"
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/xerr"
 )

@@ -9,7 +9,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/pool/peerauth"
 )
 

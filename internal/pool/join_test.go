@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"toolstackd/internal/api"
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/pool/replica"
 	"toolstackd/internal/schema"

@@ -7,7 +7,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/pool/dbraft"
 )

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"toolstackd/internal/api"
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 )
 
 // readMember answers what is not a member message 400, a host that is not

@@ -10,7 +10,7 @@ import (
 	"net/http"
 	"sync"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/certs"
 	"toolstackd/internal/db"
 	"toolstackd/internal/xerr"

@@ -71,7 +71,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"toolstackd/internal/api"
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/pool/dbraft"
 	"toolstackd/internal/pool/peerauth"

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"toolstackd/internal/api"
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/pool/dbraft"
 	"toolstackd/internal/pool/peerauth"
 	"toolstackd/internal/pool/secret"

@@ -82,7 +82,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"toolstackd/internal/api"
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/pool"
 	"toolstackd/internal/pool/raftnet"

@@ -8,7 +8,7 @@ import (
 	"github.com/gorilla/mux"
 
 	"toolstackd/internal/api"
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/rrd/plugin"
 	"toolstackd/internal/xerr"
 )

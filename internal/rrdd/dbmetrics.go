@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"time"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/rrd/plugin"
 )

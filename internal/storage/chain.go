@@ -5,7 +5,7 @@ import (
 	"errors"
 	"slices"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/xerr"
 )
 

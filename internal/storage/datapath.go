@@ -10,7 +10,7 @@ import (
 	"sort"
 	"strings"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/xerr"
 )

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/nbd"
 	"toolstackd/internal/xerr"
 )

@@ -110,7 +110,7 @@ func FuzzParseMap(f *testing.F) {
 // Every error code the package raises is a published XenAPI error (or an
 // SR_BACKEND_FAILURE_<n>).
 func TestErrorCodesArePublished(t *testing.T) {
-	b, err := os.ReadFile("../api/datamodel/errors.json")
+	b, err := os.ReadFile("../datamodel/errors.json")
 	if err != nil {
 		t.Skip(err)
 	}

@@ -10,7 +10,7 @@ import (
 	"strconv"
 	"testing"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/xerr"
 )
 

@@ -39,7 +39,7 @@ import (
 	"github.com/gorilla/mux"
 
 	"toolstackd/internal/api"
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"
 )

@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 
 	"toolstackd/internal/api"
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/storage/imageformat"
 	"toolstackd/internal/xerr"

@@ -15,7 +15,7 @@ import (
 	"github.com/gorilla/mux"
 
 	"toolstackd/internal/api"
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/schema"
 	"toolstackd/internal/xerr"
 )

@@ -1,7 +1,7 @@
 package xenops
 
 import (
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 )
 

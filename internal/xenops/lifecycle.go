@@ -5,7 +5,7 @@ import (
 	"sort"
 	"strings"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"
 	"toolstackd/internal/xenops/backend"

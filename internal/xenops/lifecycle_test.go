@@ -4,7 +4,7 @@ import (
 	"slices"
 	"testing"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 )
 
 func TestCheckOp(t *testing.T) {

@@ -12,7 +12,7 @@ import (
 	"github.com/google/uuid"
 
 	"toolstackd/internal/api"
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/forwarding"
 	"toolstackd/internal/schema"

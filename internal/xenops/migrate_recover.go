@@ -12,7 +12,7 @@ import (
 	"syscall"
 	"time"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/ha/journal"
 	"toolstackd/internal/xenops/backend"

@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/ha/journal"
 	"toolstackd/internal/xenops/backend"

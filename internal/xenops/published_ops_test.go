@@ -3,7 +3,7 @@ package xenops
 import (
 	"testing"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 )
 
 // TestVMOpsArePublished: every operation allowed_operations is made of is

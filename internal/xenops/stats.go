@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/rrdd/stats"
 	"toolstackd/internal/xenops/backend"
 )

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"toolstackd/internal/api"
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/nbd"
 	"toolstackd/internal/schema"

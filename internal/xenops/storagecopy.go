@@ -7,7 +7,7 @@ import (
 	"slices"
 	"time"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/nbd"
 	"toolstackd/internal/schema"

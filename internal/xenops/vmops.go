@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"time"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/ha/journal"
 	"toolstackd/internal/ha/planner"

@@ -17,7 +17,7 @@ import (
 // The generated table is errors.json: every code, its parameter names in
 // order, and null (undocumented) kept apart from an empty list.
 func TestTableIsErrorsJSON(t *testing.T) {
-	b, err := os.ReadFile("../api/datamodel/errors.json")
+	b, err := os.ReadFile("../datamodel/errors.json")
 	if err != nil {
 		t.Fatal(err)
 	}

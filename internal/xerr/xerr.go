@@ -58,8 +58,8 @@ func HasCode(err error, code string) bool {
 
 // The constants for the published error codes, the table of their
 // documented parameters (published) and Codes are generated from
-// internal/api/datamodel/errors.json into zz_codes.go.
-//go:generate go run ./gen -in ../api/datamodel/errors.json -out zz_codes.go
+// internal/datamodel/errors.json into zz_codes.go.
+//go:generate go run ./gen -in ../datamodel/errors.json -out zz_codes.go
 
 // Codes toolstackd raises that are not in errors.json, each with why; the
 // table unpublished gives their parameters. (xapi's SR_BACKEND_FAILURE_<n>

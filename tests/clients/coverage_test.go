@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/network/netnstest"
 	"toolstackd/internal/schema"
 	"toolstackd/internal/testdaemon"

@@ -3,7 +3,7 @@
 xmlrpc.client against a running toolstackd, plus raw JSON-RPC and XML-RPC
 wire checks. run.sh passes E2E_URL and E2E_PASSWORD.
 
-Error parameters are checked against internal/api/datamodel/errors.json and
+Error parameters are checked against internal/datamodel/errors.json and
 the parameter counts against datamodel.json.
 """
 

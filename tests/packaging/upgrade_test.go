@@ -20,7 +20,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
-	"toolstackd/internal/api/datamodel"
+	"toolstackd/internal/datamodel"
 	"toolstackd/internal/network/netnstest"
 )
 

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/api/events"
 	"toolstackd/internal/db"
 	"toolstackd/internal/xerr"

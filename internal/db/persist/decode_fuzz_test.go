@@ -3,7 +3,7 @@ package persist
 import (
 	"testing"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"
 )

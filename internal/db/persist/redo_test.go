@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/db/persist"
 	"toolstackd/internal/schema"

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/schema"
 )
 

@@ -1,6 +1,6 @@
 // Package genutil is what toolstackd's code generators share: reading
 // their JSON inputs and writing their outputs. The generators are the
-// commands run by `go generate` (internal/api/datamodel/gen,
+// commands run by `go generate` (internal/datamodel/gen,
 // internal/cli/gen, internal/xerr/gen); each is a small main that reads
 // the repository's own data files and writes files into the tree.
 //

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"toolstackd/internal/api"
-	dm "toolstackd/internal/api/datamodel"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/pool"
 	"toolstackd/internal/pooltest"
 	"toolstackd/internal/testdaemon"

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"toolstackd/internal/api/datamodel"
+	"toolstackd/internal/datamodel"
 )
 
 // TestRoutesRejectBadData: an entry naming anything the model does not

@@ -4,7 +4,7 @@
 // generate`; this file and conv.go are written by hand.
 package datamodel
 
-//go:generate go run ./gen -in datamodel.json -overlay overlay.json -out . -docs ../../../docs/api
+//go:generate go run ./gen -in datamodel.json -overlay overlay.json -out . -docs ../../docs/api
 
 import "toolstackd/internal/schema"
 
