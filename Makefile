@@ -77,7 +77,7 @@ test:
 # The unit tests, through tests/report: go test's usual text (every line,
 # as with -v, when GOFLAGS_TEST has -v), then on its own the skipped tests
 # and why (make test prints them in its summary instead).
-# The suites that run the daemon or xe (internal/testdaemon) use make
+# The suites that run the daemon or xe (internal/testkit/testdaemon) use make
 # build's binaries instead of linking their own, one per test package.
 UNIT_SUMMARY ?= 1
 unit: build test-report

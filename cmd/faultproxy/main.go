@@ -1,5 +1,5 @@
 // Command faultproxy runs one fault-injecting TCP proxy (package
-// internal/faultproxy) for manual and long runs, steered by commands on its
+// internal/testkit/faultproxy) for manual and long runs, steered by commands on its
 // standard input:
 //
 //	faultproxy -listen 127.0.0.2:4431 -target 127.0.0.2:443
@@ -29,7 +29,7 @@ import (
 	"syscall"
 	"time"
 
-	"toolstackd/internal/faultproxy"
+	"toolstackd/internal/testkit/faultproxy"
 )
 
 func main() {

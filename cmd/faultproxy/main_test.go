@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"toolstackd/internal/faultproxy"
+	"toolstackd/internal/testkit/faultproxy"
 )
 
 func TestCommands(t *testing.T) {

@@ -14,7 +14,7 @@ import (
 	"toolstackd/internal/db"
 	"toolstackd/internal/network"
 	"toolstackd/internal/network/netlinkx"
-	"toolstackd/internal/network/netnstest"
+	"toolstackd/internal/testkit/netnstest"
 	"toolstackd/internal/xerr"
 )
 

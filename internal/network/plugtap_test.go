@@ -15,7 +15,7 @@ import (
 	"toolstackd/internal/network"
 	"toolstackd/internal/network/locking"
 	"toolstackd/internal/network/netlinkx"
-	"toolstackd/internal/network/netnstest"
+	"toolstackd/internal/testkit/netnstest"
 )
 
 // plugEnv is a Manager on netlink and nf_tables in a namespace of its

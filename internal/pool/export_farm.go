@@ -5,7 +5,7 @@ import (
 	"toolstackd/internal/schema"
 )
 
-// The pieces of pool.join that internal/poolfarm, the test tool that runs
+// The pieces of pool.join that internal/testkit/poolfarm, the test tool that runs
 // many light simulated hosts in one process, uses to join a real
 // coordinator exactly as a real host does (and the pool tests, to send a
 // coordinator joins no real host would). Nothing in the daemon uses them.

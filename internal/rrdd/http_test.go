@@ -26,7 +26,7 @@ import (
 	"toolstackd/internal/db"
 	"toolstackd/internal/rrd"
 	"toolstackd/internal/rrd/plugin"
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/testdaemon"
 )
 
 // The HTTP tests run the endpoints behind a real api.Server (database,

@@ -15,7 +15,7 @@ import (
 	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/testdaemon"
 	"toolstackd/internal/xerr"
 )
 

@@ -17,7 +17,7 @@ import (
 	"toolstackd/internal/api"
 	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/testdaemon"
 	"toolstackd/internal/xenops/sim"
 )
 

@@ -14,7 +14,7 @@ import (
 	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/rrdd/stats"
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/testdaemon"
 	"toolstackd/internal/xenops/backend"
 	"toolstackd/internal/xenops/sim"
 )

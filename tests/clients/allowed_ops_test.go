@@ -8,7 +8,7 @@ import (
 	"time"
 
 	dm "toolstackd/internal/datamodel"
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/testdaemon"
 )
 
 // opsChecker reads every object's allowed_operations and

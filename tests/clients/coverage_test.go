@@ -14,9 +14,9 @@ import (
 	"time"
 
 	dm "toolstackd/internal/datamodel"
-	"toolstackd/internal/network/netnstest"
+	"toolstackd/internal/testkit/netnstest"
 	"toolstackd/internal/schema"
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/testdaemon"
 )
 
 // The figure of how much of the published XenAPI toolstackd serves: each

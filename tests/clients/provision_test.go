@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/testdaemon"
 )
 
 // rpc is a root session on a test daemon with helpers that fail the test.

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/testdaemon"
 )
 
 // What Xen Orchestra's npm client (xen-api 4.7.6, putResource) sends for a

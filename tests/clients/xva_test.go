@@ -24,7 +24,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"toolstackd/internal/cli/xe"
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/testdaemon"
 )
 
 // XVA export and import against a real daemon (issue 14): archives laid

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/testdaemon"
 )
 
 // secret is a value no log may hold, made fresh for each run so that it

@@ -16,9 +16,9 @@ import (
 	"sync"
 	"testing"
 	"time"
-	"toolstackd/internal/testfs"
+	"toolstackd/internal/testkit/testfs"
 
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/testdaemon"
 )
 
 const password = "diskfull-test"

@@ -1,7 +1,7 @@
 // Package kernel runs the tests of network datapaths this machine's
 // kernel may lack (802.1Q VLANs, bonding, Open vSwitch's kernel
 // datapath) under the distribution's own kernel, in a VM
-// (internal/kernelvm), so that they are exercised on a kernel that has
+// (internal/testkit/kernelvm), so that they are exercised on a kernel that has
 // them wherever CI runs, not only where the machine's kernel happens to.
 package kernel_test
 
@@ -15,9 +15,9 @@ import (
 	"testing"
 	"time"
 
-	"toolstackd/internal/kernelvm"
-	"toolstackd/internal/network/ovs/ovstest"
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/kernelvm"
+	"toolstackd/internal/testkit/ovstest"
+	"toolstackd/internal/testkit/testdaemon"
 )
 
 // suite is a package's test binary and the tests run from it in the VM.

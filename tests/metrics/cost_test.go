@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/testdaemon"
 )
 
 // TestMetricsCost measures, on the real daemon with N simulated running

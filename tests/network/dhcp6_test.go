@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"toolstackd/internal/network/netnstest"
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/netnstest"
+	"toolstackd/internal/testkit/testdaemon"
 )
 
 // procsIn are the pids of processes whose command line has name and that

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"toolstackd/internal/network/netnstest"
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/netnstest"
+	"toolstackd/internal/testkit/testdaemon"
 )
 
 // udhcpcIn are the pids of udhcpc processes in the network namespace at

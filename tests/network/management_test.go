@@ -14,9 +14,9 @@ import (
 
 	"github.com/vishvananda/netns"
 
-	"toolstackd/internal/network/netnstest"
-	"toolstackd/internal/pooltest"
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/netnstest"
+	"toolstackd/internal/testkit/pooltest"
+	"toolstackd/internal/testkit/testdaemon"
 )
 
 // The management interface moving (host.management_reconfigure,

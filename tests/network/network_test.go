@@ -18,9 +18,9 @@ import (
 	"testing"
 	"time"
 
-	"toolstackd/internal/network/netnstest"
-	"toolstackd/internal/pooltest"
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/netnstest"
+	"toolstackd/internal/testkit/pooltest"
+	"toolstackd/internal/testkit/testdaemon"
 )
 
 // rpc makes XenAPI calls with one session, failing the test on errors.

@@ -25,10 +25,10 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"toolstackd/internal/network/netnstest"
+	"toolstackd/internal/testkit/netnstest"
 	"toolstackd/internal/network/ovs"
-	"toolstackd/internal/network/ovs/ovstest"
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/ovstest"
+	"toolstackd/internal/testkit/testdaemon"
 )
 
 // openTap attaches to the tap name in the namespace at nsPath (making it

@@ -16,10 +16,10 @@ import (
 	"testing"
 	"time"
 
-	"toolstackd/internal/network/netnstest"
+	"toolstackd/internal/testkit/netnstest"
 	"toolstackd/internal/network/ovs"
-	"toolstackd/internal/network/ovs/ovstest"
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/ovstest"
+	"toolstackd/internal/testkit/testdaemon"
 )
 
 // ovsVIF is what a test needs of a VM with one VIF on a private network.

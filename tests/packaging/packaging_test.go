@@ -24,7 +24,7 @@ import (
 	"testing"
 	"time"
 
-	"toolstackd/internal/network/netnstest"
+	"toolstackd/internal/testkit/netnstest"
 )
 
 const repo = "../.."

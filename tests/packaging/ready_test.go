@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"toolstackd/internal/pooltest"
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/pooltest"
+	"toolstackd/internal/testkit/testdaemon"
 )
 
 // TestReadyWithManyVMs measures the time from the daemon's start to

@@ -21,7 +21,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"toolstackd/internal/datamodel"
-	"toolstackd/internal/network/netnstest"
+	"toolstackd/internal/testkit/netnstest"
 )
 
 // upgradeBudget bounds TestUpgradeKeepsThePool: the previous release's

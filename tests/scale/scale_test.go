@@ -1,6 +1,6 @@
 // Package scale measures a large pool: real toolstackd processes as the
 // voters and the coordinator, and many light simulated hosts
-// (internal/poolfarm, in this test's process) as the other members, with
+// (internal/testkit/poolfarm, in this test's process) as the other members, with
 // many VMs, for issue 12's last figure row (join time, coordinator CPU at
 // rest, event.from latency, VM.start placement time, coordinator memory).
 //
@@ -63,9 +63,9 @@ import (
 	"testing"
 	"time"
 
-	"toolstackd/internal/poolfarm"
-	"toolstackd/internal/pooltest"
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/poolfarm"
+	"toolstackd/internal/testkit/pooltest"
+	"toolstackd/internal/testkit/testdaemon"
 )
 
 // size is one pool to measure.

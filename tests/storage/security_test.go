@@ -13,7 +13,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"toolstackd/internal/testfs"
+	"toolstackd/internal/testkit/testfs"
 
 	"github.com/google/uuid"
 	"github.com/gorilla/mux"

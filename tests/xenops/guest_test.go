@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"toolstackd/internal/kernelvm"
+	"toolstackd/internal/testkit/kernelvm"
 )
 
 // A tiny guest for the QEMU tests: the host's Debian kernel with an

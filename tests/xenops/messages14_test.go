@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/testdaemon"
 )
 
 // Issue 14's messages against the real daemon: VM.revert with disks on

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/testdaemon"
 )
 
 // The metrics module on real QEMU, seen as a client sees it: the issue's

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/testdaemon"
 )
 
 // Guests talking to each other over a network toolstackd made real

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"toolstackd/internal/network/ovs"
-	"toolstackd/internal/network/ovs/ovstest"
+	"toolstackd/internal/testkit/ovstest"
 )
 
 // TestGuestsOnOpenvSwitch: two real QEMU guests (TCG) on a private

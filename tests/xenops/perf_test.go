@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/testdaemon"
 	"toolstackd/internal/xenops"
 	"toolstackd/internal/xenops/qemu"
 )

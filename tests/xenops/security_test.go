@@ -17,7 +17,7 @@ import (
 
 	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/testdaemon"
 	"toolstackd/internal/xenops"
 	"toolstackd/internal/xenops/qemu"
 	"toolstackd/internal/xenops/sim"

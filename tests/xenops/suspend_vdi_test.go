@@ -18,7 +18,7 @@ import (
 	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/db/persist"
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/testdaemon"
 )
 
 // Suspend images live in VDIs of the suspend SR, as xapi's do: the real

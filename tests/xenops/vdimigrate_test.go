@@ -22,7 +22,7 @@ import (
 	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/storage"
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/testdaemon"
 	"toolstackd/internal/xenops"
 	"toolstackd/internal/xenops/sim"
 )

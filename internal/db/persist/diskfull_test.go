@@ -9,7 +9,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
-	"toolstackd/internal/testfs"
+	"toolstackd/internal/testkit/testfs"
 
 	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"

@@ -12,7 +12,7 @@ import (
 	"toolstackd/internal/db"
 	"toolstackd/internal/db/persist"
 	"toolstackd/internal/schema"
-	"toolstackd/internal/testfs"
+	"toolstackd/internal/testkit/testfs"
 )
 
 // early is the pool's way of using a store whose file follows raft's log:

@@ -20,7 +20,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"toolstackd/internal/network/netnstest"
+	"toolstackd/internal/testkit/netnstest"
 )
 
 var (

@@ -11,7 +11,7 @@ import (
 
 	"toolstackd/internal/network"
 	"toolstackd/internal/network/netlinkx"
-	"toolstackd/internal/network/netnstest"
+	"toolstackd/internal/testkit/netnstest"
 )
 
 // The contract of network.Links: one table of behaviours, each run

@@ -9,7 +9,7 @@ import (
 
 	"toolstackd/internal/network"
 	"toolstackd/internal/network/netlinkx"
-	"toolstackd/internal/network/netnstest"
+	"toolstackd/internal/testkit/netnstest"
 )
 
 func open(t testing.TB, ns *netnstest.Namespace) *netlinkx.NS {

@@ -10,7 +10,7 @@ import (
 
 	"toolstackd/internal/network"
 	"toolstackd/internal/network/netlinkx"
-	"toolstackd/internal/network/netnstest"
+	"toolstackd/internal/testkit/netnstest"
 )
 
 // What only the kernel shows: the details of links made, as iproute2

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"toolstackd/internal/network"
-	"toolstackd/internal/network/netnstest"
+	"toolstackd/internal/testkit/netnstest"
 )
 
 // GRO through the ethtool ioctls on a veth standing in for a NIC: read,

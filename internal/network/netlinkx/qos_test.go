@@ -13,7 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"toolstackd/internal/network"
-	"toolstackd/internal/network/netnstest"
+	"toolstackd/internal/testkit/netnstest"
 )
 
 // udpIn makes a UDP socket in the namespace ns, bound to addr.

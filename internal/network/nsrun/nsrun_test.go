@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"toolstackd/internal/network/netnstest"
+	"toolstackd/internal/testkit/netnstest"
 	"toolstackd/internal/network/nsrun"
 )
 

@@ -12,8 +12,8 @@ import (
 	"toolstackd/internal/network"
 	"toolstackd/internal/network/locking"
 	"toolstackd/internal/network/netlinkx"
-	"toolstackd/internal/network/netnstest"
-	"toolstackd/internal/network/ovs/ovstest"
+	"toolstackd/internal/testkit/netnstest"
+	"toolstackd/internal/testkit/ovstest"
 )
 
 // TestFigurePlugVIF measures the time to plug (and unplug) a VIF on an

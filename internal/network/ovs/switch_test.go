@@ -11,9 +11,9 @@ import (
 	"toolstackd/internal/network"
 	"toolstackd/internal/network/locking"
 	"toolstackd/internal/network/netlinkx"
-	"toolstackd/internal/network/netnstest"
+	"toolstackd/internal/testkit/netnstest"
 	"toolstackd/internal/network/ovs"
-	"toolstackd/internal/network/ovs/ovstest"
+	"toolstackd/internal/testkit/ovstest"
 )
 
 // open starts an Open vSwitch of the test's own with ovs-vswitchd in a

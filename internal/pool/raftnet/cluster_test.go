@@ -16,7 +16,7 @@ import (
 
 	"toolstackd/internal/pool/raftnet"
 	"toolstackd/internal/pool/raftstore"
-	"toolstackd/internal/pool/rafttest"
+	"toolstackd/internal/testkit/rafttest"
 )
 
 func raftnetAddr(s string) raft.ServerAddress { return raft.ServerAddress(s) }

@@ -14,7 +14,7 @@ import (
 
 	"toolstackd/internal/pool/raftnet"
 	"toolstackd/internal/pool/raftstore"
-	"toolstackd/internal/pool/rafttest"
+	"toolstackd/internal/testkit/rafttest"
 	"toolstackd/internal/pool/raftwal"
 )
 

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"toolstackd/internal/pooltest"
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/pooltest"
+	"toolstackd/internal/testkit/testdaemon"
 	"toolstackd/tests/pool/suite"
 )
 

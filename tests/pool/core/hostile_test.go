@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"toolstackd/internal/pooltest"
+	"toolstackd/internal/testkit/pooltest"
 	"toolstackd/tests/pool/suite"
 )
 

@@ -16,8 +16,8 @@ import (
 	"toolstackd/internal/api"
 	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/pool"
-	"toolstackd/internal/pooltest"
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/pooltest"
+	"toolstackd/internal/testkit/testdaemon"
 	"toolstackd/tests/pool/suite"
 )
 

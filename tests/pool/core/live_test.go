@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"toolstackd/internal/faultproxy"
-	"toolstackd/internal/pooltest"
+	"toolstackd/internal/testkit/faultproxy"
+	"toolstackd/internal/testkit/pooltest"
 	"toolstackd/tests/pool/suite"
 )
 

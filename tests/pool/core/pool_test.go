@@ -1,5 +1,5 @@
 // Package core is the pool's tier-2 test: three real toolstackd processes
-// on loopback with a fault proxy on every peer link (internal/pooltest),
+// on loopback with a fault proxy on every peer link (internal/testkit/pooltest),
 // joined into one pool, while clients read and write and the test kills,
 // pauses and partitions hosts. Every history is checked by porcupine and
 // against the final state (no acknowledged write lost). Beside the faults:
@@ -23,8 +23,8 @@ import (
 	"testing"
 	"time"
 
-	"toolstackd/internal/pooltest"
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/pooltest"
+	"toolstackd/internal/testkit/testdaemon"
 	"toolstackd/tests/pool/suite"
 )
 

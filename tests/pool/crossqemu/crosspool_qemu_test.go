@@ -11,8 +11,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
-	"toolstackd/internal/pooltest"
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/pooltest"
+	"toolstackd/internal/testkit/testdaemon"
 	"toolstackd/internal/xerr"
 	"toolstackd/tests/pool/suite"
 )

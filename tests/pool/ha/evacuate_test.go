@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"toolstackd/internal/pooltest"
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/pooltest"
+	"toolstackd/internal/testkit/testdaemon"
 	"toolstackd/internal/xerr"
 	"toolstackd/tests/pool/suite"
 )

@@ -23,8 +23,8 @@ import (
 
 	"toolstackd/internal/ha/journal"
 	"toolstackd/internal/ha/lease"
-	"toolstackd/internal/pooltest"
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/pooltest"
+	"toolstackd/internal/testkit/testdaemon"
 	"toolstackd/tests/pool/suite"
 )
 

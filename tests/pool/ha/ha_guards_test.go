@@ -4,8 +4,8 @@ import (
 	"encoding/json"
 	"testing"
 
-	"toolstackd/internal/pooltest"
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/pooltest"
+	"toolstackd/internal/testkit/testdaemon"
 	"toolstackd/internal/xerr"
 	"toolstackd/tests/pool/suite"
 )

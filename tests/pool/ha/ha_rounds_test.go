@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"toolstackd/internal/ha/journal"
-	"toolstackd/internal/pooltest"
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/pooltest"
+	"toolstackd/internal/testkit/testdaemon"
 	"toolstackd/tests/pool/suite"
 )
 

@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"toolstackd/internal/faultproxy"
-	"toolstackd/internal/pooltest"
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/faultproxy"
+	"toolstackd/internal/testkit/pooltest"
+	"toolstackd/internal/testkit/testdaemon"
 	"toolstackd/tests/pool/suite"
 )
 

@@ -6,7 +6,7 @@ import (
 	"net/netip"
 	"testing"
 
-	"toolstackd/internal/pooltest"
+	"toolstackd/internal/testkit/pooltest"
 )
 
 // TwoPools starts two hosts and does not join them: a session on each.

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/testdaemon"
 )
 
 // HATiming are short HA timing values for tests: the fence interval is

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"toolstackd/internal/pooltest"
+	"toolstackd/internal/testkit/pooltest"
 )
 
 // JoinedPool starts three hosts joined into a pool (startPool), with a

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"toolstackd/internal/pool/peerauth"
-	"toolstackd/internal/pooltest"
+	"toolstackd/internal/testkit/pooltest"
 )
 
 // RPC makes calls through one host with one session, failing the test on

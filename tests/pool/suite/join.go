@@ -12,8 +12,8 @@ import (
 	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/pool"
 	"toolstackd/internal/pool/replica"
-	"toolstackd/internal/poolfarm"
-	"toolstackd/internal/pooltest"
+	"toolstackd/internal/testkit/poolfarm"
+	"toolstackd/internal/testkit/pooltest"
 )
 
 // BareJoin is the join request of a program that is no toolstackd host

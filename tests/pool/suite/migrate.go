@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"toolstackd/internal/pooltest"
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/pooltest"
+	"toolstackd/internal/testkit/testdaemon"
 )
 
 // SharedVM makes a VM with a 4 MiB disk on sr; oc goes into its

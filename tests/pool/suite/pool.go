@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"toolstackd/internal/pooltest"
+	"toolstackd/internal/testkit/pooltest"
 )
 
 // Long says whether to run the full number of fault rounds.

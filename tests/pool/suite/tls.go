@@ -5,8 +5,8 @@ import (
 	"net/netip"
 	"testing"
 
-	"toolstackd/internal/pooltest"
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/pooltest"
+	"toolstackd/internal/testkit/testdaemon"
 )
 
 // TLSPool runs n hosts, each with --listen-https on its own 127.0.0.N and

@@ -2,9 +2,9 @@
 // the pool's tier-2 tests: several hosts on one machine, a fault proxy in
 // front of each (so that the links between hosts can be cut, delayed or
 // broken), clients that keep reading and writing while hosts are killed,
-// paused and partitioned, and the judge (internal/lincheck) that says
+// paused and partitioned, and the judge (internal/testkit/lincheck) that says
 // whether what the clients saw is linearizable and whether any
-// acknowledged write was lost. Like internal/testdaemon it is ordinary
+// acknowledged write was lost. Like internal/testkit/testdaemon it is ordinary
 // (non-test) code so that test packages anywhere can import it; nothing in
 // the daemon imports it.
 //
@@ -75,8 +75,8 @@ import (
 	"testing"
 	"time"
 
-	"toolstackd/internal/faultproxy"
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/faultproxy"
+	"toolstackd/internal/testkit/testdaemon"
 	"toolstackd/internal/xerr"
 )
 

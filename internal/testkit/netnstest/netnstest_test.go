@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"toolstackd/internal/network/netnstest"
+	"toolstackd/internal/testkit/netnstest"
 )
 
 func TestNamespacesAndCleanup(t *testing.T) {

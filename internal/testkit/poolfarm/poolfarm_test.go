@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"toolstackd/internal/pool/raftnet"
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/testdaemon"
 )
 
 func TestOptionsRefused(t *testing.T) {

@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"toolstackd/internal/faultproxy"
-	"toolstackd/internal/lincheck"
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/faultproxy"
+	"toolstackd/internal/testkit/lincheck"
+	"toolstackd/internal/testkit/testdaemon"
 )
 
 func ctxFor(t *testing.T, d time.Duration) context.Context {

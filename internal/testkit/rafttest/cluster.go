@@ -34,7 +34,7 @@
 // every live node and the logs compared after each round. Long mode,
 // TOOLSTACKD_LONG=1, runs ten times the rounds:
 //
-//	TOOLSTACKD_LONG=1 go test -race -timeout 30m -v ./internal/pool/rafttest
+//	TOOLSTACKD_LONG=1 go test -race -timeout 30m -v ./internal/testkit/rafttest
 //
 // Timeouts default to raft's own (1 s heartbeat and election timeout,
 // 500 ms leader lease): CI machines are loaded and, with heartbeats on the

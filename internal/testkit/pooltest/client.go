@@ -14,7 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"toolstackd/internal/testdaemon"
+	"toolstackd/internal/testkit/testdaemon"
 )
 
 // Client bounds: every call has a deadline, every reply a size.

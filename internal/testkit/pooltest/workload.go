@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"toolstackd/internal/lincheck"
+	"toolstackd/internal/testkit/lincheck"
 	"toolstackd/internal/safepath"
 	"toolstackd/internal/xerr"
 )
