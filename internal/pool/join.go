@@ -30,10 +30,10 @@ const MaxVoters = 5
 // joinTimeout bounds a whole join, both sides.
 const joinTimeout = 60 * time.Second
 
-// joinRequest is what a joining host sends the coordinator, with the
+// JoinRequest is what a joining host sends the coordinator, with the
 // coordinator's credentials in the request's basic authorization (checked
 // before the body is read).
-type joinRequest struct {
+type JoinRequest struct {
 	UUID    string `json:"uuid"`    // the joiner's host uuid: its raft ID
 	Address string `json:"address"` // where the pool reaches it: its raft address
 	Rows    []byte `json:"rows"`    // its own rows (replica.EncodeRows)
@@ -45,11 +45,11 @@ type joinRequest struct {
 	DBSchema   *Version `json:"db_schema,omitempty"`
 }
 
-// joinReply is the coordinator's answer: the secret and the raft index
+// JoinReply is the coordinator's answer: the secret and the raft index
 // the joiner must reach, or a XenAPI error (code, then parameters). To a
 // GET it is the coordinator's versions (or an error): what the joiner
 // checks before it sends its own request.
-type joinReply struct {
+type JoinReply struct {
 	Secret     string   `json:"secret,omitempty"`
 	Index      uint64   `json:"index,omitempty"`
 	Error      []string `json:"error,omitempty"`
@@ -89,9 +89,9 @@ func (p *Pool) join(c *api.Call, a dm.PoolJoinArgs) (dm.Void, error) {
 	if err := p.checkMasterVersions(ctx, first, master, a.MasterUsername, a.MasterPassword); err != nil {
 		return dm.Void{}, err
 	}
-	req := joinRequest{UUID: p.cfg.HostUUID, Address: p.Advertised(),
-		Rows:       replica.EncodeRows(ownRows(snap, p.cfg.Server.Cfg.HostRef)),
-		APIVersion: apiVersion(), DBSchema: schemaVersion(p.cfg.Server.Model)}
+	req := JoinRequest{UUID: p.cfg.HostUUID, Address: p.Advertised(),
+		Rows:       replica.EncodeRows(OwnRows(snap, p.cfg.Server.Cfg.HostRef)),
+		APIVersion: APIVersion(), DBSchema: SchemaVersion(p.cfg.Server.Model)}
 	if own := p.ownCert(); own != nil {
 		req.Cert = certPEM(own)
 	}
@@ -138,9 +138,9 @@ func (p *Pool) join(c *api.Call, a dm.PoolJoinArgs) (dm.Void, error) {
 // at master over the first-contact client, with the coordinator's
 // credentials, and returns its answer; an error it answers is returned
 // as that error.
-func (p *Pool) askMaster(ctx context.Context, first *http.Client, master, method string, body []byte, user, pw string) (joinReply, error) {
-	var reply joinReply
-	hreq, err := http.NewRequestWithContext(ctx, method, joinPath, bytes.NewReader(body))
+func (p *Pool) askMaster(ctx context.Context, first *http.Client, master, method string, body []byte, user, pw string) (JoinReply, error) {
+	var reply JoinReply
+	hreq, err := http.NewRequestWithContext(ctx, method, JoinPath, bytes.NewReader(body))
 	if err != nil {
 		return reply, err
 	}
@@ -187,7 +187,7 @@ func (p *Pool) checkMasterVersions(ctx context.Context, first *http.Client, mast
 	case reply.APIVersion == nil && reply.DBSchema == nil:
 		return nil
 	}
-	if err := checkVersions(apiVersion(), schemaVersion(p.cfg.Server.Model), reply.APIVersion, reply.DBSchema); err != nil {
+	if err := checkVersions(APIVersion(), SchemaVersion(p.cfg.Server.Model), reply.APIVersion, reply.DBSchema); err != nil {
 		p.log.Warn("pool.join: the master runs other versions than this host", "master", master, "err", err)
 		return err
 	}
@@ -236,10 +236,10 @@ func joinable(snap db.Reader, self string) error {
 	return err
 }
 
-// ownRows are the rows a joining host brings into the pool: its host
+// OwnRows are the rows a joining host brings into the pool: its host
 // record and metrics, its CPUs, its storage (PBDs, their SRs, their VDIs)
 // and its control domain (hostRecords without what only leaving needs).
-func ownRows(snap db.Reader, self string) []*db.Row {
+func OwnRows(snap db.Reader, self string) []*db.Row {
 	host, ok := snap.Get(dm.Host.Class, self)
 	if !ok {
 		return nil
@@ -380,14 +380,14 @@ func mergeNetworks(snap db.Reader, rows []replica.Row) []replica.Row {
 // serveJoin is the coordinator's side of pool.join: to a GET, its
 // versions; to a POST, the join itself.
 func (p *Pool) serveJoin(w http.ResponseWriter, r *http.Request) {
-	reply := func(rep joinReply) {
+	reply := func(rep JoinReply) {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(rep) //nolint:gosec // the pool secret goes to a host that proved pool-admin credentials
 
 	}
 	fail := func(err error) {
 		xe := xerr.From(err)
-		reply(joinReply{Error: append([]string{xe.Code}, xe.Params...)})
+		reply(JoinReply{Error: append([]string{xe.Code}, xe.Params...)})
 	}
 	if p.Member() {
 		fail(xerr.New(xerr.HostIsSlave, p.Coordinator()))
@@ -403,10 +403,10 @@ func (p *Pool) serveJoin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.Method == http.MethodGet {
-		reply(joinReply{APIVersion: apiVersion(), DBSchema: schemaVersion(p.cfg.Server.Model)})
+		reply(JoinReply{APIVersion: APIVersion(), DBSchema: SchemaVersion(p.cfg.Server.Model)})
 		return
 	}
-	var req joinRequest
+	var req JoinRequest
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxDelta)).Decode(&req); err != nil {
 		http.Error(w, "a join request is JSON", http.StatusBadRequest)
 		return
@@ -418,14 +418,14 @@ func (p *Pool) serveJoin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.log.Info("a host joined the pool", "host", req.UUID, "address", req.Address)
-	reply(joinReply{Secret: p.secrets.Current(), Index: index})
+	reply(JoinReply{Secret: p.secrets.Current(), Index: index})
 }
 
 // admit brings a joining host into the pool: its rows into the database,
 // itself into raft. It returns the raft index the joiner must reach.
-func (p *Pool) admit(ctx context.Context, req joinRequest) (uint64, error) {
+func (p *Pool) admit(ctx context.Context, req JoinRequest) (uint64, error) {
 	// Versions first: rows of another schema are not read at all.
-	if err := checkVersions(req.APIVersion, req.DBSchema, apiVersion(), schemaVersion(p.cfg.Server.Model)); err != nil {
+	if err := checkVersions(req.APIVersion, req.DBSchema, APIVersion(), SchemaVersion(p.cfg.Server.Model)); err != nil {
 		return 0, err
 	}
 	if _, err := uuid.Parse(req.UUID); err != nil || len(req.UUID) != 36 || req.UUID == p.cfg.HostUUID {

@@ -64,7 +64,7 @@ func TestJoinable(t *testing.T) {
 func TestOwnRows(t *testing.T) {
 	d, self := bootedDB(t)
 	classes := map[string]int{}
-	for _, r := range ownRows(d.Snapshot(), self) {
+	for _, r := range OwnRows(d.Snapshot(), self) {
 		classes[r.Class.Name]++
 		if !joinClasses[r.Class] {
 			t.Errorf("a %s row would be refused by the coordinator", r.Class.Name)
@@ -148,7 +148,7 @@ func TestHostRecords(t *testing.T) {
 			t.Errorf("a leaving host's records hold %s", name)
 		}
 	}
-	joining := has(ownRows(d.Snapshot(), self))
+	joining := has(OwnRows(d.Snapshot(), self))
 	for _, name := range []string{"vm", "vbd", "shared"} {
 		if joining[name] {
 			t.Errorf("a joiner would bring %s", name)
@@ -206,7 +206,7 @@ func TestCheckJoinRows(t *testing.T) {
 	joiner, joinerHost := bootedDB(t)
 	own := func() []replica.Row {
 		t.Helper()
-		rows, err := replica.Decode(dm.Model, replica.EncodeRows(ownRows(joiner.Snapshot(), joinerHost)))
+		rows, err := replica.Decode(dm.Model, replica.EncodeRows(OwnRows(joiner.Snapshot(), joinerHost)))
 		if err != nil {
 			t.Fatal(err)
 		}

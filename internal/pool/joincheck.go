@@ -51,12 +51,12 @@ func (v *Version) String() string {
 	return fmt.Sprintf("%d.%d", v.Major, v.Minor)
 }
 
-// apiVersion is this toolstackd's XenAPI version, as its host record's
+// APIVersion is this toolstackd's XenAPI version, as its host record's
 // API_version_major and API_version_minor say.
-func apiVersion() *Version { return &Version{Major: api.APIVersionMajor, Minor: api.APIVersionMinor} }
+func APIVersion() *Version { return &Version{Major: api.APIVersionMajor, Minor: api.APIVersionMinor} }
 
-// schemaVersion is the database schema version of model m.
-func schemaVersion(m *schema.Model) *Version {
+// SchemaVersion is the database schema version of model m.
+func SchemaVersion(m *schema.Model) *Version {
 	return &Version{Major: int64(m.SchemaMajor), Minor: int64(m.SchemaMinor)}
 }
 

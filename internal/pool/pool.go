@@ -283,7 +283,7 @@ func (p *Pool) Routes(r *mux.Router) {
 		http.Error(w, "this host runs no raft", http.StatusServiceUnavailable)
 	})
 	r.HandleFunc(deltaPath, p.peerOnly(p.serveDelta)).Methods(http.MethodPost)
-	r.HandleFunc(joinPath, p.serveJoin).Methods(http.MethodPost, http.MethodGet)
+	r.HandleFunc(JoinPath, p.serveJoin).Methods(http.MethodPost, http.MethodGet)
 	r.HandleFunc(joinedPath, p.peerOnly(p.serveJoined)).Methods(http.MethodPost)
 	r.HandleFunc(alivePath, p.peerOnly(p.serveAlive)).Methods(http.MethodPost)
 	r.HandleFunc(callPath, p.peerOnly(p.serveCall)).Methods(http.MethodPost)
@@ -399,10 +399,15 @@ func (p *Pool) toPeer(req *http.Request, addr string) {
 // maxDelta bounds a member's change sent to the coordinator.
 const maxDelta = 64 << 20
 
-const (
-	deltaPath = "/pool/db"
-	joinPath  = "/pool/join"
-)
+// deltaPath is where a member sends its change to the coordinator.
+const deltaPath = "/pool/db"
+
+// JoinPath is the coordinator's endpoint of pool.join: a POST with the
+// coordinator's pool-admin credentials as basic authorization and a
+// JoinRequest as its body, answered by a JoinReply; a GET answers the
+// coordinator's versions. Join's wire types are exported so that a tool
+// (poolfarm's light hosts) joins exactly as a host does.
+const JoinPath = "/pool/join"
 
 // serveDelta applies a member's change on the coordinator.
 func (p *Pool) serveDelta(w http.ResponseWriter, r *http.Request) {

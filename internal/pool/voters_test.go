@@ -17,8 +17,8 @@ import (
 // refused with xapi's errors, [joiner's, coordinator's] as "major.minor"
 // ("" for a version not given), the API version checked first.
 func TestCheckVersions(t *testing.T) {
-	ours := apiVersion()
-	schema := schemaVersion(dm.Model)
+	ours := APIVersion()
+	schema := SchemaVersion(dm.Model)
 	if ours.String() != "2.21" || ours.Major != api.APIVersionMajor || schema.Major != int64(dm.SchemaMajor) || schema.Minor != int64(dm.SchemaMinor) {
 		t.Fatalf("this toolstackd's versions: API %s, schema %s", ours, schema)
 	}
@@ -60,15 +60,15 @@ func TestCheckVersions(t *testing.T) {
 // database; reaching either would panic).
 func TestAdmitRefusesOtherVersions(t *testing.T) {
 	p := &Pool{cfg: Config{Server: &api.Server{Model: dm.Model}}}
-	req := joinRequest{UUID: "6e5fd7a4-1f3c-4a61-9b52-3c0d2a1e8f00", Address: "127.0.0.9:1", Rows: []byte("not rows")}
+	req := JoinRequest{UUID: "6e5fd7a4-1f3c-4a61-9b52-3c0d2a1e8f00", Address: "127.0.0.9:1", Rows: []byte("not rows")}
 	_, err := p.admit(context.Background(), req)
-	if e := xerr.From(err); e.Code != xerr.PoolJoiningHostMustHaveSameAPIVersion || !slices.Equal(e.Params, []string{"", apiVersion().String()}) {
+	if e := xerr.From(err); e.Code != xerr.PoolJoiningHostMustHaveSameAPIVersion || !slices.Equal(e.Params, []string{"", APIVersion().String()}) {
 		t.Fatalf("a joiner that names no versions: %v", err)
 	}
-	req.APIVersion = apiVersion()
+	req.APIVersion = APIVersion()
 	req.DBSchema = &Version{Major: 4, Minor: 0}
 	_, err = p.admit(context.Background(), req)
-	if e := xerr.From(err); e.Code != xerr.PoolJoiningHostMustHaveSameDBSchema || !slices.Equal(e.Params, []string{"4.0", schemaVersion(dm.Model).String()}) {
+	if e := xerr.From(err); e.Code != xerr.PoolJoiningHostMustHaveSameDBSchema || !slices.Equal(e.Params, []string{"4.0", SchemaVersion(dm.Model).String()}) {
 		t.Fatalf("a joiner of another schema: %v", err)
 	}
 }

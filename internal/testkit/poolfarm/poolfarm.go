@@ -342,7 +342,7 @@ func (h *Host) Join(ctx context.Context) error {
 		return err
 	}
 	h.UUID, h.HostRef = id, ref
-	apiVer, dbSchema := pool.OwnVersions(dm.Model)
+	apiVer, dbSchema := pool.APIVersion(), pool.SchemaVersion(dm.Model)
 	body, err := json.Marshal(pool.JoinRequest{UUID: id, Address: h.Addr, Rows: replica.EncodeRows(rows),
 		APIVersion: apiVer, DBSchema: dbSchema})
 	if err != nil {

@@ -108,7 +108,7 @@ func waitOrError(t *testing.T, bound time.Duration, what string, cond func() boo
 func TestJoinerVersionsChecked(t *testing.T) {
 	ctx := suite.Ctx(t)
 	p := pooltest.Start(t, pooltest.Options{Hosts: 1})
-	ours, schema := pool.OwnVersions(dm.Model)
+	ours, schema := pool.APIVersion(), pool.SchemaVersion(dm.Model)
 	if ours.String() != "2.21" || schema.Major != dm.SchemaMajor || schema.Minor != dm.SchemaMinor {
 		t.Fatalf("the versions under test: API %s, schema %s", ours, schema)
 	}
@@ -172,7 +172,7 @@ func TestJoinerVersionsChecked(t *testing.T) {
 // and the stand-in is sent nothing else.
 func TestJoinerChecksCoordinatorVersions(t *testing.T) {
 	ctx := suite.Ctx(t)
-	ours, schema := pool.OwnVersions(dm.Model)
+	ours, schema := pool.APIVersion(), pool.SchemaVersion(dm.Model)
 	newer := &pool.Version{Major: ours.Major + 1, Minor: 0}
 	var mu sync.Mutex
 	var seen []string

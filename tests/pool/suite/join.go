@@ -28,7 +28,7 @@ func BareJoin(t *testing.T, name, address string) pool.JoinRequest {
 	if err != nil {
 		t.Fatal(err)
 	}
-	apiVer, dbSchema := pool.OwnVersions(dm.Model)
+	apiVer, dbSchema := pool.APIVersion(), pool.SchemaVersion(dm.Model)
 	return pool.JoinRequest{UUID: uuid, Address: address, Rows: replica.EncodeRows(rows), APIVersion: apiVer, DBSchema: dbSchema}
 }
 
