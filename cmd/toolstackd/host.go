@@ -12,9 +12,9 @@ import (
 	"github.com/gorilla/mux"
 
 	"toolstackd/internal/api"
-	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/certs"
 	"toolstackd/internal/cli"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/db/persist"
 	"toolstackd/internal/ha"

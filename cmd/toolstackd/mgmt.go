@@ -16,8 +16,8 @@ import (
 	"sync"
 	"time"
 
-	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/atomicfile"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/network"
 	"toolstackd/internal/network/nsrun"

@@ -6,8 +6,8 @@ import (
 	"log/slog"
 	"strings"
 
-	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/api/wire"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"
 	"toolstackd/internal/xerr"

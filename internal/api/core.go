@@ -7,9 +7,9 @@ import (
 	"strconv"
 	"time"
 
-	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/api/events"
 	"toolstackd/internal/api/wire"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"
 	"toolstackd/internal/xerr"

@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"net/http"
 
-	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/api/wire"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/forwarding"
 	"toolstackd/internal/schema"

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/api/wire"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"
 )

@@ -12,8 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/api/events"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"
 )

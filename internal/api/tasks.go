@@ -5,8 +5,8 @@ import (
 	"sync"
 	"time"
 
-	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/api/wire"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"
 	"toolstackd/internal/xerr"

@@ -9,8 +9,8 @@ import (
 	"path/filepath"
 	"testing"
 
-	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/cli/xe"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"
 )

@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/cli/xe"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 )
 

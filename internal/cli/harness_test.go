@@ -14,8 +14,8 @@ import (
 	"github.com/gorilla/mux"
 
 	"toolstackd/internal/api"
-	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/cli/xe"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 )
 

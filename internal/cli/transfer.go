@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
-	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/cli/proto"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"
 	"toolstackd/internal/xerr"

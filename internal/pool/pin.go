@@ -10,8 +10,8 @@ import (
 	"net/http"
 	"sync"
 
-	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/certs"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/xerr"
 )

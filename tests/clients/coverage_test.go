@@ -14,8 +14,8 @@ import (
 	"time"
 
 	dm "toolstackd/internal/datamodel"
-	"toolstackd/internal/testkit/netnstest"
 	"toolstackd/internal/schema"
+	"toolstackd/internal/testkit/netnstest"
 	"toolstackd/internal/testkit/testdaemon"
 )
 

@@ -25,8 +25,8 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"toolstackd/internal/testkit/netnstest"
 	"toolstackd/internal/network/ovs"
+	"toolstackd/internal/testkit/netnstest"
 	"toolstackd/internal/testkit/ovstest"
 	"toolstackd/internal/testkit/testdaemon"
 )

@@ -16,8 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"toolstackd/internal/testkit/netnstest"
 	"toolstackd/internal/network/ovs"
+	"toolstackd/internal/testkit/netnstest"
 	"toolstackd/internal/testkit/ovstest"
 	"toolstackd/internal/testkit/testdaemon"
 )

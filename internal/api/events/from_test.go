@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/api/events"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"
 	"toolstackd/internal/xerr"

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/api/events"
+	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
 	"toolstackd/internal/schema"
 	"toolstackd/internal/xerr"

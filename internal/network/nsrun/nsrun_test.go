@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"toolstackd/internal/testkit/netnstest"
 	"toolstackd/internal/network/nsrun"
+	"toolstackd/internal/testkit/netnstest"
 )
 
 // netnsOfThread is the namespace the calling thread is in, as the kernel

@@ -11,8 +11,8 @@ import (
 	"toolstackd/internal/network"
 	"toolstackd/internal/network/locking"
 	"toolstackd/internal/network/netlinkx"
-	"toolstackd/internal/testkit/netnstest"
 	"toolstackd/internal/network/ovs"
+	"toolstackd/internal/testkit/netnstest"
 	"toolstackd/internal/testkit/ovstest"
 )
 

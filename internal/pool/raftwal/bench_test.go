@@ -14,8 +14,8 @@ import (
 
 	"toolstackd/internal/pool/raftnet"
 	"toolstackd/internal/pool/raftstore"
-	"toolstackd/internal/testkit/rafttest"
 	"toolstackd/internal/pool/raftwal"
+	"toolstackd/internal/testkit/rafttest"
 )
 
 // The comparison that moved the daemon's raft log here: raft's log on

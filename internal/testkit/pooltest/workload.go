@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"toolstackd/internal/testkit/lincheck"
 	"toolstackd/internal/safepath"
+	"toolstackd/internal/testkit/lincheck"
 	"toolstackd/internal/xerr"
 )
 
