@@ -7,7 +7,9 @@
 //   - packages without a package doc comment;
 //   - upward imports: a package that imports P/sub, where P is a package
 //     that itself depends (directly or not) on the importer, so the arrow
-//     reaches back up into the tree of a package above it.
+//     reaches back up into the tree of a package above it;
+//   - production packages that import a test-only package (one under
+//     internal/testkit); only tests, tests/ and cmd/ tools may.
 //
 // Run it as scripts/structure.sh (which also counts duplicates when the
 // duplicates tool is installed). It exits 0; the figures are for reading
@@ -111,7 +113,37 @@ func main() {
 	for _, u := range up {
 		fmt.Println("  " + u)
 	}
-	fmt.Printf("upward imports: %d\n", len(up))
+	fmt.Printf("upward imports: %d\n\n", len(up))
+
+	kit := testkitImports(pkgs)
+	fmt.Println("## Production packages importing internal/testkit")
+	for _, k := range kit {
+		fmt.Println("  " + k)
+	}
+	fmt.Printf("production imports of test-only packages: %d\n", len(kit))
+}
+
+// testkitImports lists the imports of a test-only package (under
+// internal/testkit) by a package of the daemon: one under internal/ that
+// is not itself in the kit. Tests, tests/ and cmd/ tools may import it.
+func testkitImports(pkgs []pkg) []string {
+	var out []string
+	for _, p := range pkgs {
+		if p.Module == nil {
+			continue
+		}
+		kit := p.Module.Path + "/internal/testkit/"
+		if !strings.HasPrefix(p.ImportPath, p.Module.Path+"/internal/") || strings.HasPrefix(p.ImportPath, kit) {
+			continue
+		}
+		for _, imp := range p.Imports {
+			if strings.HasPrefix(imp, kit) {
+				out = append(out, p.ImportPath+" -> "+imp)
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 // list is `go list -json -deps=false ./...` for the module's packages.
