@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"toolstackd/internal/xenops/qemu/qmp"
 
 	"toolstackd/internal/xenops/backend"
 	"toolstackd/internal/xenops/qemu"
@@ -483,13 +484,13 @@ func handMigration(t *testing.T, g *guest, mem int64) qemu.MigrationStats {
 		cmds = append(cmds, cmd)
 		return cmd
 	}
-	dial := func(name string) *qemu.QMP {
-		var q *qemu.QMP
+	dial := func(name string) *qmp.Conn {
+		var q *qmp.Conn
 		eventually(t, 30*time.Second, "QMP of "+name, func() bool {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()
 			var err error
-			q, err = qemu.DialQMP(ctx, filepath.Join(dir, name+".qmp"), nil)
+			q, err = qmp.Dial(ctx, filepath.Join(dir, name+".qmp"), nil)
 			return err == nil
 		})
 		return q

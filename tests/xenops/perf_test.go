@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"toolstackd/internal/xenops/qemu/qmp"
 
 	"toolstackd/internal/testkit/testdaemon"
 	"toolstackd/internal/xenops"
@@ -54,10 +55,10 @@ func handLaunch(t *testing.T, argv []string, qmpPath string) time.Duration {
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	var q *qemu.QMP
+	var q *qmp.Conn
 	for {
 		var err error
-		if q, err = qemu.DialQMP(ctx, qmpPath, nil); err == nil {
+		if q, err = qmp.Dial(ctx, qmpPath, nil); err == nil {
 			break
 		}
 		if ctx.Err() != nil {

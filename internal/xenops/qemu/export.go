@@ -38,7 +38,7 @@ func exportSock(d *qemuDomain) string {
 
 // ExportDisk implements backend.DiskExporter.
 func (q *QEMU) ExportDisk(ctx context.Context, uuid, device, name string) (string, error) {
-	d, qmp, err := q.live(uuid)
+	d, mon, err := q.live(uuid)
 	if err != nil {
 		return "", err
 	}
@@ -58,7 +58,7 @@ func (q *QEMU) ExportDisk(ctx context.Context, uuid, device, name string) (strin
 		d.mu.Lock()
 		addr := map[string]any{"type": "unix", "data": map[string]any{"path": jailPath(&d.j, sock)}}
 		d.mu.Unlock()
-		if err := qmp.Execute(ctx, "nbd-server-start", map[string]any{"addr": addr, "max-connections": 4}, nil); err != nil {
+		if err := mon.Execute(ctx, "nbd-server-start", map[string]any{"addr": addr, "max-connections": 4}, nil); err != nil {
 			return "", fmt.Errorf("qemu: nbd-server-start: %w", err)
 		}
 		if err := os.Chmod(sock, 0o600); err != nil {
@@ -66,7 +66,7 @@ func (q *QEMU) ExportDisk(ctx context.Context, uuid, device, name string) (strin
 		}
 	}
 	args := map[string]any{"type": "nbd", "id": exportID(device), "node-name": topNode(disk), "writable": true, "name": name}
-	if err := qmp.Execute(ctx, "block-export-add", args, nil); err != nil {
+	if err := mon.Execute(ctx, "block-export-add", args, nil); err != nil {
 		return "", fmt.Errorf("qemu: block-export-add: %w", err)
 	}
 	q.log.Info("qemu: exporting an incoming domain's disk", "vm", uuid, "device", device)
@@ -75,14 +75,14 @@ func (q *QEMU) ExportDisk(ctx context.Context, uuid, device, name string) (strin
 
 // UnexportDisk implements backend.DiskExporter.
 func (q *QEMU) UnexportDisk(ctx context.Context, uuid, device string) error {
-	d, qmp, err := q.live(uuid)
+	d, mon, err := q.live(uuid)
 	if err != nil {
 		return nil // no domain, no export
 	}
 	var exports []struct {
 		ID string `json:"id"`
 	}
-	if err := qmp.Execute(ctx, "query-block-exports", nil, &exports); err != nil {
+	if err := mon.Execute(ctx, "query-block-exports", nil, &exports); err != nil {
 		return err
 	}
 	left := 0
@@ -91,13 +91,13 @@ func (q *QEMU) UnexportDisk(ctx context.Context, uuid, device string) error {
 			left++
 			continue
 		}
-		if err := qmp.Execute(ctx, "block-export-del", map[string]any{"id": e.ID, "mode": "hard"}, nil); err != nil {
+		if err := mon.Execute(ctx, "block-export-del", map[string]any{"id": e.ID, "mode": "hard"}, nil); err != nil {
 			return fmt.Errorf("qemu: block-export-del: %w", err)
 		}
 	}
 	if left == 0 {
 		if _, err := os.Stat(exportSock(d)); err == nil {
-			if err := qmp.Execute(ctx, "nbd-server-stop", nil, nil); err != nil {
+			if err := mon.Execute(ctx, "nbd-server-stop", nil, nil); err != nil {
 				return fmt.Errorf("qemu: nbd-server-stop: %w", err)
 			}
 			_ = os.Remove(exportSock(d))

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"toolstackd/internal/xenops/qemu/qmp"
 
 	"golang.org/x/sys/unix"
 
@@ -243,7 +244,7 @@ func (h *startHandoff) close() {
 // liveHandoff passes descriptors to a running QEMU over its monitor.
 type liveHandoff struct {
 	ctx  context.Context
-	qmp  *QMP
+	qmp  *qmp.Conn
 	name string // prefix of getfd names
 	n    int
 }
@@ -286,20 +287,20 @@ func (h *liveHandoff) fd(f *os.File) (string, error) {
 
 // live is the handoff to a running domain's QEMU, or nil when the domain
 // is not jailed (QEMU opens what it is named).
-func live(ctx context.Context, d *qemuDomain, qmp *QMP, what string) handoff {
+func live(ctx context.Context, d *qemuDomain, mon *qmp.Conn, what string) handoff {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.j.Jail == nil {
 		return nil
 	}
-	return &liveHandoff{ctx: ctx, qmp: qmp, name: what}
+	return &liveHandoff{ctx: ctx, qmp: mon, name: what}
 }
 
 // dropFdsets removes the fd sets labelled opaque from a running QEMU,
 // but the one named keep (a /dev/fdset/N name, or ""), so that it keeps
 // no descriptor of a file it no longer uses. What QEMU has opened from a
 // set stays open; QEMU closes a removed descriptor once the guest runs.
-func dropFdsets(ctx context.Context, qmp *QMP, opaque, keep string) {
+func dropFdsets(ctx context.Context, mon *qmp.Conn, opaque, keep string) {
 	var sets []struct {
 		ID  int `json:"fdset-id"`
 		Fds []struct {
@@ -307,7 +308,7 @@ func dropFdsets(ctx context.Context, qmp *QMP, opaque, keep string) {
 			Opaque string `json:"opaque"`
 		} `json:"fds"`
 	}
-	if qmp.Execute(ctx, "query-fdsets", nil, &sets) != nil {
+	if mon.Execute(ctx, "query-fdsets", nil, &sets) != nil {
 		return
 	}
 	for _, s := range sets {
@@ -316,7 +317,7 @@ func dropFdsets(ctx context.Context, qmp *QMP, opaque, keep string) {
 		}
 		for _, f := range s.Fds {
 			if f.Opaque == opaque {
-				_ = qmp.Execute(ctx, "remove-fd", map[string]any{"fdset-id": s.ID, "fd": f.Fd}, nil)
+				_ = mon.Execute(ctx, "remove-fd", map[string]any{"fdset-id": s.ID, "fd": f.Fd}, nil)
 			}
 		}
 	}

@@ -185,14 +185,14 @@ func TestJailedEmulator(t *testing.T) {
 	}
 
 	// What A opens by name: nothing outside its directory.
-	_, qmp, err := h.q.live(a.j.UUID)
+	_, mon, err := h.q.live(a.j.UUID)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for i, p := range []string{"/etc/shadow", diskB, h.db, diskA, base} {
-		err := qmp.Execute(ctx, "blockdev-add", map[string]any{"driver": "file", "node-name": "probe" + strconv.Itoa(i), "filename": p, "read-only": true}, nil)
+		err := mon.Execute(ctx, "blockdev-add", map[string]any{"driver": "file", "node-name": "probe" + strconv.Itoa(i), "filename": p, "read-only": true}, nil)
 		if err == nil || !strings.Contains(err.Error(), "Permission denied") {
 			t.Errorf("QEMU A opening %s by name: %v, want Permission denied", p, err)
 		}
@@ -229,7 +229,7 @@ func TestJailedEmulator(t *testing.T) {
 				Opaque string `json:"opaque"`
 			} `json:"fds"`
 		}
-		if err := qmp.Execute(ctx, "query-fdsets", nil, &sets); err != nil {
+		if err := mon.Execute(ctx, "query-fdsets", nil, &sets); err != nil {
 			t.Fatal(err)
 		}
 		n := 0

@@ -8,6 +8,7 @@ import (
 	"os"
 	"syscall"
 	"time"
+	"toolstackd/internal/xenops/qemu/qmp"
 
 	"toolstackd/internal/xenops/backend"
 )
@@ -97,12 +98,12 @@ func (q *QEMU) MigrationStats(uuid string) (MigrationStats, bool) {
 
 // migSocket makes a socketpair and hands one end to QEMU under name
 // (getfd); the other is returned, ready for deadlines and Close.
-func migSocket(ctx context.Context, qmp *QMP, name string) (*os.File, error) {
+func migSocket(ctx context.Context, mon *qmp.Conn, name string) (*os.File, error) {
 	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("qemu: migration socket: %w", err)
 	}
-	err = qmp.ExecuteFD(ctx, "getfd", map[string]any{"fdname": name}, fds[1], nil)
+	err = mon.ExecuteFD(ctx, "getfd", map[string]any{"fdname": name}, fds[1], nil)
 	_ = syscall.Close(fds[1]) // QEMU has its own copy now (or none)
 	if err != nil {
 		_ = syscall.Close(fds[0])
@@ -146,7 +147,7 @@ func copyOut(w io.Writer, r io.Reader) copyResult {
 
 // ReceiveLive implements backend.Migrator.
 func (q *QEMU) ReceiveLive(ctx context.Context, uuid string, from io.Reader) error {
-	d, qmp, err := q.live(uuid)
+	d, mon, err := q.live(uuid)
 	if err != nil {
 		return err
 	}
@@ -171,18 +172,18 @@ func (q *QEMU) ReceiveLive(ctx context.Context, uuid string, from io.Reader) err
 		d.mu.Unlock()
 	}()
 
-	sock, err := migSocket(ctx, qmp, "migin")
+	sock, err := migSocket(ctx, mon, "migin")
 	if err != nil {
 		return err
 	}
 	defer func(c func() error) { _ = c() }(sock.Close)
 	ic := &incomingCopy{q: q, uuid: uuid, sock: sock, from: from, mr: backend.NewMigrateReader(from, "qemu"), copied: make(chan copyResult, 1)}
-	if err := qmp.Execute(ctx, "migrate-incoming", map[string]any{"uri": "fd:migin"}, nil); err != nil {
+	if err := mon.Execute(ctx, "migrate-incoming", map[string]any{"uri": "fd:migin"}, nil); err != nil {
 		ic.stop()
 		return fmt.Errorf("qemu: migrate-incoming: %w", err)
 	}
 	ic.start()
-	if err := awaitIncoming(ctx, d, qmp, ic); err != nil {
+	if err := awaitIncoming(ctx, d, mon, ic); err != nil {
 		ic.stop()
 		return err
 	}
@@ -238,7 +239,7 @@ func (ic *incomingCopy) stop() {
 // full and the emulator has loaded it (it is paused), polling its status
 // every migPoll. An error is the stream's, the emulator's exit or ctx's;
 // the caller stops the copy then.
-func awaitIncoming(ctx context.Context, d *qemuDomain, qmp *QMP, ic *incomingCopy) error {
+func awaitIncoming(ctx context.Context, d *qemuDomain, mon *qmp.Conn, ic *incomingCopy) error {
 	var streamDone, loaded bool
 	tick := time.NewTicker(migPoll)
 	defer tick.Stop()
@@ -266,7 +267,7 @@ func awaitIncoming(ctx context.Context, d *qemuDomain, qmp *QMP, ic *incomingCop
 				continue
 			}
 			var st struct{ Status string }
-			if err := qmp.Execute(ctx, "query-status", nil, &st); err != nil {
+			if err := mon.Execute(ctx, "query-status", nil, &st); err != nil {
 				continue // the exit or ctx case reports it
 			}
 			switch st.Status {
@@ -292,7 +293,7 @@ func incomingExited(d *qemuDomain) error {
 
 // SendLive implements backend.Migrator.
 func (q *QEMU) SendLive(ctx context.Context, uuid string, to io.Writer, o backend.MigrateOptions, progress func(float64)) error {
-	d, qmp, err := q.live(uuid)
+	d, mon, err := q.live(uuid)
 	if err != nil {
 		return err
 	}
@@ -306,7 +307,7 @@ func (q *QEMU) SendLive(ctx context.Context, uuid string, to io.Writer, o backen
 		return fmt.Errorf("qemu: domain %s is being migrated or has been", uuid)
 	}
 	wasRunning := state == backend.DomainRunning
-	if err := setMigration(ctx, qmp, o); err != nil {
+	if err := setMigration(ctx, mon, o); err != nil {
 		return err
 	}
 	mw, err := backend.NewMigrateWriter(to, "qemu")
@@ -316,17 +317,17 @@ func (q *QEMU) SendLive(ctx context.Context, uuid string, to io.Writer, o backen
 	if err := q.record(d, func(j *qemuJournal) { j.Migration, j.MigRunning = migOutgoing, wasRunning }); err != nil {
 		return err
 	}
-	sock, err := migSocket(ctx, qmp, "migout")
+	sock, err := migSocket(ctx, mon, "migout")
 	if err != nil {
-		q.undoSend(qmp, d, wasRunning, false)
+		q.undoSend(mon, d, wasRunning, false)
 		return err
 	}
 	defer func(c func() error) { _ = c() }(sock.Close)
-	s := &liveSend{q: q, d: d, qmp: qmp, uuid: uuid, to: to, mw: mw, sock: sock,
+	s := &liveSend{q: q, d: d, qmp: mon, uuid: uuid, to: to, mw: mw, sock: sock,
 		copied: make(chan copyResult, 1), wasRunning: wasRunning, running: true}
 	go func() { s.copied <- copyOut(mw, sock) }()
-	if err := qmp.Execute(ctx, "migrate", map[string]any{"uri": "fd:migout"}, nil); err != nil {
-		_ = qmp.Execute(context.WithoutCancel(ctx), "closefd", map[string]any{"fdname": "migout"}, nil)
+	if err := mon.Execute(ctx, "migrate", map[string]any{"uri": "fd:migout"}, nil); err != nil {
+		_ = mon.Execute(context.WithoutCancel(ctx), "closefd", map[string]any{"fdname": "migout"}, nil)
 		return s.fail(fmt.Errorf("qemu: migrate: %w", err))
 	}
 	stats, err := s.watch(ctx, o, progress)
@@ -356,7 +357,7 @@ func (q *QEMU) SendLive(ctx context.Context, uuid string, to io.Writer, o backen
 }
 
 // setMigration sets QEMU's migration capabilities and parameters from o.
-func setMigration(ctx context.Context, qmp *QMP, o backend.MigrateOptions) error {
+func setMigration(ctx context.Context, mon *qmp.Conn, o backend.MigrateOptions) error {
 	if o.Downtime <= 0 {
 		o.Downtime = backend.DefaultDowntime
 	}
@@ -370,11 +371,11 @@ func setMigration(ctx context.Context, qmp *QMP, o backend.MigrateOptions) error
 		// stopped and before QEMU lets go of the disks.
 		{"capability": "pause-before-switchover", "state": o.BeforeSwitchover != nil},
 	}
-	if err := qmp.Execute(ctx, "migrate-set-capabilities", map[string]any{"capabilities": caps}, nil); err != nil {
+	if err := mon.Execute(ctx, "migrate-set-capabilities", map[string]any{"capabilities": caps}, nil); err != nil {
 		return fmt.Errorf("qemu: migration capabilities: %w", err)
 	}
 	params := map[string]any{"downtime-limit": max(1, o.Downtime.Milliseconds()), "max-bandwidth": o.Bandwidth}
-	if err := qmp.Execute(ctx, "migrate-set-parameters", params, nil); err != nil {
+	if err := mon.Execute(ctx, "migrate-set-parameters", params, nil); err != nil {
 		return fmt.Errorf("qemu: migration parameters: %w", err)
 	}
 	return nil
@@ -385,7 +386,7 @@ func setMigration(ctx context.Context, qmp *QMP, o backend.MigrateOptions) error
 type liveSend struct {
 	q    *QEMU
 	d    *qemuDomain
-	qmp  *QMP
+	qmp  *qmp.Conn
 	uuid string
 	to   io.Writer
 	mw   *backend.MigrateWriter
@@ -504,22 +505,22 @@ type migrateStatus struct {
 	} `json:"ram"`
 }
 
-func queryMigrate(ctx context.Context, qmp *QMP) (migrateStatus, error) {
+func queryMigrate(ctx context.Context, mon *qmp.Conn) (migrateStatus, error) {
 	var st migrateStatus
-	err := qmp.Execute(ctx, "query-migrate", nil, &st)
+	err := mon.Execute(ctx, "query-migrate", nil, &st)
 	return st, err
 }
 
 // undoSend cancels an outgoing migration and waits for QEMU to settle;
 // a guest that ran before runs again; the journal forgets the
 // migration. started says whether migrate may have been issued.
-func (q *QEMU) undoSend(qmp *QMP, d *qemuDomain, wasRunning, started bool) {
+func (q *QEMU) undoSend(mon *qmp.Conn, d *qemuDomain, wasRunning, started bool) {
 	bg, cancel := context.WithTimeout(context.Background(), migSettle)
 	defer cancel()
 	if started {
-		_ = qmp.Execute(bg, "migrate_cancel", nil, nil)
+		_ = mon.Execute(bg, "migrate_cancel", nil, nil)
 		for bg.Err() == nil {
-			st, err := queryMigrate(bg, qmp)
+			st, err := queryMigrate(bg, mon)
 			if err != nil {
 				break
 			}
@@ -537,8 +538,8 @@ func (q *QEMU) undoSend(qmp *QMP, d *qemuDomain, wasRunning, started bool) {
 		// itself; one that completed (the end frame was never sent, so
 		// the destination cannot run it) is restarted here.
 		var st struct{ Status string }
-		if qmp.Execute(bg, "query-status", nil, &st) == nil && st.Status != "running" {
-			if err := qmp.Execute(bg, "cont", nil, nil); err != nil {
+		if mon.Execute(bg, "query-status", nil, &st) == nil && st.Status != "running" {
+			if err := mon.Execute(bg, "cont", nil, nil); err != nil {
 				q.log.Warn("qemu: resuming the guest after a failed migration", "vm", d.j.UUID, "err", err)
 			}
 		}
@@ -575,7 +576,7 @@ func (q *QEMU) settleMigrations() {
 	doms := q.domains()
 	for _, d := range doms {
 		d.mu.Lock()
-		uuid, incoming, mig, ran, qmp := d.j.UUID, d.j.Spec.Incoming, d.j.Migration, d.j.MigRunning, d.qmp
+		uuid, incoming, mig, ran, mon := d.j.UUID, d.j.Spec.Incoming, d.j.Migration, d.j.MigRunning, d.qmp
 		gone := d.state == backend.DomainGone
 		d.mu.Unlock()
 		switch {
@@ -586,9 +587,9 @@ func (q *QEMU) settleMigrations() {
 				q.log.Warn("qemu: destroying an unfinished incoming domain", "vm", uuid, "err", err)
 			}
 			cancel()
-		case mig == migOutgoing && !gone && qmp != nil:
+		case mig == migOutgoing && !gone && mon != nil:
 			q.log.Info("qemu: cancelling an outgoing migration cut short by a restart", "vm", uuid)
-			q.undoSend(qmp, d, ran, true)
+			q.undoSend(mon, d, ran, true)
 		case mig == migOutgoing:
 			if err := q.record(d, func(j *qemuJournal) { j.Migration, j.MigRunning = "", false }); err != nil {
 				q.log.Warn("qemu: saving domain state", "vm", uuid, "err", err)

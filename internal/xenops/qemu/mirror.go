@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"toolstackd/internal/xenops/qemu/qmp"
 
 	"toolstackd/internal/nbd"
 	"toolstackd/internal/xenops/backend"
@@ -45,11 +46,11 @@ func mirrorJob(device string) string { return "mirror-" + devID(device) }
 // mirrorNodes lists a disk's mirror target nodes that are not the disk's
 // own (after a pivot, its node is a former target): those of a mirror
 // that runs or that a dead daemon left. free is a name for a new one.
-func mirrorNodes(ctx context.Context, qmp *QMP, disk backend.Disk) (stale []string, free string, err error) {
+func mirrorNodes(ctx context.Context, mon *qmp.Conn, disk backend.Disk) (stale []string, free string, err error) {
 	var nodes []struct {
 		NodeName string `json:"node-name"`
 	}
-	if err := qmp.Execute(ctx, "query-named-block-nodes", map[string]any{"flat": true}, &nodes); err != nil {
+	if err := mon.Execute(ctx, "query-named-block-nodes", map[string]any{"flat": true}, &nodes); err != nil {
 		return nil, "", err
 	}
 	prefix := devID(disk.Device) + "-mirror"
@@ -69,13 +70,13 @@ func mirrorNodes(ctx context.Context, qmp *QMP, disk backend.Disk) (stale []stri
 
 // dropMirrorNodes removes a disk's mirror target nodes that are not its
 // own.
-func dropMirrorNodes(ctx context.Context, qmp *QMP, disk backend.Disk) {
-	stale, _, err := mirrorNodes(ctx, qmp, disk)
+func dropMirrorNodes(ctx context.Context, mon *qmp.Conn, disk backend.Disk) {
+	stale, _, err := mirrorNodes(ctx, mon, disk)
 	if err != nil {
 		return
 	}
 	for _, n := range stale {
-		dropBlockNode(ctx, qmp, n)
+		dropBlockNode(ctx, mon, n)
 	}
 }
 
@@ -103,8 +104,8 @@ func mirrorFailed(disk backend.Disk, why error) error {
 }
 
 // mirrorDisk finds a running domain's disk that can be mirrored.
-func (q *QEMU) mirrorDisk(uuid, device string) (*qemuDomain, *QMP, backend.Disk, error) {
-	d, qmp, err := q.live(uuid)
+func (q *QEMU) mirrorDisk(uuid, device string) (*qemuDomain, *qmp.Conn, backend.Disk, error) {
+	d, mon, err := q.live(uuid)
 	if err != nil {
 		return nil, nil, backend.Disk{}, err
 	}
@@ -115,7 +116,7 @@ func (q *QEMU) mirrorDisk(uuid, device string) (*qemuDomain, *QMP, backend.Disk,
 	if disk.CD || disk.Path == "" {
 		return nil, nil, backend.Disk{}, fmt.Errorf("qemu: VM %s disk %s has no image to mirror", uuid, device)
 	}
-	return d, qmp, disk, nil
+	return d, mon, disk, nil
 }
 
 // topNode is the node the domain's disk reads and writes: the last
@@ -129,7 +130,7 @@ func topNode(disk backend.Disk) string {
 
 // StartMirror implements backend.DiskMirrorer.
 func (q *QEMU) StartMirror(ctx context.Context, uuid, device string, t backend.MirrorTarget) error {
-	d, qmp, disk, err := q.mirrorDisk(uuid, device)
+	d, mon, disk, err := q.mirrorDisk(uuid, device)
 	if err != nil {
 		return err
 	}
@@ -150,7 +151,7 @@ func (q *QEMU) StartMirror(ctx context.Context, uuid, device string, t backend.M
 	if t.Bandwidth < 0 {
 		return mirrorFailed(disk, errors.New("negative bandwidth"))
 	}
-	if j, ok, err := findJob(ctx, qmp, mirrorJob(device)); err != nil {
+	if j, ok, err := findJob(ctx, mon, mirrorJob(device)); err != nil {
 		return err
 	} else if ok {
 		return mirrorFailed(disk, fmt.Errorf("a mirror is already %s", j.Status))
@@ -158,7 +159,7 @@ func (q *QEMU) StartMirror(ctx context.Context, uuid, device string, t backend.M
 	// QEMU opens the target in its main loop, where a server that never
 	// answers would hold the monitor: shake hands with it first, within
 	// a deadline, and check that it can take the disk.
-	size, err := nodeSize(ctx, qmp, topNode(disk))
+	size, err := nodeSize(ctx, mon, topNode(disk))
 	if err != nil {
 		return err
 	}
@@ -179,13 +180,13 @@ func (q *QEMU) StartMirror(ctx context.Context, uuid, device string, t backend.M
 		}
 	}
 
-	dropMirrorNodes(context.WithoutCancel(ctx), qmp, disk) // leftovers of a daemon that died mid-way
-	_, node, err := mirrorNodes(ctx, qmp, disk)
+	dropMirrorNodes(context.WithoutCancel(ctx), mon, disk) // leftovers of a daemon that died mid-way
+	_, node, err := mirrorNodes(ctx, mon, disk)
 	if err != nil {
 		return err
 	}
 	add := map[string]any{"driver": "nbd", "export": u.Export, "server": u.QEMUServer()}
-	h := live(ctx, d, qmp, node)
+	h := live(ctx, d, mon, node)
 	switch {
 	case local:
 		// The image is opened as a disk's is; its size is known once
@@ -196,18 +197,18 @@ func (q *QEMU) StartMirror(ctx context.Context, uuid, device string, t backend.M
 	}
 	if err == nil {
 		add["node-name"] = node
-		err = qmp.Execute(ctx, "blockdev-add", add, nil)
+		err = mon.Execute(ctx, "blockdev-add", add, nil)
 	}
 	if err != nil {
 		return mirrorFailed(disk, fmt.Errorf("opening the target: %w", err))
 	}
 	if local {
-		tsize, err := nodeSize(ctx, qmp, node)
+		tsize, err := nodeSize(ctx, mon, node)
 		if err == nil && tsize < size {
 			err = fmt.Errorf("target %s has %d bytes, the disk %d", t.Path, tsize, size)
 		}
 		if err != nil {
-			dropBlockNode(context.WithoutCancel(ctx), qmp, node)
+			dropBlockNode(context.WithoutCancel(ctx), mon, node)
 			return mirrorFailed(disk, err)
 		}
 	}
@@ -222,8 +223,8 @@ func (q *QEMU) StartMirror(ctx context.Context, uuid, device string, t backend.M
 	if t.WriteBlocking {
 		args["copy-mode"] = "write-blocking"
 	}
-	if err := qmp.Execute(ctx, "blockdev-mirror", args, nil); err != nil {
-		dropBlockNode(context.WithoutCancel(ctx), qmp, node)
+	if err := mon.Execute(ctx, "blockdev-mirror", args, nil); err != nil {
+		dropBlockNode(context.WithoutCancel(ctx), mon, node)
 		return mirrorFailed(disk, err)
 	}
 	targets.put(d, device, t)
@@ -232,14 +233,14 @@ func (q *QEMU) StartMirror(ctx context.Context, uuid, device string, t backend.M
 }
 
 // nodeSize is a block node's virtual size.
-func nodeSize(ctx context.Context, qmp *QMP, node string) (int64, error) {
+func nodeSize(ctx context.Context, mon *qmp.Conn, node string) (int64, error) {
 	var nodes []struct {
 		NodeName string `json:"node-name"`
 		Image    struct {
 			VirtualSize int64 `json:"virtual-size"`
 		} `json:"image"`
 	}
-	if err := qmp.Execute(ctx, "query-named-block-nodes", map[string]any{"flat": true}, &nodes); err != nil {
+	if err := mon.Execute(ctx, "query-named-block-nodes", map[string]any{"flat": true}, &nodes); err != nil {
 		return 0, err
 	}
 	for _, n := range nodes {
@@ -251,9 +252,9 @@ func nodeSize(ctx context.Context, qmp *QMP, node string) (int64, error) {
 }
 
 // findJob reads one block job from QEMU.
-func findJob(ctx context.Context, qmp *QMP, id string) (blockJob, bool, error) {
+func findJob(ctx context.Context, mon *qmp.Conn, id string) (blockJob, bool, error) {
 	var jobs []blockJob
-	if err := qmp.Execute(ctx, "query-block-jobs", nil, &jobs); err != nil {
+	if err := mon.Execute(ctx, "query-block-jobs", nil, &jobs); err != nil {
 		return blockJob{}, false, err
 	}
 	for _, j := range jobs {
@@ -266,8 +267,8 @@ func findJob(ctx context.Context, qmp *QMP, id string) (blockJob, bool, error) {
 
 // jobEvent matches the events of job id: its status changes and the
 // block job events.
-func jobEvent(id string) func(QMPEvent) bool {
-	return func(ev QMPEvent) bool {
+func jobEvent(id string) func(qmp.Event) bool {
+	return func(ev qmp.Event) bool {
 		var data struct {
 			ID     string `json:"id"`
 			Device string `json:"device"`
@@ -297,11 +298,11 @@ func statusOf(j blockJob, ok bool) backend.MirrorStatus {
 
 // MirrorStatus implements backend.DiskMirrorer.
 func (q *QEMU) MirrorStatus(ctx context.Context, uuid, device string) (backend.MirrorStatus, error) {
-	_, qmp, _, err := q.mirrorDisk(uuid, device)
+	_, mon, _, err := q.mirrorDisk(uuid, device)
 	if err != nil {
 		return backend.MirrorStatus{}, err
 	}
-	j, ok, err := findJob(ctx, qmp, mirrorJob(device))
+	j, ok, err := findJob(ctx, mon, mirrorJob(device))
 	if err != nil {
 		return backend.MirrorStatus{}, err
 	}
@@ -310,14 +311,14 @@ func (q *QEMU) MirrorStatus(ctx context.Context, uuid, device string) (backend.M
 
 // WaitMirrorReady implements backend.DiskMirrorer.
 func (q *QEMU) WaitMirrorReady(ctx context.Context, uuid, device string, progress func(float64)) error {
-	d, qmp, disk, err := q.mirrorDisk(uuid, device)
+	d, mon, disk, err := q.mirrorDisk(uuid, device)
 	if err != nil {
 		return err
 	}
 	id := mirrorJob(device)
 	for {
 		w := d.waitEvent(jobEvent(id)) // before the query, so no change is missed
-		j, ok, err := findJob(ctx, qmp, id)
+		j, ok, err := findJob(ctx, mon, id)
 		if err != nil {
 			d.dropWaiter(w)
 			return err
@@ -360,7 +361,7 @@ func (q *QEMU) WaitMirrorReady(ctx context.Context, uuid, device string, progres
 
 // waitConcluded waits until job id has ended (or is gone), within ctx
 // or mirrorEndTimeout when ctx has no deadline.
-func waitConcluded(ctx context.Context, d *qemuDomain, qmp *QMP, id string) (blockJob, bool, error) {
+func waitConcluded(ctx context.Context, d *qemuDomain, mon *qmp.Conn, id string) (blockJob, bool, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, mirrorEndTimeout)
@@ -368,7 +369,7 @@ func waitConcluded(ctx context.Context, d *qemuDomain, qmp *QMP, id string) (blo
 	}
 	for {
 		w := d.waitEvent(jobEvent(id))
-		j, ok, err := findJob(ctx, qmp, id)
+		j, ok, err := findJob(ctx, mon, id)
 		if err != nil || !ok || j.Status == "concluded" || j.Status == "null" {
 			d.dropWaiter(w)
 			return j, ok, err
@@ -393,12 +394,12 @@ func waitConcluded(ctx context.Context, d *qemuDomain, qmp *QMP, id string) (blo
 
 // CompleteMirror implements backend.DiskMirrorer.
 func (q *QEMU) CompleteMirror(ctx context.Context, uuid, device string, pivot bool) error {
-	d, qmp, disk, err := q.mirrorDisk(uuid, device)
+	d, mon, disk, err := q.mirrorDisk(uuid, device)
 	if err != nil {
 		return err
 	}
 	id := mirrorJob(device)
-	j, ok, err := findJob(ctx, qmp, id)
+	j, ok, err := findJob(ctx, mon, id)
 	if err != nil {
 		return err
 	}
@@ -413,16 +414,16 @@ func (q *QEMU) CompleteMirror(ctx context.Context, uuid, device string, pivot bo
 		return mirrorFailed(disk, errors.New(why))
 	}
 	if pivot {
-		err = qmp.Execute(ctx, "block-job-complete", map[string]any{"device": id}, nil)
+		err = mon.Execute(ctx, "block-job-complete", map[string]any{"device": id}, nil)
 	} else {
 		// Cancelling a mirror in sync is QEMU's way to end it without a
 		// pivot: it first writes what is in flight to the target.
-		err = qmp.Execute(ctx, "block-job-cancel", map[string]any{"device": id, "force": false}, nil)
+		err = mon.Execute(ctx, "block-job-cancel", map[string]any{"device": id, "force": false}, nil)
 	}
 	if err != nil {
 		return mirrorFailed(disk, err)
 	}
-	j, ok, err = waitConcluded(ctx, d, qmp, id)
+	j, ok, err = waitConcluded(ctx, d, mon, id)
 	if err != nil {
 		return mirrorFailed(disk, err)
 	}
@@ -430,25 +431,25 @@ func (q *QEMU) CompleteMirror(ctx context.Context, uuid, device string, pivot bo
 		return mirrorFailed(disk, errors.New(j.Error))
 	}
 	if ok {
-		_ = qmp.Execute(context.WithoutCancel(ctx), "job-dismiss", map[string]any{"id": id}, nil)
+		_ = mon.Execute(context.WithoutCancel(ctx), "job-dismiss", map[string]any{"id": id}, nil)
 	}
 	if !pivot {
 		targets.take(d, device)
-		dropMirrorNodes(context.WithoutCancel(ctx), qmp, disk)
+		dropMirrorNodes(context.WithoutCancel(ctx), mon, disk)
 		q.log.Info("qemu: disk mirror completed", "vm", uuid, "device", device)
 		return nil
 	}
 	// The device now writes to the target node: the old chain is
 	// unused. The journal keeps the target as the disk's only node.
-	stale, _, err := mirrorNodes(context.WithoutCancel(ctx), qmp, disk)
+	stale, _, err := mirrorNodes(context.WithoutCancel(ctx), mon, disk)
 	if err != nil || len(stale) != 1 {
 		return mirrorFailed(disk, fmt.Errorf("after the pivot the disk's node is unknown (%v, %v)", stale, err))
 	}
 	target := stale[0]
 	for i := len(disk.Overlays) - 1; i >= 0; i-- {
-		dropBlockNode(context.WithoutCancel(ctx), qmp, disk.Overlays[i])
+		dropBlockNode(context.WithoutCancel(ctx), mon, disk.Overlays[i])
 	}
-	dropBlockNode(context.WithoutCancel(ctx), qmp, nodeName(device))
+	dropBlockNode(context.WithoutCancel(ctx), mon, nodeName(device))
 	q.log.Info("qemu: disk mirror completed; the disk is the target now", "vm", uuid, "device", device)
 	tg, known := targets.take(d, device)
 	return q.record(d, func(jl *qemuJournal) {
@@ -464,7 +465,7 @@ func (q *QEMU) CompleteMirror(ctx context.Context, uuid, device string, pivot bo
 			jl.Disks[i].Path, jl.Disks[i].Format = tg.URI, "raw"
 		default:
 			jl.Disks[i].Format = "raw"
-			jl.Disks[i].Path = targetURI(ctx, qmp, target, jl.Disks[i].Path)
+			jl.Disks[i].Path = targetURI(ctx, mon, target, jl.Disks[i].Path)
 		}
 		if known && tg.VDI != "" {
 			jl.Disks[i].VDI = tg.VDI
@@ -474,12 +475,12 @@ func (q *QEMU) CompleteMirror(ctx context.Context, uuid, device string, pivot bo
 
 // targetURI is the NBD URI a target node was opened with, as QEMU
 // reports it (its filename), or old when it cannot be read.
-func targetURI(ctx context.Context, qmp *QMP, node, old string) string {
+func targetURI(ctx context.Context, mon *qmp.Conn, node, old string) string {
 	var nodes []struct {
 		NodeName string `json:"node-name"`
 		File     string `json:"file"`
 	}
-	if qmp.Execute(context.WithoutCancel(ctx), "query-named-block-nodes", map[string]any{"flat": true}, &nodes) != nil {
+	if mon.Execute(context.WithoutCancel(ctx), "query-named-block-nodes", map[string]any{"flat": true}, &nodes) != nil {
 		return old
 	}
 	for _, n := range nodes {
@@ -494,31 +495,31 @@ func targetURI(ctx context.Context, qmp *QMP, node, old string) string {
 
 // CancelMirror implements backend.DiskMirrorer.
 func (q *QEMU) CancelMirror(ctx context.Context, uuid, device string) error {
-	d, qmp, disk, err := q.mirrorDisk(uuid, device)
+	d, mon, disk, err := q.mirrorDisk(uuid, device)
 	if err != nil {
 		return err
 	}
 	id := mirrorJob(device)
-	j, ok, err := findJob(ctx, qmp, id)
+	j, ok, err := findJob(ctx, mon, id)
 	if err != nil {
 		return err
 	}
 	if ok && j.Status != "concluded" && j.Status != "null" {
-		err := qmp.Execute(ctx, "block-job-cancel", map[string]any{"device": id, "force": true}, nil)
-		var qe *QMPError
+		err := mon.Execute(ctx, "block-job-cancel", map[string]any{"device": id, "force": true}, nil)
+		var qe *qmp.Error
 		if err != nil && !(errors.As(err, &qe) && qe.Class == "DeviceNotActive") {
 			return mirrorFailed(disk, err)
 		}
-		if j, ok, err = waitConcluded(ctx, d, qmp, id); err != nil {
+		if j, ok, err = waitConcluded(ctx, d, mon, id); err != nil {
 			return mirrorFailed(disk, err)
 		}
 	}
 	if ok {
-		if err := qmp.Execute(ctx, "job-dismiss", map[string]any{"id": id}, nil); err != nil {
+		if err := mon.Execute(ctx, "job-dismiss", map[string]any{"id": id}, nil); err != nil {
 			return mirrorFailed(disk, err)
 		}
 	}
-	dropMirrorNodes(context.WithoutCancel(ctx), qmp, disk)
+	dropMirrorNodes(context.WithoutCancel(ctx), mon, disk)
 	targets.take(d, device)
 	if ok {
 		q.log.Info("qemu: disk mirror cancelled", "vm", uuid, "device", device)

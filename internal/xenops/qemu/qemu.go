@@ -16,6 +16,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"toolstackd/internal/xenops/qemu/qmp"
 
 	"toolstackd/internal/atomicfile"
 	"toolstackd/internal/safepath"
@@ -138,7 +139,7 @@ type qemuDomain struct {
 	reason   string
 	vcpus    int
 	memory   int64
-	qmp      *QMP
+	qmp      *qmp.Conn
 	child    bool
 	stopping bool
 	exited   chan struct{}
@@ -148,8 +149,8 @@ type qemuDomain struct {
 }
 
 type eventWaiter struct {
-	match func(QMPEvent) bool
-	ch    chan QMPEvent
+	match func(qmp.Event) bool
+	ch    chan qmp.Event
 }
 
 var (
@@ -251,16 +252,16 @@ func (q *QEMU) reattach(d *qemuDomain) {
 		return
 	}
 	d.mu.Lock()
-	qmp := d.qmp
+	mon := d.qmp
 	d.mu.Unlock()
 	var st struct{ Status string }
-	if err := qmp.Execute(ctx, "query-status", nil, &st); err == nil {
+	if err := mon.Execute(ctx, "query-status", nil, &st); err == nil {
 		d.mu.Lock()
 		d.state = stateOfStatus(st.Status)
 		d.mu.Unlock()
 	}
 	var cpus []json.RawMessage
-	if qmp.Execute(ctx, "query-cpus-fast", nil, &cpus) == nil && len(cpus) > 0 {
+	if mon.Execute(ctx, "query-cpus-fast", nil, &cpus) == nil && len(cpus) > 0 {
 		d.vcpus = len(cpus)
 	}
 	q.log.Info("qemu: re-attached to running domain", "vm", j.UUID, "pid", j.Pid, "domid", j.Domid, "state", d.state)
@@ -664,10 +665,10 @@ func (q *QEMU) StartDeviceModel(ctx context.Context, uuid string) error {
 		return err
 	}
 	d.mu.Lock()
-	qmp := d.qmp
+	mon := d.qmp
 	d.mu.Unlock()
 	if j.Spec.RestoreFrom != "" {
-		if err := q.waitRestored(ctx, d, qmp); err != nil {
+		if err := q.waitRestored(ctx, d, mon); err != nil {
 			return err
 		}
 	}
@@ -693,10 +694,10 @@ func emulatorError(logPath string) string {
 	return msg
 }
 
-func (q *QEMU) waitRestored(ctx context.Context, d *qemuDomain, qmp *QMP) error {
+func (q *QEMU) waitRestored(ctx context.Context, d *qemuDomain, mon *qmp.Conn) error {
 	for {
 		var st struct{ Status string }
-		if err := qmp.Execute(ctx, "query-status", nil, &st); err != nil {
+		if err := mon.Execute(ctx, "query-status", nil, &st); err != nil {
 			select {
 			case <-d.exited:
 				return xerr.New(xerr.FailedToStartEmulator, d.j.Spec.VMRef, "qemu", emulatorError(d.j.LogPath))
@@ -723,17 +724,17 @@ func (q *QEMU) connect(ctx context.Context, d *qemuDomain) error {
 	const delay = 2 * time.Millisecond
 	for {
 		dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		qmp, err := DialQMP(dctx, path, func(ev QMPEvent) { q.onEvent(d, ev) })
+		mon, err := qmp.Dial(dctx, path, func(ev qmp.Event) { q.onEvent(d, ev) })
 		cancel()
 		if err == nil {
 			d.mu.Lock()
 			if old := d.qmp; old != nil {
 				_ = old.Close()
 			}
-			d.qmp = qmp
+			d.qmp = mon
 			d.mu.Unlock()
 			go func() {
-				<-qmp.Done()
+				<-mon.Done()
 				// An EOF usually means the process ended; make sure.
 				time.Sleep(50 * time.Millisecond)
 				d.mu.Lock()
@@ -756,7 +757,7 @@ func (q *QEMU) connect(ctx context.Context, d *qemuDomain) error {
 }
 
 // onEvent follows QEMU's events (called from the QMP reader).
-func (q *QEMU) onEvent(d *qemuDomain, ev QMPEvent) {
+func (q *QEMU) onEvent(d *qemuDomain, ev qmp.Event) {
 	d.mu.Lock()
 	for i := 0; i < len(d.waiters); i++ {
 		w := d.waiters[i]
@@ -831,7 +832,7 @@ func (q *QEMU) processGone(d *qemuDomain) {
 	}
 }
 
-func (q *QEMU) monitor(d *qemuDomain) (*QMP, error) {
+func (q *QEMU) monitor(d *qemuDomain) (*qmp.Conn, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.qmp == nil {
@@ -856,24 +857,24 @@ func (q *QEMU) MarkComplete(uuid string) error {
 
 // live finds a domain and its monitor connection: the start of every
 // call that talks to a running emulator.
-func (q *QEMU) live(uuid string) (*qemuDomain, *QMP, error) {
+func (q *QEMU) live(uuid string) (*qemuDomain, *qmp.Conn, error) {
 	d, err := q.dom(uuid)
 	if err != nil {
 		return nil, nil, err
 	}
-	qmp, err := q.monitor(d)
+	mon, err := q.monitor(d)
 	if err != nil {
 		return d, nil, err
 	}
-	return d, qmp, nil
+	return d, mon, nil
 }
 
 func (q *QEMU) command(ctx context.Context, uuid, cmd string, args any, out any) (*qemuDomain, error) {
-	d, qmp, err := q.live(uuid)
+	d, mon, err := q.live(uuid)
 	if err != nil {
 		return d, err
 	}
-	return d, qmp.Execute(ctx, cmd, args, out)
+	return d, mon.Execute(ctx, cmd, args, out)
 }
 
 // disk returns a copy of the domain's disk at device.
@@ -903,8 +904,8 @@ func (d *qemuDomain) nic(device string) (backend.NIC, bool) {
 
 // dropBlockNode removes a block node; failures are ignored, as it is only
 // ever tidying up after the device that used the node.
-func dropBlockNode(ctx context.Context, qmp *QMP, node string) {
-	_ = qmp.Execute(ctx, "blockdev-del", map[string]any{"node-name": node}, nil)
+func dropBlockNode(ctx context.Context, mon *qmp.Conn, node string) {
+	_ = mon.Execute(ctx, "blockdev-del", map[string]any{"node-name": node}, nil)
 }
 
 // Pause implements Backend.
@@ -960,7 +961,7 @@ func (q *QEMU) RequestShutdown(ctx context.Context, uuid string) error {
 // handed over the monitor socket. The file starts with the image header
 // (the domain's description); QEMU's migration stream follows it.
 func (q *QEMU) Suspend(ctx context.Context, uuid, path string, progress func(float64)) error {
-	d, qmp, err := q.live(uuid)
+	d, mon, err := q.live(uuid)
 	if err != nil {
 		return err
 	}
@@ -977,7 +978,7 @@ func (q *QEMU) Suspend(ctx context.Context, uuid, path string, progress func(flo
 		return err
 	}
 	// QEMU gets the same open file, positioned after the header.
-	if err := qmp.ExecuteFD(ctx, "getfd", map[string]any{"fdname": "suspend"}, int(f.Fd()), nil); err != nil {
+	if err := mon.ExecuteFD(ctx, "getfd", map[string]any{"fdname": "suspend"}, int(f.Fd()), nil); err != nil {
 		return err
 	}
 	if wasRunning {
@@ -985,12 +986,12 @@ func (q *QEMU) Suspend(ctx context.Context, uuid, path string, progress func(flo
 			return err
 		}
 	}
-	if err := q.migrateToFile(ctx, qmp, progress); err != nil {
-		q.cancelMigration(qmp, uuid, wasRunning)
+	if err := q.migrateToFile(ctx, mon, progress); err != nil {
+		q.cancelMigration(mon, uuid, wasRunning)
 		return err
 	}
 	if err := backend.FinishImage(f, lengthAt); err != nil {
-		q.cancelMigration(qmp, uuid, wasRunning)
+		q.cancelMigration(mon, uuid, wasRunning)
 		return err
 	}
 	d.mu.Lock()
@@ -1012,10 +1013,10 @@ func (d *qemuDomain) imageMeta() *backend.ImageMeta {
 
 // migrateToFile runs QEMU's migration into the file passed as "suspend"
 // and waits for it to complete, reporting its progress.
-func (q *QEMU) migrateToFile(ctx context.Context, qmp *QMP, progress func(float64)) error {
+func (q *QEMU) migrateToFile(ctx context.Context, mon *qmp.Conn, progress func(float64)) error {
 	// Saving would crawl at QEMU's default migration speed (32 MiB/s).
-	_ = qmp.Execute(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(8) << 30}, nil)
-	if err := qmp.Execute(ctx, "migrate", map[string]any{"uri": "fd:suspend"}, nil); err != nil {
+	_ = mon.Execute(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(8) << 30}, nil)
+	if err := mon.Execute(ctx, "migrate", map[string]any{"uri": "fd:suspend"}, nil); err != nil {
 		return err
 	}
 	for {
@@ -1027,7 +1028,7 @@ func (q *QEMU) migrateToFile(ctx context.Context, qmp *QMP, progress func(float6
 				Total       int64 `json:"total"`
 			} `json:"ram"`
 		}
-		if err := qmp.Execute(ctx, "query-migrate", nil, &st); err != nil {
+		if err := mon.Execute(ctx, "query-migrate", nil, &st); err != nil {
 			return err
 		}
 		switch st.Status {
@@ -1051,18 +1052,18 @@ func (q *QEMU) migrateToFile(ctx context.Context, qmp *QMP, progress func(float6
 // cancelled (and waited for), QEMU lets go of the file and a guest that
 // ran runs again. The image is the manager's to discard: its path may be
 // a storage-owned VDI, which is never removed from here.
-func (q *QEMU) cancelMigration(qmp *QMP, uuid string, wasRunning bool) {
+func (q *QEMU) cancelMigration(mon *qmp.Conn, uuid string, wasRunning bool) {
 	bg, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_ = qmp.Execute(bg, "migrate_cancel", nil, nil)
+	_ = mon.Execute(bg, "migrate_cancel", nil, nil)
 	for i := 0; i < 200; i++ {
 		var st struct{ Status string }
-		if qmp.Execute(bg, "query-migrate", nil, &st) != nil || st.Status != "active" && st.Status != "cancelling" {
+		if mon.Execute(bg, "query-migrate", nil, &st) != nil || st.Status != "active" && st.Status != "cancelling" {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	_ = qmp.Execute(bg, "closefd", map[string]any{"fdname": "suspend"}, nil)
+	_ = mon.Execute(bg, "closefd", map[string]any{"fdname": "suspend"}, nil)
 	if wasRunning {
 		_ = q.Unpause(bg, uuid)
 	}
@@ -1084,7 +1085,7 @@ func (q *QEMU) Destroy(ctx context.Context, uuid string) error {
 	}
 	d.mu.Lock()
 	d.stopping = true
-	qmp, j, child := d.qmp, d.j, d.child
+	mon, j, child := d.qmp, d.j, d.child
 	d.mu.Unlock()
 	alive := func() bool {
 		select {
@@ -1094,9 +1095,9 @@ func (q *QEMU) Destroy(ctx context.Context, uuid string) error {
 		}
 		return j.Pid > 0 && (child || sameProcess(j.Pid, j.PidStart, j.UUID))
 	}
-	if alive() && qmp != nil {
+	if alive() && mon != nil {
 		qctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_ = qmp.Execute(qctx, "quit", nil, nil)
+		_ = mon.Execute(qctx, "quit", nil, nil)
 		cancel()
 		if child {
 			select {
@@ -1121,8 +1122,8 @@ func (q *QEMU) Destroy(ctx context.Context, uuid string) error {
 		}
 	}
 	d.exitOnce.Do(func() { close(d.exited) })
-	if qmp != nil {
-		_ = qmp.Close()
+	if mon != nil {
+		_ = mon.Close()
 	}
 	for _, n := range j.NICs {
 		if n.Tap != "" {
@@ -1149,8 +1150,8 @@ func (q *QEMU) Destroy(ctx context.Context, uuid string) error {
 
 // waitEvent registers interest in an event before the command that
 // causes it is sent.
-func (d *qemuDomain) waitEvent(match func(QMPEvent) bool) *eventWaiter {
-	w := &eventWaiter{match: match, ch: make(chan QMPEvent, 1)}
+func (d *qemuDomain) waitEvent(match func(qmp.Event) bool) *eventWaiter {
+	w := &eventWaiter{match: match, ch: make(chan qmp.Event, 1)}
 	d.mu.Lock()
 	d.waiters = append(d.waiters, w)
 	d.mu.Unlock()
@@ -1168,8 +1169,8 @@ func (d *qemuDomain) dropWaiter(w *eventWaiter) {
 	}
 }
 
-func deviceDeleted(id string) func(QMPEvent) bool {
-	return func(ev QMPEvent) bool {
+func deviceDeleted(id string) func(qmp.Event) bool {
+	return func(ev qmp.Event) bool {
 		if ev.Event != "DEVICE_DELETED" {
 			return false
 		}
@@ -1181,11 +1182,11 @@ func deviceDeleted(id string) func(QMPEvent) bool {
 
 // deviceDel asks the guest to release a device and waits for it. ok is
 // false when the guest did not within the timeout.
-func (q *QEMU) deviceDel(ctx context.Context, d *qemuDomain, qmp *QMP, id string, timeout time.Duration) (bool, error) {
+func (q *QEMU) deviceDel(ctx context.Context, d *qemuDomain, mon *qmp.Conn, id string, timeout time.Duration) (bool, error) {
 	w := d.waitEvent(deviceDeleted(id))
 	defer d.dropWaiter(w)
-	if err := qmp.Execute(ctx, "device_del", map[string]any{"id": id}, nil); err != nil {
-		var qe *QMPError
+	if err := mon.Execute(ctx, "device_del", map[string]any{"id": id}, nil); err != nil {
+		var qe *qmp.Error
 		if errors.As(err, &qe) && qe.Class == "DeviceNotFound" {
 			return true, nil
 		}
@@ -1205,7 +1206,7 @@ func (q *QEMU) deviceDel(ctx context.Context, d *qemuDomain, qmp *QMP, id string
 
 // PlugDisk implements Backend.
 func (q *QEMU) PlugDisk(ctx context.Context, uuid string, disk backend.Disk) error {
-	d, qmp, err := q.live(uuid)
+	d, mon, err := q.live(uuid)
 	if err != nil {
 		return err
 	}
@@ -1223,19 +1224,19 @@ func (q *QEMU) PlugDisk(ctx context.Context, uuid string, disk backend.Disk) err
 		return xerr.New(xerr.OperationNotAllowed, "IDE disks cannot be hot-plugged")
 	}
 	if disk.Path != "" {
-		bd, err := blockdevFor(live(ctx, d, qmp, devID(disk.Device)), disk)
+		bd, err := blockdevFor(live(ctx, d, mon, devID(disk.Device)), disk)
 		if err == nil {
-			err = qmp.Execute(ctx, "blockdev-add", bd, nil)
+			err = mon.Execute(ctx, "blockdev-add", bd, nil)
 		}
 		if err != nil {
-			dropFdsets(context.WithoutCancel(ctx), qmp, diskOpaque(disk.Device), "")
+			dropFdsets(context.WithoutCancel(ctx), mon, diskOpaque(disk.Device), "")
 			return err
 		}
 	}
-	if err := qmp.Execute(ctx, "device_add", dev, nil); err != nil {
+	if err := mon.Execute(ctx, "device_add", dev, nil); err != nil {
 		if disk.Path != "" {
-			dropBlockNode(context.Background(), qmp, nodeName(disk.Device))
-			dropFdsets(context.Background(), qmp, diskOpaque(disk.Device), "")
+			dropBlockNode(context.Background(), mon, nodeName(disk.Device))
+			dropFdsets(context.Background(), mon, diskOpaque(disk.Device), "")
 		}
 		return err
 	}
@@ -1244,7 +1245,7 @@ func (q *QEMU) PlugDisk(ctx context.Context, uuid string, disk backend.Disk) err
 
 // UnplugDisk implements Backend.
 func (q *QEMU) UnplugDisk(ctx context.Context, uuid, device string, force bool) error {
-	d, qmp, err := q.live(uuid)
+	d, mon, err := q.live(uuid)
 	if err != nil {
 		return err
 	}
@@ -1256,7 +1257,7 @@ func (q *QEMU) UnplugDisk(ctx context.Context, uuid, device string, force bool) 
 	if force {
 		timeout = min(timeout, 2*time.Second)
 	}
-	ok, err := q.deviceDel(ctx, d, qmp, devID(device), timeout)
+	ok, err := q.deviceDel(ctx, d, mon, devID(device), timeout)
 	if err != nil {
 		return err
 	}
@@ -1265,10 +1266,10 @@ func (q *QEMU) UnplugDisk(ctx context.Context, uuid, device string, force bool) 
 	}
 	if ok && disk.Path != "" {
 		for i := len(disk.Overlays) - 1; i >= 0; i-- {
-			dropBlockNode(ctx, qmp, disk.Overlays[i])
+			dropBlockNode(ctx, mon, disk.Overlays[i])
 		}
-		dropBlockNode(ctx, qmp, nodeName(device))
-		dropFdsets(ctx, qmp, diskOpaque(device), "")
+		dropBlockNode(ctx, mon, nodeName(device))
+		dropFdsets(ctx, mon, diskOpaque(device), "")
 	}
 	if !ok {
 		q.log.Warn("qemu: forced unplug; the guest still holds the device until it reboots", "vm", uuid, "device", device)
@@ -1282,20 +1283,20 @@ func (q *QEMU) UnplugDisk(ctx context.Context, uuid, device string, force bool) 
 
 // ChangeMedium implements Backend.
 func (q *QEMU) ChangeMedium(ctx context.Context, uuid string, disk backend.Disk) error {
-	d, qmp, err := q.live(uuid)
+	d, mon, err := q.live(uuid)
 	if err != nil {
 		return err
 	}
 	name := ""
 	if disk.Path == "" {
-		err = qmp.Execute(ctx, "eject", map[string]any{"id": devID(disk.Device), "force": true}, nil)
+		err = mon.Execute(ctx, "eject", map[string]any{"id": devID(disk.Device), "force": true}, nil)
 	} else {
 		format := disk.Format
 		if format == "" {
 			format = "raw"
 		}
 		name = disk.Path
-		if h := live(ctx, d, qmp, devID(disk.Device)); h != nil {
+		if h := live(ctx, d, mon, devID(disk.Device)); h != nil {
 			var fs []*os.File
 			if fs, err = openImage(disk.Path, true); err != nil {
 				return err
@@ -1304,17 +1305,17 @@ func (q *QEMU) ChangeMedium(ctx context.Context, uuid string, disk backend.Disk)
 				return err
 			}
 		}
-		err = qmp.Execute(ctx, "blockdev-change-medium", map[string]any{
+		err = mon.Execute(ctx, "blockdev-change-medium", map[string]any{
 			"id": devID(disk.Device), "filename": name, "format": format, "read-only-mode": "read-only"}, nil)
 	}
 	// The old medium's descriptors go (or the new one's, if it failed).
 	if err != nil {
 		if strings.HasPrefix(name, "/dev/fdset/") {
-			dropFdsets(context.WithoutCancel(ctx), qmp, diskOpaque(disk.Device), "")
+			dropFdsets(context.WithoutCancel(ctx), mon, diskOpaque(disk.Device), "")
 		}
 		return err
 	}
-	dropFdsets(ctx, qmp, diskOpaque(disk.Device), name)
+	dropFdsets(ctx, mon, diskOpaque(disk.Device), name)
 	return q.record(d, func(j *qemuJournal) {
 		if i := j.diskIndex(disk.Device); i >= 0 {
 			j.Disks[i] = disk
@@ -1327,7 +1328,7 @@ func (q *QEMU) ChangeMedium(ctx context.Context, uuid string, disk backend.Disk)
 // blockdev-snapshot: storage calls this when it snapshots a VDI a running
 // VM writes to.
 func (q *QEMU) LiveSnapshot(ctx context.Context, uuid, device, path, format string) error {
-	d, qmp, err := q.live(uuid)
+	d, mon, err := q.live(uuid)
 	if err != nil {
 		return err
 	}
@@ -1344,17 +1345,17 @@ func (q *QEMU) LiveSnapshot(ctx context.Context, uuid, device, path, format stri
 		format = "qcow2"
 	}
 	file := protocolNode(path, false)
-	if h := live(ctx, d, qmp, node); h != nil {
+	if h := live(ctx, d, mon, node); h != nil {
 		if file, err = handedNode(h, path, false, diskOpaque(device)); err != nil {
 			return err
 		}
 	}
 	args := map[string]any{"driver": format, "node-name": node, "backing": nil, "file": file}
-	if err := qmp.Execute(ctx, "blockdev-add", args, nil); err != nil {
+	if err := mon.Execute(ctx, "blockdev-add", args, nil); err != nil {
 		return err
 	}
-	if err := qmp.Execute(ctx, "blockdev-snapshot", map[string]any{"node": top, "overlay": node}, nil); err != nil {
-		dropBlockNode(context.WithoutCancel(ctx), qmp, node)
+	if err := mon.Execute(ctx, "blockdev-snapshot", map[string]any{"node": top, "overlay": node}, nil); err != nil {
+		dropBlockNode(context.WithoutCancel(ctx), mon, node)
 		return err
 	}
 	return q.record(d, func(j *qemuJournal) {
@@ -1367,14 +1368,14 @@ func (q *QEMU) LiveSnapshot(ctx context.Context, uuid, device, path, format stri
 
 // PlugNIC implements Backend.
 func (q *QEMU) PlugNIC(ctx context.Context, uuid string, n backend.NIC) error {
-	d, qmp, err := q.live(uuid)
+	d, mon, err := q.live(uuid)
 	if err != nil {
 		return err
 	}
 	if err := q.setupNIC(ctx, d, &n); err != nil {
 		return err
 	}
-	nd, err := netdevFor(live(ctx, d, qmp, netID(n.Device)), n)
+	nd, err := netdevFor(live(ctx, d, mon, netID(n.Device)), n)
 	if err != nil {
 		q.forgetNIC(d, n.Device)
 		return err
@@ -1383,17 +1384,17 @@ func (q *QEMU) PlugNIC(ctx context.Context, uuid string, n backend.NIC) error {
 		return nil
 	}
 	undo := func(err error) error {
-		_ = qmp.Execute(context.Background(), "netdev_del", map[string]any{"id": netID(n.Device)}, nil)
+		_ = mon.Execute(context.Background(), "netdev_del", map[string]any{"id": netID(n.Device)}, nil)
 		q.forgetNIC(d, n.Device)
 		return err
 	}
-	if err := qmp.Execute(ctx, "netdev_add", nd, nil); err != nil {
+	if err := mon.Execute(ctx, "netdev_add", nd, nil); err != nil {
 		return undo(err)
 	}
 	d.mu.Lock()
 	model := nicModel(d.j.Spec.Platform)
 	d.mu.Unlock()
-	if err := qmp.Execute(ctx, "device_add", nicDevice(n, model, 0), nil); err != nil {
+	if err := mon.Execute(ctx, "device_add", nicDevice(n, model, 0), nil); err != nil {
 		return undo(err)
 	}
 	return nil
@@ -1401,7 +1402,7 @@ func (q *QEMU) PlugNIC(ctx context.Context, uuid string, n backend.NIC) error {
 
 // UnplugNIC implements Backend.
 func (q *QEMU) UnplugNIC(ctx context.Context, uuid, device string) error {
-	d, qmp, err := q.live(uuid)
+	d, mon, err := q.live(uuid)
 	if err != nil {
 		return err
 	}
@@ -1410,14 +1411,14 @@ func (q *QEMU) UnplugNIC(ctx context.Context, uuid, device string) error {
 		return nil
 	}
 	if nic.Mode != "none" {
-		ok, err := q.deviceDel(ctx, d, qmp, nicID(device), q.cfg.UnplugTimeout)
+		ok, err := q.deviceDel(ctx, d, mon, nicID(device), q.cfg.UnplugTimeout)
 		if err != nil {
 			return err
 		}
 		if !ok {
 			return xerr.New(xerr.DeviceDetachRejected, "VIF", nic.VIF, "the guest did not release the device")
 		}
-		_ = qmp.Execute(ctx, "netdev_del", map[string]any{"id": netID(device)}, nil)
+		_ = mon.Execute(ctx, "netdev_del", map[string]any{"id": netID(device)}, nil)
 	}
 	q.forgetNIC(d, device)
 	return nil
@@ -1449,7 +1450,7 @@ func (q *QEMU) forgetNIC(d *qemuDomain, device string) {
 // SetVCPUs implements Backend: VCPUs are hot-added from the free slots
 // QEMU offers (up to VCPUs_max); only hot-added ones can be removed.
 func (q *QEMU) SetVCPUs(ctx context.Context, uuid string, n int) error {
-	d, qmp, err := q.live(uuid)
+	d, mon, err := q.live(uuid)
 	if err != nil {
 		return err
 	}
@@ -1458,7 +1459,7 @@ func (q *QEMU) SetVCPUs(ctx context.Context, uuid string, n int) error {
 		Props   map[string]any `json:"props"`
 		QOMPath string         `json:"qom-path"`
 	}
-	if err := qmp.Execute(ctx, "query-hotpluggable-cpus", nil, &slots); err != nil {
+	if err := mon.Execute(ctx, "query-hotpluggable-cpus", nil, &slots); err != nil {
 		return err
 	}
 	present := 0
@@ -1483,7 +1484,7 @@ func (q *QEMU) SetVCPUs(ctx context.Context, uuid string, n int) error {
 				args[k] = v
 			}
 		}
-		if err := qmp.Execute(ctx, "device_add", args, nil); err != nil {
+		if err := mon.Execute(ctx, "device_add", args, nil); err != nil {
 			return err
 		}
 		present++
@@ -1499,7 +1500,7 @@ func (q *QEMU) SetVCPUs(ctx context.Context, uuid string, n int) error {
 		}
 		id := d.j.HotCPUs[len(d.j.HotCPUs)-1].ID
 		d.mu.Unlock()
-		if err := qmp.Execute(ctx, "device_del", map[string]any{"id": id}, nil); err != nil {
+		if err := mon.Execute(ctx, "device_del", map[string]any{"id": id}, nil); err != nil {
 			return err
 		}
 		d.mu.Lock()

@@ -126,12 +126,12 @@ func probeAccel(ctx context.Context, binary, accel, cpu, machine string) error {
 // probeVCPU is the probe's conversation with the emulator: it checks that
 // KVM is enabled (under kvm), lets the VCPU run for a moment and checks it
 // still runs, then asks the emulator to quit.
-func probeVCPU(ctx context.Context, qmp *stdioQMP, accel string) error {
-	if _, err := qmp.execute("qmp_capabilities"); err != nil {
+func probeVCPU(ctx context.Context, mon *stdioQMP, accel string) error {
+	if _, err := mon.execute("qmp_capabilities"); err != nil {
 		return err
 	}
 	if accel == "kvm" {
-		r, err := qmp.execute("query-kvm")
+		r, err := mon.execute("query-kvm")
 		if err != nil {
 			return err
 		}
@@ -140,7 +140,7 @@ func probeVCPU(ctx context.Context, qmp *stdioQMP, accel string) error {
 			return errors.New("KVM not enabled in the emulator")
 		}
 	}
-	if _, err := qmp.execute("cont"); err != nil {
+	if _, err := mon.execute("cont"); err != nil {
 		return err
 	}
 	select {
@@ -148,7 +148,7 @@ func probeVCPU(ctx context.Context, qmp *stdioQMP, accel string) error {
 		return ctx.Err()
 	case <-time.After(300 * time.Millisecond):
 	}
-	r, err := qmp.execute("query-status")
+	r, err := mon.execute("query-status")
 	if err != nil {
 		return err
 	}
@@ -157,7 +157,7 @@ func probeVCPU(ctx context.Context, qmp *stdioQMP, accel string) error {
 	if st.Status != "running" {
 		return fmt.Errorf("the VCPU stopped: status %q", st.Status)
 	}
-	_, _ = qmp.execute("quit")
+	_, _ = mon.execute("quit")
 	return nil
 }
 

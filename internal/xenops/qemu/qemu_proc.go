@@ -102,6 +102,14 @@ func killProcess(pid int, start uint64, marker string, timeout time.Duration) bo
 }
 
 // tailFile returns the last n bytes of a file, trimmed.
+// truncate cuts s to n bytes, marking the cut.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
 func tailFile(path string, n int64) string {
 	f, err := os.Open(path) //nolint:gosec // the backend's own log file
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 
 	"toolstackd/internal/rrdd/stats"
 	"toolstackd/internal/xenops/backend"
+	"toolstackd/internal/xenops/qemu/qmp"
 )
 
 // A running domain's counters, for the metrics module: each VCPU's CPU
@@ -41,7 +42,7 @@ const sysClassNet = "/sys/class/net"
 // building, stopped or gone is an error, at once. Without a deadline in
 // ctx, the read is bounded by defaultStatsTimeout.
 func (q *QEMU) Stats(ctx context.Context, uuid string) (stats.VM, error) {
-	d, qmp, err := q.live(uuid)
+	d, mon, err := q.live(uuid)
 	if err != nil {
 		return stats.VM{}, err
 	}
@@ -70,7 +71,7 @@ func (q *QEMU) Stats(ctx context.Context, uuid string) (stats.VM, error) {
 	out := stats.VM{UUID: strings.ToLower(uuid), MemoryTarget: target, MemoryInternalFree: stats.Unknown}
 
 	var cpus []qmpCPU
-	if err := qmp.Execute(ctx, "query-cpus-fast", nil, &cpus); err != nil {
+	if err := mon.Execute(ctx, "query-cpus-fast", nil, &cpus); err != nil {
 		return stats.VM{}, fmt.Errorf("qemu: query-cpus-fast: %w", err)
 	}
 	if out.VCPUTime, err = vcpuTimes(pid, cpus); err != nil {
@@ -80,7 +81,7 @@ func (q *QEMU) Stats(ctx context.Context, uuid string) (stats.VM, error) {
 	var balloon struct {
 		Actual int64 `json:"actual"`
 	}
-	switch err := qmp.Execute(ctx, "query-balloon", nil, &balloon); {
+	switch err := mon.Execute(ctx, "query-balloon", nil, &balloon); {
 	case err == nil && balloon.Actual > 0:
 		out.Memory = balloon.Actual
 	case err == nil || isQMPError(err):
@@ -92,7 +93,7 @@ func (q *QEMU) Stats(ctx context.Context, uuid string) (stats.VM, error) {
 	}
 
 	var raw json.RawMessage
-	if err := qmp.Execute(ctx, "query-blockstats", nil, &raw); err != nil {
+	if err := mon.Execute(ctx, "query-blockstats", nil, &raw); err != nil {
 		return stats.VM{}, fmt.Errorf("qemu: query-blockstats: %w", err)
 	}
 	if out.Disks, err = blockStats(raw, disks); err != nil {
@@ -107,7 +108,7 @@ func (q *QEMU) Stats(ctx context.Context, uuid string) (stats.VM, error) {
 }
 
 func isQMPError(err error) bool {
-	var qe *QMPError
+	var qe *qmp.Error
 	return errors.As(err, &qe)
 }
 

@@ -48,7 +48,7 @@ func (q *QEMU) SendTrigger(ctx context.Context, uuid, trigger string) error {
 // block_resize on its active image (the newest live-snapshot overlay, or
 // the disk's own format node), which the guest sees at once.
 func (q *QEMU) ResizeDisk(ctx context.Context, uuid, device string, size int64) error {
-	d, qmp, err := q.live(uuid)
+	d, mon, err := q.live(uuid)
 	if err != nil {
 		return err
 	}
@@ -63,7 +63,7 @@ func (q *QEMU) ResizeDisk(ctx context.Context, uuid, device string, size int64) 
 	if n := len(disk.Overlays); n > 0 {
 		node = disk.Overlays[n-1]
 	}
-	return qmp.Execute(ctx, "block_resize", map[string]any{"node-name": node, "size": size}, nil)
+	return mon.Execute(ctx, "block_resize", map[string]any{"node-name": node, "size": size}, nil)
 }
 
 // MoveNIC moves the NIC at device onto bridge. A NIC on a tap is moved

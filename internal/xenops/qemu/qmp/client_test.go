@@ -1,4 +1,4 @@
-package qemu
+package qmp
 
 import (
 	"bufio"
@@ -117,9 +117,9 @@ func splitLines(b []byte) [][]byte {
 
 func TestQMPClient(t *testing.T) {
 	f, path := newFakeQMP(t)
-	events := make(chan QMPEvent, 1)
+	events := make(chan Event, 1)
 	ctx := context.Background()
-	q, err := DialQMP(ctx, path, func(ev QMPEvent) { events <- ev })
+	q, err := Dial(ctx, path, func(ev Event) { events <- ev })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +128,7 @@ func TestQMPClient(t *testing.T) {
 	if err := q.Execute(ctx, "query-status", nil, &st); err != nil || st.Status != "running" {
 		t.Fatalf("query-status: %v %+v", err, st)
 	}
-	var qe *QMPError
+	var qe *Error
 	if err := q.Execute(ctx, "bogus", nil, nil); !errors.As(err, &qe) || qe.Class != "CommandNotFound" {
 		t.Fatalf("error reply: %v", err)
 	}
@@ -185,14 +185,14 @@ func TestQMPClient(t *testing.T) {
 	case <-time.After(2 * time.Second):
 		t.Fatal("connection not closed")
 	}
-	if err := q.Execute(ctx, "query-status", nil, nil); !errors.Is(err, ErrQMPClosed) {
+	if err := q.Execute(ctx, "query-status", nil, nil); !errors.Is(err, ErrClosed) {
 		t.Fatalf("after close: %v", err)
 	}
 }
 
 func TestQMPBadGreeting(t *testing.T) {
 	path := servePeer(t, func(c net.Conn) { c.Write([]byte("hello\n")) })
-	if _, err := DialQMP(context.Background(), path, nil); err == nil {
+	if _, err := Dial(context.Background(), path, nil); err == nil {
 		t.Fatal("a non-QMP peer was accepted")
 	}
 }
@@ -219,20 +219,20 @@ func servePeer(t *testing.T, fn func(net.Conn)) string {
 }
 
 // TestQMPEndlessLine: a peer that never ends its greeting line is
-// refused once the line passes maxQMPLine, not read into memory for ever.
+// refused once the line passes maxLine, not read into memory for ever.
 func TestQMPEndlessLine(t *testing.T) {
 	path := servePeer(t, func(c net.Conn) {
 		chunk := make([]byte, 1<<20)
 		for i := range chunk {
 			chunk[i] = '{'
 		}
-		for range maxQMPLine>>20 + 2 {
+		for range maxLine>>20 + 2 {
 			if _, err := c.Write(chunk); err != nil {
 				return
 			}
 		}
 	})
-	if _, err := DialQMP(context.Background(), path, nil); !errors.Is(err, lineio.ErrTooLong) {
+	if _, err := Dial(context.Background(), path, nil); !errors.Is(err, lineio.ErrTooLong) {
 		t.Fatalf("an endless greeting: %v", err)
 	}
 }

@@ -1,4 +1,4 @@
-package qemu
+package qmp
 
 import (
 	"bufio"
@@ -21,16 +21,16 @@ import (
 // can ride along with a command (SCM_RIGHTS), which is how getfd hands
 // QEMU the file a suspend image is written to.
 
-// QMPError is an error reply from QEMU.
-type QMPError struct {
+// Error is an error reply from QEMU.
+type Error struct {
 	Class string `json:"class"`
 	Desc  string `json:"desc"`
 }
 
-func (e *QMPError) Error() string { return "qmp: " + e.Class + ": " + e.Desc }
+func (e *Error) Error() string { return "qmp: " + e.Class + ": " + e.Desc }
 
-// QMPEvent is one asynchronous event.
-type QMPEvent struct {
+// Event is one asynchronous event.
+type Event struct {
 	Event     string          `json:"event"`
 	Data      json.RawMessage `json:"data"`
 	Timestamp struct {
@@ -39,48 +39,48 @@ type QMPEvent struct {
 	} `json:"timestamp"`
 }
 
-// maxQMPLine bounds one QMP message (a line). The largest replies
+// maxLine bounds one QMP message (a line). The largest replies
 // toolstackd asks for (query-block, query-migrate) are kilobytes; a
 // QEMU that sends more is not trusted to be QEMU any more, and the
 // connection ends.
-const maxQMPLine = 16 << 20
+const maxLine = 16 << 20
 
-// ErrQMPClosed is returned for commands on a connection that has ended
+// ErrClosed is returned for commands on a connection that has ended
 // (QEMU exited or the socket closed).
-var ErrQMPClosed = errors.New("qmp: connection closed")
+var ErrClosed = errors.New("qmp: connection closed")
 
-type qmpReply struct {
+type reply struct {
 	Return json.RawMessage `json:"return"`
-	Error  *QMPError       `json:"error"`
+	Error  *Error       `json:"error"`
 	Event  string          `json:"event"`
 	ID     json.RawMessage `json:"id"`
 	QMP    json.RawMessage `json:"QMP"`
 }
 
-// QMP is one connection to a QEMU monitor.
-type QMP struct {
+// Conn is one connection to a QEMU monitor.
+type Conn struct {
 	conn    *net.UnixConn
-	onEvent func(QMPEvent)
+	onEvent func(Event)
 
 	wmu     sync.Mutex // one writer at a time
 	mu      sync.Mutex
 	nextID  uint64
-	pending map[string]chan qmpReply
+	pending map[string]chan reply
 	closed  chan struct{}
 	err     error
 }
 
-// DialQMP connects to a QMP socket, reads the greeting and leaves
+// Dial connects to a QMP socket, reads the greeting and leaves
 // capabilities negotiation done, so that commands can be sent. onEvent,
 // if not nil, is called from the reader goroutine for every event; it
 // must not block for long.
-func DialQMP(ctx context.Context, path string, onEvent func(QMPEvent)) (*QMP, error) {
+func Dial(ctx context.Context, path string, onEvent func(Event)) (*Conn, error) {
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
 		return nil, err
 	}
-	q := &QMP{conn: c.(*net.UnixConn), onEvent: onEvent, pending: map[string]chan qmpReply{}, closed: make(chan struct{})}
+	q := &Conn{conn: c.(*net.UnixConn), onEvent: onEvent, pending: map[string]chan reply{}, closed: make(chan struct{})}
 	r := bufio.NewReader(q.conn)
 	// The greeting comes first, before anything is asked.
 	if dl, ok := ctx.Deadline(); ok {
@@ -88,12 +88,12 @@ func DialQMP(ctx context.Context, path string, onEvent func(QMPEvent)) (*QMP, er
 	} else {
 		q.conn.SetReadDeadline(time.Now().Add(30 * time.Second))
 	}
-	line, err := lineio.ReadLine(r, maxQMPLine)
+	line, err := lineio.ReadLine(r, maxLine)
 	if err != nil {
 		_ = c.Close()
 		return nil, fmt.Errorf("qmp greeting: %w", err)
 	}
-	var greet qmpReply
+	var greet reply
 	if json.Unmarshal(line, &greet) != nil || greet.QMP == nil {
 		_ = c.Close()
 		return nil, fmt.Errorf("qmp greeting: unexpected %q", truncate(string(line), 200))
@@ -108,26 +108,26 @@ func DialQMP(ctx context.Context, path string, onEvent func(QMPEvent)) (*QMP, er
 }
 
 // Done is closed when the connection ends.
-func (q *QMP) Done() <-chan struct{} { return q.closed }
+func (q *Conn) Done() <-chan struct{} { return q.closed }
 
 // Close ends the connection.
-func (q *QMP) Close() error { return q.conn.Close() }
+func (q *Conn) Close() error { return q.conn.Close() }
 
-func (q *QMP) readLoop(r *bufio.Reader) {
+func (q *Conn) readLoop(r *bufio.Reader) {
 	var err error
 	for {
 		var line []byte
-		line, err = lineio.ReadLine(r, maxQMPLine)
+		line, err = lineio.ReadLine(r, maxLine)
 		if err != nil {
 			break // a line over the bound ends the connection too
 		}
-		var m qmpReply
+		var m reply
 		if json.Unmarshal(line, &m) != nil {
 			continue
 		}
 		if m.Event != "" {
 			if q.onEvent != nil {
-				var ev QMPEvent
+				var ev Event
 				if json.Unmarshal(line, &ev) == nil {
 					q.onEvent(ev)
 				}
@@ -152,26 +152,26 @@ func (q *QMP) readLoop(r *bufio.Reader) {
 }
 
 // Execute runs a command and decodes its return value into out (when out
-// is not nil). A QEMU error reply is a *QMPError.
-func (q *QMP) Execute(ctx context.Context, cmd string, args any, out any) error {
+// is not nil). A QEMU error reply is a *Error.
+func (q *Conn) Execute(ctx context.Context, cmd string, args any, out any) error {
 	return q.execute(ctx, cmd, args, out, -1)
 }
 
 // ExecuteFD is Execute with a file descriptor passed alongside the
 // command (for getfd and add-fd).
-func (q *QMP) ExecuteFD(ctx context.Context, cmd string, args any, fd int, out any) error {
+func (q *Conn) ExecuteFD(ctx context.Context, cmd string, args any, fd int, out any) error {
 	return q.execute(ctx, cmd, args, out, fd)
 }
 
-func (q *QMP) execute(ctx context.Context, cmd string, args any, out any, fd int) error {
+func (q *Conn) execute(ctx context.Context, cmd string, args any, out any, fd int) error {
 	q.mu.Lock()
 	if q.pending == nil {
 		q.mu.Unlock()
-		return ErrQMPClosed
+		return ErrClosed
 	}
 	q.nextID++
 	id := strconv.FormatUint(q.nextID, 10)
-	ch := make(chan qmpReply, 1)
+	ch := make(chan reply, 1)
 	q.pending[`"`+id+`"`] = ch
 	q.mu.Unlock()
 	forget := func() {
@@ -218,7 +218,7 @@ func (q *QMP) execute(ctx context.Context, cmd string, args any, out any, fd int
 		}
 		return nil
 	case <-q.closed:
-		return ErrQMPClosed
+		return ErrClosed
 	case <-ctx.Done():
 		forget()
 		return ctx.Err()
