@@ -9,6 +9,7 @@ import (
 
 	"toolstackd/internal/nbd"
 	"toolstackd/internal/xenops/backend"
+	"toolstackd/internal/xenops/qemu/qmp"
 )
 
 // Disk exports of an incoming domain (backend.DiskExporter): the
@@ -56,17 +57,17 @@ func (q *QEMU) ExportDisk(ctx context.Context, uuid, device, name string) (strin
 	if _, err := os.Stat(sock); errors.Is(err, os.ErrNotExist) {
 		// nbd-server-start takes the legacy form of a socket address.
 		d.mu.Lock()
-		addr := map[string]any{"type": "unix", "data": map[string]any{"path": jailPath(&d.j, sock)}}
+		addr := qmp.SocketAddressLegacy{Type: "unix", Data: qmp.UnixSocketAddress{Path: jailPath(&d.j, sock)}}
 		d.mu.Unlock()
-		if err := mon.Execute(ctx, "nbd-server-start", map[string]any{"addr": addr, "max-connections": 4}, nil); err != nil {
+		if err := qmp.Do(ctx, mon, qmp.NBDServerStart{Addr: addr, MaxConnections: 4}); err != nil {
 			return "", fmt.Errorf("qemu: nbd-server-start: %w", err)
 		}
 		if err := os.Chmod(sock, 0o600); err != nil {
 			return "", err
 		}
 	}
-	args := map[string]any{"type": "nbd", "id": exportID(device), "node-name": topNode(disk), "writable": true, "name": name}
-	if err := mon.Execute(ctx, "block-export-add", args, nil); err != nil {
+	export := qmp.BlockExportAdd{Type: "nbd", ID: exportID(device), NodeName: topNode(disk), Writable: true, Export: name}
+	if err := qmp.Do(ctx, mon, export); err != nil {
 		return "", fmt.Errorf("qemu: block-export-add: %w", err)
 	}
 	q.log.Info("qemu: exporting an incoming domain's disk", "vm", uuid, "device", device)
@@ -79,10 +80,8 @@ func (q *QEMU) UnexportDisk(ctx context.Context, uuid, device string) error {
 	if err != nil {
 		return nil // no domain, no export
 	}
-	var exports []struct {
-		ID string `json:"id"`
-	}
-	if err := mon.Execute(ctx, "query-block-exports", nil, &exports); err != nil {
+	exports, err := qmp.Run(ctx, mon, qmp.QueryBlockExports{})
+	if err != nil {
 		return err
 	}
 	left := 0
@@ -91,13 +90,13 @@ func (q *QEMU) UnexportDisk(ctx context.Context, uuid, device string) error {
 			left++
 			continue
 		}
-		if err := mon.Execute(ctx, "block-export-del", map[string]any{"id": e.ID, "mode": "hard"}, nil); err != nil {
+		if err := qmp.Do(ctx, mon, qmp.BlockExportDel{ID: e.ID, Mode: "hard"}); err != nil {
 			return fmt.Errorf("qemu: block-export-del: %w", err)
 		}
 	}
 	if left == 0 {
 		if _, err := os.Stat(exportSock(d)); err == nil {
-			if err := mon.Execute(ctx, "nbd-server-stop", nil, nil); err != nil {
+			if err := qmp.Do(ctx, mon, qmp.NBDServerStop{}); err != nil {
 				return fmt.Errorf("qemu: nbd-server-stop: %w", err)
 			}
 			_ = os.Remove(exportSock(d))

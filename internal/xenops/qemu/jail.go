@@ -244,29 +244,25 @@ func (h *startHandoff) close() {
 // liveHandoff passes descriptors to a running QEMU over its monitor.
 type liveHandoff struct {
 	ctx  context.Context
-	qmp  *qmp.Conn
+	mon  *qmp.Conn
 	name string // prefix of getfd names
 	n    int
 }
 
 func (h *liveHandoff) fdset(fs []*os.File, opaque string) (string, error) {
 	defer closeAll(fs)
-	var r struct {
-		Set *int `json:"fdset-id"`
-	}
+	var set *int
 	for _, f := range fs {
-		args := map[string]any{"opaque": opaque}
-		if r.Set != nil {
-			args["fdset-id"] = *r.Set
-		}
-		if err := h.qmp.ExecuteFD(h.ctx, "add-fd", args, int(f.Fd()), &r); err != nil {
+		r, err := qmp.RunFD(h.ctx, h.mon, qmp.AddFD{FdsetID: set, Opaque: opaque}, int(f.Fd()))
+		if err != nil {
 			return "", fmt.Errorf("qemu: add-fd: %w", err)
 		}
+		set = &r.FdsetID
 	}
-	if r.Set == nil {
+	if set == nil {
 		return "", errors.New("qemu: add-fd named no fd set")
 	}
-	return "/dev/fdset/" + strconv.Itoa(*r.Set), nil
+	return "/dev/fdset/" + strconv.Itoa(*set), nil
 }
 
 func closeAll(fs []*os.File) {
@@ -279,7 +275,7 @@ func (h *liveHandoff) fd(f *os.File) (string, error) {
 	defer closeAll([]*os.File{f})
 	h.n++
 	name := h.name + "-" + strconv.Itoa(h.n)
-	if err := h.qmp.ExecuteFD(h.ctx, "getfd", map[string]any{"fdname": name}, int(f.Fd()), nil); err != nil {
+	if _, err := qmp.RunFD(h.ctx, h.mon, qmp.GetFD{FDName: name}, int(f.Fd())); err != nil {
 		return "", fmt.Errorf("qemu: getfd: %w", err)
 	}
 	return name, nil
@@ -293,7 +289,7 @@ func live(ctx context.Context, d *qemuDomain, mon *qmp.Conn, what string) handof
 	if d.j.Jail == nil {
 		return nil
 	}
-	return &liveHandoff{ctx: ctx, qmp: mon, name: what}
+	return &liveHandoff{ctx: ctx, mon: mon, name: what}
 }
 
 // dropFdsets removes the fd sets labelled opaque from a running QEMU,
@@ -301,23 +297,17 @@ func live(ctx context.Context, d *qemuDomain, mon *qmp.Conn, what string) handof
 // no descriptor of a file it no longer uses. What QEMU has opened from a
 // set stays open; QEMU closes a removed descriptor once the guest runs.
 func dropFdsets(ctx context.Context, mon *qmp.Conn, opaque, keep string) {
-	var sets []struct {
-		ID  int `json:"fdset-id"`
-		Fds []struct {
-			Fd     int    `json:"fd"`
-			Opaque string `json:"opaque"`
-		} `json:"fds"`
-	}
-	if mon.Execute(ctx, "query-fdsets", nil, &sets) != nil {
+	sets, err := qmp.Run(ctx, mon, qmp.QueryFdsets{})
+	if err != nil {
 		return
 	}
 	for _, s := range sets {
-		if "/dev/fdset/"+strconv.Itoa(s.ID) == keep {
+		if "/dev/fdset/"+strconv.Itoa(s.FdsetID) == keep {
 			continue
 		}
-		for _, f := range s.Fds {
+		for _, f := range s.FDs {
 			if f.Opaque == opaque {
-				_ = mon.Execute(ctx, "remove-fd", map[string]any{"fdset-id": s.ID, "fd": f.Fd}, nil)
+				_ = qmp.Do(ctx, mon, qmp.RemoveFD{FdsetID: s.FdsetID, FD: &f.FD})
 			}
 		}
 	}

@@ -103,7 +103,7 @@ func migSocket(ctx context.Context, mon *qmp.Conn, name string) (*os.File, error
 	if err != nil {
 		return nil, fmt.Errorf("qemu: migration socket: %w", err)
 	}
-	err = mon.ExecuteFD(ctx, "getfd", map[string]any{"fdname": name}, fds[1], nil)
+	_, err = qmp.RunFD(ctx, mon, qmp.GetFD{FDName: name}, fds[1])
 	_ = syscall.Close(fds[1]) // QEMU has its own copy now (or none)
 	if err != nil {
 		_ = syscall.Close(fds[0])
@@ -178,7 +178,7 @@ func (q *QEMU) ReceiveLive(ctx context.Context, uuid string, from io.Reader) err
 	}
 	defer func(c func() error) { _ = c() }(sock.Close)
 	ic := &incomingCopy{q: q, uuid: uuid, sock: sock, from: from, mr: backend.NewMigrateReader(from, "qemu"), copied: make(chan copyResult, 1)}
-	if err := mon.Execute(ctx, "migrate-incoming", map[string]any{"uri": "fd:migin"}, nil); err != nil {
+	if err := qmp.Do(ctx, mon, qmp.MigrateIncoming{URI: "fd:migin"}); err != nil {
 		ic.stop()
 		return fmt.Errorf("qemu: migrate-incoming: %w", err)
 	}
@@ -266,8 +266,8 @@ func awaitIncoming(ctx context.Context, d *qemuDomain, mon *qmp.Conn, ic *incomi
 			if loaded {
 				continue
 			}
-			var st struct{ Status string }
-			if err := mon.Execute(ctx, "query-status", nil, &st); err != nil {
+			st, err := qmp.Run(ctx, mon, qmp.QueryStatus{})
+			if err != nil {
 				continue // the exit or ctx case reports it
 			}
 			switch st.Status {
@@ -323,11 +323,11 @@ func (q *QEMU) SendLive(ctx context.Context, uuid string, to io.Writer, o backen
 		return err
 	}
 	defer func(c func() error) { _ = c() }(sock.Close)
-	s := &liveSend{q: q, d: d, qmp: mon, uuid: uuid, to: to, mw: mw, sock: sock,
+	s := &liveSend{q: q, d: d, mon: mon, uuid: uuid, to: to, mw: mw, sock: sock,
 		copied: make(chan copyResult, 1), wasRunning: wasRunning, running: true}
 	go func() { s.copied <- copyOut(mw, sock) }()
-	if err := mon.Execute(ctx, "migrate", map[string]any{"uri": "fd:migout"}, nil); err != nil {
-		_ = mon.Execute(context.WithoutCancel(ctx), "closefd", map[string]any{"fdname": "migout"}, nil)
+	if err := qmp.Do(ctx, mon, qmp.Migrate{URI: "fd:migout"}); err != nil {
+		_ = qmp.Do(context.WithoutCancel(ctx), mon, qmp.CloseFD{FDName: "migout"})
 		return s.fail(fmt.Errorf("qemu: migrate: %w", err))
 	}
 	stats, err := s.watch(ctx, o, progress)
@@ -364,18 +364,18 @@ func setMigration(ctx context.Context, mon *qmp.Conn, o backend.MigrateOptions) 
 	if o.Bandwidth <= 0 {
 		o.Bandwidth = 8 << 30
 	}
-	caps := []map[string]any{
-		{"capability": "events", "state": true},
-		{"capability": "auto-converge", "state": !o.NoAutoConverge},
+	caps := []qmp.MigrationCapabilityStatus{
+		{Capability: "events", State: true},
+		{Capability: "auto-converge", State: !o.NoAutoConverge},
 		// A storage migration completes its mirrors with the guest
 		// stopped and before QEMU lets go of the disks.
-		{"capability": "pause-before-switchover", "state": o.BeforeSwitchover != nil},
+		{Capability: "pause-before-switchover", State: o.BeforeSwitchover != nil},
 	}
-	if err := mon.Execute(ctx, "migrate-set-capabilities", map[string]any{"capabilities": caps}, nil); err != nil {
+	if err := qmp.Do(ctx, mon, qmp.MigrateSetCapabilities{Capabilities: caps}); err != nil {
 		return fmt.Errorf("qemu: migration capabilities: %w", err)
 	}
-	params := map[string]any{"downtime-limit": max(1, o.Downtime.Milliseconds()), "max-bandwidth": o.Bandwidth}
-	if err := mon.Execute(ctx, "migrate-set-parameters", params, nil); err != nil {
+	downtime, bandwidth := max(1, o.Downtime.Milliseconds()), o.Bandwidth
+	if err := qmp.Do(ctx, mon, qmp.MigrateSetParameters{DowntimeLimit: &downtime, MaxBandwidth: &bandwidth}); err != nil {
 		return fmt.Errorf("qemu: migration parameters: %w", err)
 	}
 	return nil
@@ -386,7 +386,7 @@ func setMigration(ctx context.Context, mon *qmp.Conn, o backend.MigrateOptions) 
 type liveSend struct {
 	q    *QEMU
 	d    *qemuDomain
-	qmp  *qmp.Conn
+	mon  *qmp.Conn
 	uuid string
 	to   io.Writer
 	mw   *backend.MigrateWriter
@@ -405,7 +405,7 @@ func (s *liveSend) fail(err error) error {
 	// Closing our end first fails QEMU's writes at once, whatever state
 	// its migration thread is in.
 	_ = s.sock.Close()
-	s.q.undoSend(s.qmp, s.d, s.wasRunning, true)
+	s.q.undoSend(s.mon, s.d, s.wasRunning, true)
 	if s.running {
 		select {
 		case res := <-s.copied:
@@ -455,7 +455,7 @@ func (s *liveSend) watch(ctx context.Context, o backend.MigrateOptions, progress
 			if stats != nil {
 				continue
 			}
-			st, err := queryMigrate(ctx, s.qmp)
+			st, err := queryMigrate(ctx, s.mon)
 			if err != nil {
 				continue // the exit or ctx case reports it
 			}
@@ -479,7 +479,7 @@ func (s *liveSend) watch(ctx context.Context, o backend.MigrateOptions, progress
 				if err := o.BeforeSwitchover(ctx); err != nil {
 					return nil, s.fail(fmt.Errorf("qemu: before the switchover: %w", err))
 				}
-				if err := s.qmp.Execute(ctx, "migrate-continue", map[string]any{"state": "pre-switchover"}, nil); err != nil {
+				if err := qmp.Do(ctx, s.mon, qmp.MigrateContinue{State: "pre-switchover"}); err != nil {
 					return nil, s.fail(fmt.Errorf("qemu: migrate-continue: %w", err))
 				}
 			case "failed", "cancelled":
@@ -494,21 +494,8 @@ func (s *liveSend) watch(ctx context.Context, o backend.MigrateOptions, progress
 	return stats, nil
 }
 
-type migrateStatus struct {
-	Status    string `json:"status"`
-	ErrorDesc string `json:"error-desc"`
-	TotalTime int64  `json:"total-time"`
-	Downtime  int64  `json:"downtime"`
-	RAM       struct {
-		Transferred int64 `json:"transferred"`
-		Total       int64 `json:"total"`
-	} `json:"ram"`
-}
-
-func queryMigrate(ctx context.Context, mon *qmp.Conn) (migrateStatus, error) {
-	var st migrateStatus
-	err := mon.Execute(ctx, "query-migrate", nil, &st)
-	return st, err
+func queryMigrate(ctx context.Context, mon *qmp.Conn) (qmp.MigrationInfo, error) {
+	return qmp.Run(ctx, mon, qmp.QueryMigrate{})
 }
 
 // undoSend cancels an outgoing migration and waits for QEMU to settle;
@@ -518,7 +505,7 @@ func (q *QEMU) undoSend(mon *qmp.Conn, d *qemuDomain, wasRunning, started bool) 
 	bg, cancel := context.WithTimeout(context.Background(), migSettle)
 	defer cancel()
 	if started {
-		_ = mon.Execute(bg, "migrate_cancel", nil, nil)
+		_ = qmp.Do(bg, mon, qmp.MigrateCancel{})
 		for bg.Err() == nil {
 			st, err := queryMigrate(bg, mon)
 			if err != nil {
@@ -537,9 +524,8 @@ func (q *QEMU) undoSend(mon *qmp.Conn, d *qemuDomain, wasRunning, started bool) 
 		// QEMU restarts a guest whose migration failed or was cancelled
 		// itself; one that completed (the end frame was never sent, so
 		// the destination cannot run it) is restarted here.
-		var st struct{ Status string }
-		if mon.Execute(bg, "query-status", nil, &st) == nil && st.Status != "running" {
-			if err := mon.Execute(bg, "cont", nil, nil); err != nil {
+		if st, err := qmp.Run(bg, mon, qmp.QueryStatus{}); err == nil && st.Status != "running" {
+			if err := qmp.Do(bg, mon, qmp.Cont{}); err != nil {
 				q.log.Warn("qemu: resuming the guest after a failed migration", "vm", d.j.UUID, "err", err)
 			}
 		}
@@ -576,7 +562,7 @@ func (q *QEMU) settleMigrations() {
 	doms := q.domains()
 	for _, d := range doms {
 		d.mu.Lock()
-		uuid, incoming, mig, ran, mon := d.j.UUID, d.j.Spec.Incoming, d.j.Migration, d.j.MigRunning, d.qmp
+		uuid, incoming, mig, ran, mon := d.j.UUID, d.j.Spec.Incoming, d.j.Migration, d.j.MigRunning, d.mon
 		gone := d.state == backend.DomainGone
 		d.mu.Unlock()
 		switch {

@@ -47,10 +47,8 @@ func mirrorJob(device string) string { return "mirror-" + devID(device) }
 // own (after a pivot, its node is a former target): those of a mirror
 // that runs or that a dead daemon left. free is a name for a new one.
 func mirrorNodes(ctx context.Context, mon *qmp.Conn, disk backend.Disk) (stale []string, free string, err error) {
-	var nodes []struct {
-		NodeName string `json:"node-name"`
-	}
-	if err := mon.Execute(ctx, "query-named-block-nodes", map[string]any{"flat": true}, &nodes); err != nil {
+	nodes, err := qmp.Run(ctx, mon, qmp.QueryNamedBlockNodes{Flat: true})
+	if err != nil {
 		return nil, "", err
 	}
 	prefix := devID(disk.Device) + "-mirror"
@@ -86,17 +84,6 @@ const (
 	mirrorEndTimeout       = 60 * time.Second
 	mirrorPoll             = 500 * time.Millisecond
 )
-
-// blockJob is one entry of query-block-jobs.
-type blockJob struct {
-	Device string `json:"device"` // the job id
-	Type   string `json:"type"`
-	Len    int64  `json:"len"`
-	Offset int64  `json:"offset"`
-	Ready  bool   `json:"ready"`
-	Status string `json:"status"`
-	Error  string `json:"error"`
-}
 
 // mirrorFailed is the XenAPI error for a disk's mirror, with why.
 func mirrorFailed(disk backend.Disk, why error) error {
@@ -197,7 +184,7 @@ func (q *QEMU) StartMirror(ctx context.Context, uuid, device string, t backend.M
 	}
 	if err == nil {
 		add["node-name"] = node
-		err = mon.Execute(ctx, "blockdev-add", add, nil)
+		err = qmp.Do(ctx, mon, qmp.BlockdevAdd(add))
 	}
 	if err != nil {
 		return mirrorFailed(disk, fmt.Errorf("opening the target: %w", err))
@@ -212,18 +199,16 @@ func (q *QEMU) StartMirror(ctx context.Context, uuid, device string, t backend.M
 			return mirrorFailed(disk, err)
 		}
 	}
-	args := map[string]any{
-		"job-id": mirrorJob(device), "device": topNode(disk), "target": node, "sync": string(sync),
-		"auto-dismiss": false, "on-source-error": "stop", "on-target-error": "report",
-		"buf-size": 64 << 20,
-	}
-	if t.Bandwidth > 0 {
-		args["speed"] = t.Bandwidth
+	autoDismiss := false
+	mirror := qmp.BlockdevMirror{
+		JobID: mirrorJob(device), Device: topNode(disk), Target: node, Sync: string(sync),
+		AutoDismiss: &autoDismiss, OnSourceError: "stop", OnTargetError: "report",
+		BufSize: 64 << 20, Speed: max(0, t.Bandwidth),
 	}
 	if t.WriteBlocking {
-		args["copy-mode"] = "write-blocking"
+		mirror.CopyMode = "write-blocking"
 	}
-	if err := mon.Execute(ctx, "blockdev-mirror", args, nil); err != nil {
+	if err := qmp.Do(ctx, mon, mirror); err != nil {
 		dropBlockNode(context.WithoutCancel(ctx), mon, node)
 		return mirrorFailed(disk, err)
 	}
@@ -234,13 +219,8 @@ func (q *QEMU) StartMirror(ctx context.Context, uuid, device string, t backend.M
 
 // nodeSize is a block node's virtual size.
 func nodeSize(ctx context.Context, mon *qmp.Conn, node string) (int64, error) {
-	var nodes []struct {
-		NodeName string `json:"node-name"`
-		Image    struct {
-			VirtualSize int64 `json:"virtual-size"`
-		} `json:"image"`
-	}
-	if err := mon.Execute(ctx, "query-named-block-nodes", map[string]any{"flat": true}, &nodes); err != nil {
+	nodes, err := qmp.Run(ctx, mon, qmp.QueryNamedBlockNodes{Flat: true})
+	if err != nil {
 		return 0, err
 	}
 	for _, n := range nodes {
@@ -252,17 +232,17 @@ func nodeSize(ctx context.Context, mon *qmp.Conn, node string) (int64, error) {
 }
 
 // findJob reads one block job from QEMU.
-func findJob(ctx context.Context, mon *qmp.Conn, id string) (blockJob, bool, error) {
-	var jobs []blockJob
-	if err := mon.Execute(ctx, "query-block-jobs", nil, &jobs); err != nil {
-		return blockJob{}, false, err
+func findJob(ctx context.Context, mon *qmp.Conn, id string) (qmp.BlockJobInfo, bool, error) {
+	jobs, err := qmp.Run(ctx, mon, qmp.QueryBlockJobs{})
+	if err != nil {
+		return qmp.BlockJobInfo{}, false, err
 	}
 	for _, j := range jobs {
 		if j.Device == id {
 			return j, true, nil
 		}
 	}
-	return blockJob{}, false, nil
+	return qmp.BlockJobInfo{}, false, nil
 }
 
 // jobEvent matches the events of job id: its status changes and the
@@ -285,7 +265,7 @@ func jobEvent(id string) func(qmp.Event) bool {
 	}
 }
 
-func statusOf(j blockJob, ok bool) backend.MirrorStatus {
+func statusOf(j qmp.BlockJobInfo, ok bool) backend.MirrorStatus {
 	if !ok {
 		return backend.MirrorStatus{}
 	}
@@ -361,7 +341,7 @@ func (q *QEMU) WaitMirrorReady(ctx context.Context, uuid, device string, progres
 
 // waitConcluded waits until job id has ended (or is gone), within ctx
 // or mirrorEndTimeout when ctx has no deadline.
-func waitConcluded(ctx context.Context, d *qemuDomain, mon *qmp.Conn, id string) (blockJob, bool, error) {
+func waitConcluded(ctx context.Context, d *qemuDomain, mon *qmp.Conn, id string) (qmp.BlockJobInfo, bool, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, mirrorEndTimeout)
@@ -414,11 +394,11 @@ func (q *QEMU) CompleteMirror(ctx context.Context, uuid, device string, pivot bo
 		return mirrorFailed(disk, errors.New(why))
 	}
 	if pivot {
-		err = mon.Execute(ctx, "block-job-complete", map[string]any{"device": id}, nil)
+		err = qmp.Do(ctx, mon, qmp.BlockJobComplete{Device: id})
 	} else {
 		// Cancelling a mirror in sync is QEMU's way to end it without a
 		// pivot: it first writes what is in flight to the target.
-		err = mon.Execute(ctx, "block-job-cancel", map[string]any{"device": id, "force": false}, nil)
+		err = qmp.Do(ctx, mon, qmp.BlockJobCancel{Device: id})
 	}
 	if err != nil {
 		return mirrorFailed(disk, err)
@@ -431,7 +411,7 @@ func (q *QEMU) CompleteMirror(ctx context.Context, uuid, device string, pivot bo
 		return mirrorFailed(disk, errors.New(j.Error))
 	}
 	if ok {
-		_ = mon.Execute(context.WithoutCancel(ctx), "job-dismiss", map[string]any{"id": id}, nil)
+		_ = qmp.Do(context.WithoutCancel(ctx), mon, qmp.JobDismiss{ID: id})
 	}
 	if !pivot {
 		targets.take(d, device)
@@ -476,11 +456,8 @@ func (q *QEMU) CompleteMirror(ctx context.Context, uuid, device string, pivot bo
 // targetURI is the NBD URI a target node was opened with, as QEMU
 // reports it (its filename), or old when it cannot be read.
 func targetURI(ctx context.Context, mon *qmp.Conn, node, old string) string {
-	var nodes []struct {
-		NodeName string `json:"node-name"`
-		File     string `json:"file"`
-	}
-	if mon.Execute(context.WithoutCancel(ctx), "query-named-block-nodes", map[string]any{"flat": true}, &nodes) != nil {
+	nodes, err := qmp.Run(context.WithoutCancel(ctx), mon, qmp.QueryNamedBlockNodes{Flat: true})
+	if err != nil {
 		return old
 	}
 	for _, n := range nodes {
@@ -505,7 +482,7 @@ func (q *QEMU) CancelMirror(ctx context.Context, uuid, device string) error {
 		return err
 	}
 	if ok && j.Status != "concluded" && j.Status != "null" {
-		err := mon.Execute(ctx, "block-job-cancel", map[string]any{"device": id, "force": true}, nil)
+		err := qmp.Do(ctx, mon, qmp.BlockJobCancel{Device: id, Force: true})
 		var qe *qmp.Error
 		if err != nil && !(errors.As(err, &qe) && qe.Class == "DeviceNotActive") {
 			return mirrorFailed(disk, err)
@@ -515,7 +492,7 @@ func (q *QEMU) CancelMirror(ctx context.Context, uuid, device string) error {
 		}
 	}
 	if ok {
-		if err := mon.Execute(ctx, "job-dismiss", map[string]any{"id": id}, nil); err != nil {
+		if err := qmp.Do(ctx, mon, qmp.JobDismiss{ID: id}); err != nil {
 			return mirrorFailed(disk, err)
 		}
 	}

@@ -139,7 +139,7 @@ type qemuDomain struct {
 	reason   string
 	vcpus    int
 	memory   int64
-	qmp      *qmp.Conn
+	mon      *qmp.Conn
 	child    bool
 	stopping bool
 	exited   chan struct{}
@@ -252,16 +252,14 @@ func (q *QEMU) reattach(d *qemuDomain) {
 		return
 	}
 	d.mu.Lock()
-	mon := d.qmp
+	mon := d.mon
 	d.mu.Unlock()
-	var st struct{ Status string }
-	if err := mon.Execute(ctx, "query-status", nil, &st); err == nil {
+	if st, err := qmp.Run(ctx, mon, qmp.QueryStatus{}); err == nil {
 		d.mu.Lock()
 		d.state = stateOfStatus(st.Status)
 		d.mu.Unlock()
 	}
-	var cpus []json.RawMessage
-	if mon.Execute(ctx, "query-cpus-fast", nil, &cpus) == nil && len(cpus) > 0 {
+	if cpus, err := qmp.Run(ctx, mon, qmp.QueryCPUsFast{}); err == nil && len(cpus) > 0 {
 		d.vcpus = len(cpus)
 	}
 	q.log.Info("qemu: re-attached to running domain", "vm", j.UUID, "pid", j.Pid, "domid", j.Domid, "state", d.state)
@@ -303,8 +301,8 @@ func (q *QEMU) Close() {
 	for _, d := range q.doms {
 		d.mu.Lock()
 		d.stopping = true // an EOF now is ours, not a death
-		if d.qmp != nil {
-			_ = d.qmp.Close()
+		if d.mon != nil {
+			_ = d.mon.Close()
 		}
 		d.mu.Unlock()
 	}
@@ -665,7 +663,7 @@ func (q *QEMU) StartDeviceModel(ctx context.Context, uuid string) error {
 		return err
 	}
 	d.mu.Lock()
-	mon := d.qmp
+	mon := d.mon
 	d.mu.Unlock()
 	if j.Spec.RestoreFrom != "" {
 		if err := q.waitRestored(ctx, d, mon); err != nil {
@@ -696,8 +694,8 @@ func emulatorError(logPath string) string {
 
 func (q *QEMU) waitRestored(ctx context.Context, d *qemuDomain, mon *qmp.Conn) error {
 	for {
-		var st struct{ Status string }
-		if err := mon.Execute(ctx, "query-status", nil, &st); err != nil {
+		st, err := qmp.Run(ctx, mon, qmp.QueryStatus{})
+		if err != nil {
 			select {
 			case <-d.exited:
 				return xerr.New(xerr.FailedToStartEmulator, d.j.Spec.VMRef, "qemu", emulatorError(d.j.LogPath))
@@ -728,10 +726,10 @@ func (q *QEMU) connect(ctx context.Context, d *qemuDomain) error {
 		cancel()
 		if err == nil {
 			d.mu.Lock()
-			if old := d.qmp; old != nil {
+			if old := d.mon; old != nil {
 				_ = old.Close()
 			}
-			d.qmp = mon
+			d.mon = mon
 			d.mu.Unlock()
 			go func() {
 				<-mon.Done()
@@ -835,7 +833,7 @@ func (q *QEMU) processGone(d *qemuDomain) {
 func (q *QEMU) monitor(d *qemuDomain) (*qmp.Conn, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.qmp == nil {
+	if d.mon == nil {
 		return nil, fmt.Errorf("qemu: domain %s has no monitor connection", d.j.UUID)
 	}
 	select {
@@ -843,7 +841,7 @@ func (q *QEMU) monitor(d *qemuDomain) (*qmp.Conn, error) {
 		return nil, fmt.Errorf("qemu: domain %s has no running emulator", d.j.UUID)
 	default:
 	}
-	return d.qmp, nil
+	return d.mon, nil
 }
 
 // MarkComplete implements Backend.
@@ -869,12 +867,13 @@ func (q *QEMU) live(uuid string) (*qemuDomain, *qmp.Conn, error) {
 	return d, mon, nil
 }
 
-func (q *QEMU) command(ctx context.Context, uuid, cmd string, args any, out any) (*qemuDomain, error) {
+// command runs cmd on a running domain's monitor.
+func (q *QEMU) command(ctx context.Context, uuid string, cmd qmp.Command[qmp.Empty]) (*qemuDomain, error) {
 	d, mon, err := q.live(uuid)
 	if err != nil {
 		return d, err
 	}
-	return d, mon.Execute(ctx, cmd, args, out)
+	return d, qmp.Do(ctx, mon, cmd)
 }
 
 // disk returns a copy of the domain's disk at device.
@@ -905,12 +904,12 @@ func (d *qemuDomain) nic(device string) (backend.NIC, bool) {
 // dropBlockNode removes a block node; failures are ignored, as it is only
 // ever tidying up after the device that used the node.
 func dropBlockNode(ctx context.Context, mon *qmp.Conn, node string) {
-	_ = mon.Execute(ctx, "blockdev-del", map[string]any{"node-name": node}, nil)
+	_ = qmp.Do(ctx, mon, qmp.BlockdevDel{NodeName: node})
 }
 
 // Pause implements Backend.
 func (q *QEMU) Pause(ctx context.Context, uuid string) error {
-	return q.setRunState(ctx, uuid, "stop", backend.DomainPaused)
+	return q.setRunState(ctx, uuid, qmp.Stop{}, backend.DomainPaused)
 }
 
 // Unpause implements Backend.
@@ -923,7 +922,7 @@ func (q *QEMU) Unpause(ctx context.Context, uuid string) error {
 			return nil // started by itself (Spec.AutoStart)
 		}
 	}
-	if err := q.setRunState(ctx, uuid, "cont", backend.DomainRunning); err != nil {
+	if err := q.setRunState(ctx, uuid, qmp.Cont{}, backend.DomainRunning); err != nil {
 		return err
 	}
 	return q.forgetSent(uuid)
@@ -932,7 +931,7 @@ func (q *QEMU) Unpause(ctx context.Context, uuid string) error {
 // setRunState pauses or resumes the guest with the QMP command cmd ("stop"
 // or "cont") and records the state it leaves the domain in. A domain
 // whose guest has already stopped is refused (backend.RefuseStopped).
-func (q *QEMU) setRunState(ctx context.Context, uuid, cmd string, to backend.DomainState) error {
+func (q *QEMU) setRunState(ctx context.Context, uuid string, cmd qmp.Command[qmp.Empty], to backend.DomainState) error {
 	if d, err := q.dom(uuid); err == nil {
 		d.mu.Lock()
 		err := backend.RefuseStopped(d.state, d.j.Spec.VMRef)
@@ -941,7 +940,7 @@ func (q *QEMU) setRunState(ctx context.Context, uuid, cmd string, to backend.Dom
 			return err
 		}
 	}
-	d, err := q.command(ctx, uuid, cmd, nil, nil)
+	d, err := q.command(ctx, uuid, cmd)
 	if err != nil {
 		return err
 	}
@@ -953,7 +952,7 @@ func (q *QEMU) setRunState(ctx context.Context, uuid, cmd string, to backend.Dom
 
 // RequestShutdown implements Backend.
 func (q *QEMU) RequestShutdown(ctx context.Context, uuid string) error {
-	_, err := q.command(ctx, uuid, "system_powerdown", nil, nil)
+	_, err := q.command(ctx, uuid, qmp.SystemPowerdown{})
 	return err
 }
 
@@ -978,7 +977,7 @@ func (q *QEMU) Suspend(ctx context.Context, uuid, path string, progress func(flo
 		return err
 	}
 	// QEMU gets the same open file, positioned after the header.
-	if err := mon.ExecuteFD(ctx, "getfd", map[string]any{"fdname": "suspend"}, int(f.Fd()), nil); err != nil {
+	if _, err := qmp.RunFD(ctx, mon, qmp.GetFD{FDName: "suspend"}, int(f.Fd())); err != nil {
 		return err
 	}
 	if wasRunning {
@@ -1015,20 +1014,14 @@ func (d *qemuDomain) imageMeta() *backend.ImageMeta {
 // and waits for it to complete, reporting its progress.
 func (q *QEMU) migrateToFile(ctx context.Context, mon *qmp.Conn, progress func(float64)) error {
 	// Saving would crawl at QEMU's default migration speed (32 MiB/s).
-	_ = mon.Execute(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(8) << 30}, nil)
-	if err := mon.Execute(ctx, "migrate", map[string]any{"uri": "fd:suspend"}, nil); err != nil {
+	bandwidth := int64(8) << 30
+	_ = qmp.Do(ctx, mon, qmp.MigrateSetParameters{MaxBandwidth: &bandwidth})
+	if err := qmp.Do(ctx, mon, qmp.Migrate{URI: "fd:suspend"}); err != nil {
 		return err
 	}
 	for {
-		var st struct {
-			Status    string `json:"status"`
-			ErrorDesc string `json:"error-desc"`
-			RAM       struct {
-				Transferred int64 `json:"transferred"`
-				Total       int64 `json:"total"`
-			} `json:"ram"`
-		}
-		if err := mon.Execute(ctx, "query-migrate", nil, &st); err != nil {
+		st, err := qmp.Run(ctx, mon, qmp.QueryMigrate{})
+		if err != nil {
 			return err
 		}
 		switch st.Status {
@@ -1055,15 +1048,15 @@ func (q *QEMU) migrateToFile(ctx context.Context, mon *qmp.Conn, progress func(f
 func (q *QEMU) cancelMigration(mon *qmp.Conn, uuid string, wasRunning bool) {
 	bg, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_ = mon.Execute(bg, "migrate_cancel", nil, nil)
+	_ = qmp.Do(bg, mon, qmp.MigrateCancel{})
 	for i := 0; i < 200; i++ {
-		var st struct{ Status string }
-		if mon.Execute(bg, "query-migrate", nil, &st) != nil || st.Status != "active" && st.Status != "cancelling" {
+		st, err := qmp.Run(bg, mon, qmp.QueryMigrate{})
+		if err != nil || st.Status != "active" && st.Status != "cancelling" {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	_ = mon.Execute(bg, "closefd", map[string]any{"fdname": "suspend"}, nil)
+	_ = qmp.Do(bg, mon, qmp.CloseFD{FDName: "suspend"})
 	if wasRunning {
 		_ = q.Unpause(bg, uuid)
 	}
@@ -1085,7 +1078,7 @@ func (q *QEMU) Destroy(ctx context.Context, uuid string) error {
 	}
 	d.mu.Lock()
 	d.stopping = true
-	mon, j, child := d.qmp, d.j, d.child
+	mon, j, child := d.mon, d.j, d.child
 	d.mu.Unlock()
 	alive := func() bool {
 		select {
@@ -1097,7 +1090,7 @@ func (q *QEMU) Destroy(ctx context.Context, uuid string) error {
 	}
 	if alive() && mon != nil {
 		qctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_ = mon.Execute(qctx, "quit", nil, nil)
+		_ = qmp.Do(qctx, mon, qmp.Quit{})
 		cancel()
 		if child {
 			select {
@@ -1185,7 +1178,7 @@ func deviceDeleted(id string) func(qmp.Event) bool {
 func (q *QEMU) deviceDel(ctx context.Context, d *qemuDomain, mon *qmp.Conn, id string, timeout time.Duration) (bool, error) {
 	w := d.waitEvent(deviceDeleted(id))
 	defer d.dropWaiter(w)
-	if err := mon.Execute(ctx, "device_del", map[string]any{"id": id}, nil); err != nil {
+	if err := qmp.Do(ctx, mon, qmp.DeviceDel{ID: id}); err != nil {
 		var qe *qmp.Error
 		if errors.As(err, &qe) && qe.Class == "DeviceNotFound" {
 			return true, nil
@@ -1226,14 +1219,14 @@ func (q *QEMU) PlugDisk(ctx context.Context, uuid string, disk backend.Disk) err
 	if disk.Path != "" {
 		bd, err := blockdevFor(live(ctx, d, mon, devID(disk.Device)), disk)
 		if err == nil {
-			err = mon.Execute(ctx, "blockdev-add", bd, nil)
+			err = qmp.Do(ctx, mon, qmp.BlockdevAdd(bd))
 		}
 		if err != nil {
 			dropFdsets(context.WithoutCancel(ctx), mon, diskOpaque(disk.Device), "")
 			return err
 		}
 	}
-	if err := mon.Execute(ctx, "device_add", dev, nil); err != nil {
+	if err := qmp.Do(ctx, mon, qmp.DeviceAdd(dev)); err != nil {
 		if disk.Path != "" {
 			dropBlockNode(context.Background(), mon, nodeName(disk.Device))
 			dropFdsets(context.Background(), mon, diskOpaque(disk.Device), "")
@@ -1289,7 +1282,7 @@ func (q *QEMU) ChangeMedium(ctx context.Context, uuid string, disk backend.Disk)
 	}
 	name := ""
 	if disk.Path == "" {
-		err = mon.Execute(ctx, "eject", map[string]any{"id": devID(disk.Device), "force": true}, nil)
+		err = qmp.Do(ctx, mon, qmp.Eject{ID: devID(disk.Device), Force: true})
 	} else {
 		format := disk.Format
 		if format == "" {
@@ -1305,8 +1298,8 @@ func (q *QEMU) ChangeMedium(ctx context.Context, uuid string, disk backend.Disk)
 				return err
 			}
 		}
-		err = mon.Execute(ctx, "blockdev-change-medium", map[string]any{
-			"id": devID(disk.Device), "filename": name, "format": format, "read-only-mode": "read-only"}, nil)
+		err = qmp.Do(ctx, mon, qmp.BlockdevChangeMedium{
+			ID: devID(disk.Device), Filename: name, Format: format, ReadOnlyMode: "read-only"})
 	}
 	// The old medium's descriptors go (or the new one's, if it failed).
 	if err != nil {
@@ -1350,11 +1343,11 @@ func (q *QEMU) LiveSnapshot(ctx context.Context, uuid, device, path, format stri
 			return err
 		}
 	}
-	args := map[string]any{"driver": format, "node-name": node, "backing": nil, "file": file}
-	if err := mon.Execute(ctx, "blockdev-add", args, nil); err != nil {
+	overlay := qmp.BlockdevAdd{"driver": format, "node-name": node, "backing": nil, "file": file}
+	if err := qmp.Do(ctx, mon, overlay); err != nil {
 		return err
 	}
-	if err := mon.Execute(ctx, "blockdev-snapshot", map[string]any{"node": top, "overlay": node}, nil); err != nil {
+	if err := qmp.Do(ctx, mon, qmp.BlockdevSnapshot{Node: top, Overlay: node}); err != nil {
 		dropBlockNode(context.WithoutCancel(ctx), mon, node)
 		return err
 	}
@@ -1384,17 +1377,17 @@ func (q *QEMU) PlugNIC(ctx context.Context, uuid string, n backend.NIC) error {
 		return nil
 	}
 	undo := func(err error) error {
-		_ = mon.Execute(context.Background(), "netdev_del", map[string]any{"id": netID(n.Device)}, nil)
+		_ = qmp.Do(context.Background(), mon, qmp.NetdevDel{ID: netID(n.Device)})
 		q.forgetNIC(d, n.Device)
 		return err
 	}
-	if err := mon.Execute(ctx, "netdev_add", nd, nil); err != nil {
+	if err := qmp.Do(ctx, mon, qmp.NetdevAdd(nd)); err != nil {
 		return undo(err)
 	}
 	d.mu.Lock()
 	model := nicModel(d.j.Spec.Platform)
 	d.mu.Unlock()
-	if err := mon.Execute(ctx, "device_add", nicDevice(n, model, 0), nil); err != nil {
+	if err := qmp.Do(ctx, mon, qmp.DeviceAdd(nicDevice(n, model, 0))); err != nil {
 		return undo(err)
 	}
 	return nil
@@ -1418,7 +1411,7 @@ func (q *QEMU) UnplugNIC(ctx context.Context, uuid, device string) error {
 		if !ok {
 			return xerr.New(xerr.DeviceDetachRejected, "VIF", nic.VIF, "the guest did not release the device")
 		}
-		_ = mon.Execute(ctx, "netdev_del", map[string]any{"id": netID(device)}, nil)
+		_ = qmp.Do(ctx, mon, qmp.NetdevDel{ID: netID(device)})
 	}
 	q.forgetNIC(d, device)
 	return nil
@@ -1454,12 +1447,8 @@ func (q *QEMU) SetVCPUs(ctx context.Context, uuid string, n int) error {
 	if err != nil {
 		return err
 	}
-	var slots []struct {
-		Type    string         `json:"type"`
-		Props   map[string]any `json:"props"`
-		QOMPath string         `json:"qom-path"`
-	}
-	if err := mon.Execute(ctx, "query-hotpluggable-cpus", nil, &slots); err != nil {
+	slots, err := qmp.Run(ctx, mon, qmp.QueryHotpluggableCPUs{})
+	if err != nil {
 		return err
 	}
 	present := 0
@@ -1484,7 +1473,7 @@ func (q *QEMU) SetVCPUs(ctx context.Context, uuid string, n int) error {
 				args[k] = v
 			}
 		}
-		if err := mon.Execute(ctx, "device_add", args, nil); err != nil {
+		if err := qmp.Do(ctx, mon, qmp.DeviceAdd(args)); err != nil {
 			return err
 		}
 		present++
@@ -1500,7 +1489,7 @@ func (q *QEMU) SetVCPUs(ctx context.Context, uuid string, n int) error {
 		}
 		id := d.j.HotCPUs[len(d.j.HotCPUs)-1].ID
 		d.mu.Unlock()
-		if err := mon.Execute(ctx, "device_del", map[string]any{"id": id}, nil); err != nil {
+		if err := qmp.Do(ctx, mon, qmp.DeviceDel{ID: id}); err != nil {
 			return err
 		}
 		d.mu.Lock()
@@ -1516,7 +1505,7 @@ func (q *QEMU) SetVCPUs(ctx context.Context, uuid string, n int) error {
 
 // SetMemoryTarget implements Backend (virtio-balloon).
 func (q *QEMU) SetMemoryTarget(ctx context.Context, uuid string, bytes int64) error {
-	d, err := q.command(ctx, uuid, "balloon", map[string]any{"value": bytes}, nil)
+	d, err := q.command(ctx, uuid, qmp.Balloon{Value: bytes})
 	if err != nil {
 		return err
 	}

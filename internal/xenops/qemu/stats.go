@@ -70,18 +70,15 @@ func (q *QEMU) Stats(ctx context.Context, uuid string) (stats.VM, error) {
 	}
 	out := stats.VM{UUID: strings.ToLower(uuid), MemoryTarget: target, MemoryInternalFree: stats.Unknown}
 
-	var cpus []qmpCPU
-	if err := mon.Execute(ctx, "query-cpus-fast", nil, &cpus); err != nil {
+	cpus, err := qmp.Run(ctx, mon, qmp.QueryCPUsFast{})
+	if err != nil {
 		return stats.VM{}, fmt.Errorf("qemu: query-cpus-fast: %w", err)
 	}
 	if out.VCPUTime, err = vcpuTimes(pid, cpus); err != nil {
 		return stats.VM{}, err
 	}
 
-	var balloon struct {
-		Actual int64 `json:"actual"`
-	}
-	switch err := mon.Execute(ctx, "query-balloon", nil, &balloon); {
+	switch balloon, err := qmp.Run(ctx, mon, qmp.QueryBalloon{}); {
 	case err == nil && balloon.Actual > 0:
 		out.Memory = balloon.Actual
 	case err == nil || isQMPError(err):
@@ -92,8 +89,8 @@ func (q *QEMU) Stats(ctx context.Context, uuid string) (stats.VM, error) {
 		return stats.VM{}, fmt.Errorf("qemu: query-balloon: %w", err)
 	}
 
-	var raw json.RawMessage
-	if err := mon.Execute(ctx, "query-blockstats", nil, &raw); err != nil {
+	raw, err := qmp.Run(ctx, mon, qmp.QueryBlockstats{})
+	if err != nil {
 		return stats.VM{}, fmt.Errorf("qemu: query-blockstats: %w", err)
 	}
 	if out.Disks, err = blockStats(raw, disks); err != nil {
@@ -112,18 +109,12 @@ func isQMPError(err error) bool {
 	return errors.As(err, &qe)
 }
 
-// qmpCPU is one entry of query-cpus-fast.
-type qmpCPU struct {
-	Index    int `json:"cpu-index"`
-	ThreadID int `json:"thread-id"`
-}
-
 // vcpuTimes reads each VCPU thread's CPU time, in cpu-index order. With
 // TCG and one thread for every VCPU, each VCPU reports that thread's
 // time. A thread that has gone (a VCPU unplugged meanwhile) reads as
 // zero; the emulator itself gone is an error.
-func vcpuTimes(pid int, cpus []qmpCPU) ([]time.Duration, error) {
-	sort.SliceStable(cpus, func(i, j int) bool { return cpus[i].Index < cpus[j].Index })
+func vcpuTimes(pid int, cpus []qmp.CPUInfoFast) ([]time.Duration, error) {
+	sort.SliceStable(cpus, func(i, j int) bool { return cpus[i].CPUIndex < cpus[j].CPUIndex })
 	proc := "/proc/" + strconv.Itoa(pid)
 	if _, err := os.Stat(proc); err != nil {
 		return nil, fmt.Errorf("qemu: emulator process %d: %w", pid, err)
@@ -145,7 +136,7 @@ func vcpuTimes(pid int, cpus []qmpCPU) ([]time.Duration, error) {
 		}
 		t, err := taskCPUTime(b)
 		if err != nil {
-			return nil, fmt.Errorf("qemu: VCPU %d thread %d: %w", c.Index, c.ThreadID, err)
+			return nil, fmt.Errorf("qemu: VCPU %d thread %d: %w", c.CPUIndex, c.ThreadID, err)
 		}
 		out[i], read[c.ThreadID] = t, t
 	}

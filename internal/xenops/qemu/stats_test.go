@@ -13,6 +13,7 @@ import (
 
 	"toolstackd/internal/rrdd/stats"
 	"toolstackd/internal/xenops/backend"
+	"toolstackd/internal/xenops/qemu/qmp"
 )
 
 // A thread's stat line as Linux 6.1 writes it for a QEMU VCPU thread
@@ -67,11 +68,11 @@ func TestTaskCPUTimeOfThisThread(t *testing.T) {
 	}
 	// Two VCPUs on one thread (TCG without MTTCG) both report it, in
 	// cpu-index order; a thread that has gone reads as zero.
-	got, err := vcpuTimes(pid, []qmpCPU{{Index: 2, ThreadID: 1 << 30}, {Index: 1, ThreadID: tid}, {Index: 0, ThreadID: tid}})
+	got, err := vcpuTimes(pid, []qmp.CPUInfoFast{{CPUIndex: 2, ThreadID: 1 << 30}, {CPUIndex: 1, ThreadID: tid}, {CPUIndex: 0, ThreadID: tid}})
 	if err != nil || len(got) != 3 || got[0] != got[1] || got[2] != 0 {
 		t.Fatalf("vcpuTimes = %v, %v", got, err)
 	}
-	if _, err := vcpuTimes(1<<30, []qmpCPU{{Index: 0, ThreadID: 1}}); err == nil {
+	if _, err := vcpuTimes(1<<30, []qmp.CPUInfoFast{{CPUIndex: 0, ThreadID: 1}}); err == nil {
 		t.Error("vcpuTimes of a process that does not exist succeeded")
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"toolstackd/internal/xenops/qemu/qmp"
 	"toolstackd/internal/xerr"
 )
 
@@ -18,20 +19,20 @@ func (q *QEMU) SendSysrq(ctx context.Context, uuid string, key byte) error {
 	if !(key >= 'a' && key <= 'z') && !(key >= '0' && key <= '9') {
 		return xerr.New(xerr.InvalidValue, "key", string(rune(key)))
 	}
-	keys := []map[string]string{
-		{"type": "qcode", "data": "alt"},
-		{"type": "qcode", "data": "sysrq"},
-		{"type": "qcode", "data": string(rune(key))},
+	keys := []qmp.KeyValue{
+		{Type: "qcode", Data: "alt"},
+		{Type: "qcode", Data: "sysrq"},
+		{Type: "qcode", Data: string(rune(key))},
 	}
-	_, err := q.command(ctx, uuid, "send-key", map[string]any{"keys": keys}, nil)
+	_, err := q.command(ctx, uuid, qmp.SendKey{Keys: keys})
 	return err
 }
 
 // triggerCommands are the QMP commands of the triggers QEMU can send.
-var triggerCommands = map[string]string{
-	"nmi":      "inject-nmi",       // an NMI to every VCPU
-	"power":    "system_powerdown", // the ACPI power button
-	"s3resume": "system_wakeup",    // wake a guest in S3
+var triggerCommands = map[string]qmp.Command[qmp.Empty]{
+	"nmi":      qmp.InjectNMI{},       // an NMI to every VCPU
+	"power":    qmp.SystemPowerdown{}, // the ACPI power button
+	"s3resume": qmp.SystemWakeup{},    // wake a guest in S3
 }
 
 // SendTrigger sends a named trigger (nmi, power, s3resume).
@@ -40,7 +41,7 @@ func (q *QEMU) SendTrigger(ctx context.Context, uuid, trigger string) error {
 	if !ok {
 		return xerr.New(xerr.InvalidValue, "trigger", trigger)
 	}
-	_, err := q.command(ctx, uuid, cmd, nil, nil)
+	_, err := q.command(ctx, uuid, cmd)
 	return err
 }
 
@@ -63,7 +64,7 @@ func (q *QEMU) ResizeDisk(ctx context.Context, uuid, device string, size int64) 
 	if n := len(disk.Overlays); n > 0 {
 		node = disk.Overlays[n-1]
 	}
-	return mon.Execute(ctx, "block_resize", map[string]any{"node-name": node, "size": size}, nil)
+	return qmp.Do(ctx, mon, qmp.BlockResize{NodeName: node, Size: size})
 }
 
 // MoveNIC moves the NIC at device onto bridge. A NIC on a tap is moved

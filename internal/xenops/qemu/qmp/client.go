@@ -51,7 +51,7 @@ var ErrClosed = errors.New("qmp: connection closed")
 
 type reply struct {
 	Return json.RawMessage `json:"return"`
-	Error  *Error       `json:"error"`
+	Error  *Error          `json:"error"`
 	Event  string          `json:"event"`
 	ID     json.RawMessage `json:"id"`
 	QMP    json.RawMessage `json:"QMP"`
