@@ -505,13 +505,15 @@ func (QueryMigrate) returns() MigrationInfo             { return MigrationInfo{}
 
 // Commands lists one value of every command this package defines, for
 // the check against a QEMU's schema (query-qmp-schema).
-var Commands = []interface{ Name() string }{
-	QueryStatus{}, Cont{}, Stop{}, Quit{}, SystemPowerdown{}, SystemReset{}, SystemWakeup{}, InjectNMI{}, SendKey{},
-	QueryCPUsFast{}, QueryHotpluggableCPUs{}, QueryBalloon{}, Balloon{},
-	DeviceAdd{}, DeviceDel{}, NetdevAdd{}, NetdevDel{},
-	BlockdevAdd{}, BlockdevDel{}, QueryNamedBlockNodes{}, QueryBlockstats{}, BlockdevSnapshot{}, BlockResize{}, Eject{}, BlockdevChangeMedium{},
-	BlockdevMirror{}, QueryBlockJobs{}, BlockJobComplete{}, BlockJobCancel{}, JobDismiss{},
-	NBDServerStart{}, NBDServerStop{}, BlockExportAdd{}, BlockExportDel{}, QueryBlockExports{},
-	AddFD{}, RemoveFD{}, QueryFdsets{}, GetFD{}, CloseFD{},
-	MigrateSetCapabilities{}, MigrateSetParameters{}, Migrate{}, MigrateIncoming{}, MigrateContinue{}, MigrateCancel{}, QueryMigrate{},
+func Commands() []interface{ Name() string } {
+	return []interface{ Name() string }{
+		QueryStatus{}, Cont{}, Stop{}, Quit{}, SystemPowerdown{}, SystemReset{}, SystemWakeup{}, InjectNMI{}, SendKey{},
+		QueryCPUsFast{}, QueryHotpluggableCPUs{}, QueryBalloon{}, Balloon{},
+		DeviceAdd{}, DeviceDel{}, NetdevAdd{}, NetdevDel{},
+		BlockdevAdd{}, BlockdevDel{}, QueryNamedBlockNodes{}, QueryBlockstats{}, BlockdevSnapshot{}, BlockResize{}, Eject{}, BlockdevChangeMedium{},
+		BlockdevMirror{}, QueryBlockJobs{}, BlockJobComplete{}, BlockJobCancel{}, JobDismiss{},
+		NBDServerStart{}, NBDServerStop{}, BlockExportAdd{}, BlockExportDel{}, QueryBlockExports{},
+		AddFD{}, RemoveFD{}, QueryFdsets{}, GetFD{}, CloseFD{},
+		MigrateSetCapabilities{}, MigrateSetParameters{}, Migrate{}, MigrateIncoming{}, MigrateContinue{}, MigrateCancel{}, QueryMigrate{},
+	}
 }
