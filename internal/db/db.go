@@ -1,13 +1,3 @@
-// Package db is toolstackd's in-memory database: one table per datamodel
-// class, rows of canonical values, a global 64-bit generation bumped by
-// every write, derived inverse sets kept from the datamodel's relations,
-// indexes by ref, uuid, name_label and modification generation, and a
-// generation-ordered change feed.
-//
-// Readers take a Snapshot: an immutable view that never blocks and is never
-// blocked by writers. Writers run one at a time in Update, see their own
-// writes, and publish a new snapshot atomically when the function returns
-// nil; an error discards every write of the transaction.
 package db
 
 import (
