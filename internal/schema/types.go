@@ -1,8 +1,3 @@
-// Package schema is the XenAPI type system and the shape of the datamodel:
-// classes, fields, messages, enums and relations. It is hand-written and has
-// no generated code; the generated package internal/datamodel fills a
-// Model from the published datamodel, and every other layer (database, RPC,
-// CLI, docs) reads that Model.
 package schema
 
 import (
