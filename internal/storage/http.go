@@ -339,7 +339,10 @@ func (s *Service) hijackUpload(ctx context.Context, w http.ResponseWriter, task 
 		return nil, nil, nil, false
 	}
 	// A transfer that moves no byte for the stall timeout is dropped.
-	conn = netguard.Transfer(c, brw.Reader)
+	// tc, not the named result conn: the returns below that fail set conn
+	// to nil while the AfterFunc may be running.
+	tc := netguard.Transfer(c, brw.Reader)
+	conn = tc
 	conn.SetDeadline(time.Time{})
 	_, _ = brw.Write(netguard.Head(w, "HTTP/1.1 200 OK", http.Header{"Connection": {"close"}, "Task-Id": {task.ref}})) // sticky: the Flush reports it
 	if err := brw.Flush(); err != nil {
@@ -347,16 +350,16 @@ func (s *Service) hijackUpload(ctx context.Context, w http.ResponseWriter, task 
 		_ = conn.Close()
 		return nil, nil, nil, false
 	}
-	stop := context.AfterFunc(ctx, func() { conn.SetReadDeadline(time.Now()) })
+	stop := context.AfterFunc(ctx, func() { tc.SetReadDeadline(time.Now()) })
 	release = func() {
 		stop()
-		_ = conn.Close()
+		_ = tc.Close()
 	}
 	// Nothing is attached before the first byte: Xen Orchestra's
 	// probe for a redirect is this same request with no data, closed
 	// as soon as it is answered, while the upload itself follows on
 	// another connection and must be the VDI's only writer.
-	br := bufio.NewReaderSize(conn, 64<<10)
+	br := bufio.NewReaderSize(tc, 64<<10)
 	if _, err := br.Peek(1); err != nil {
 		switch {
 		case errors.Is(err, io.EOF) && format == "raw":
