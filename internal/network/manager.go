@@ -63,6 +63,11 @@ type Manager struct {
 
 	mu    sync.Mutex // one change at a time
 	extra map[string]map[string]bool
+	// applied is the last plan a reconcile made real in full (under mu),
+	// whichever path applied it: Watch compares with it, so that a plan
+	// another path applied from an older snapshot (a VIF released while
+	// its VM still showed running) is made again once the database moves.
+	applied *Plan
 
 	// locked are the VIFs whose taps have locking rules (lock.go).
 	lockMu sync.Mutex
@@ -104,6 +109,22 @@ func (m *Manager) extras() map[string]bool {
 		}
 	}
 	return out
+}
+
+// applyChanged applies the database's plan when it differs from the last
+// one applied in full.
+func (m *Manager) applyChanged(ctx context.Context) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	p := Compute(m.db.Snapshot(), m.cfg.HostRef, m.extras())
+	if m.applied != nil && reflect.DeepEqual(p, m.applied) {
+		return nil
+	}
+	_, err := m.reconcile(ctx, p, nil, true)
+	for _, e := range p.Errors {
+		m.log.Warn("network: PIF left out", "pif", e.PIF, "err", e.Err)
+	}
+	return err
 }
 
 // Plan is the kernel state the database asks of this host now.
@@ -291,6 +312,11 @@ func (m *Manager) reconcile(_ context.Context, p *Plan, recreate []string, parti
 		if !step(func() error { return r.gro(d, p.GRO[d]) }) {
 			return all, first
 		}
+	}
+	if first == nil {
+		m.applied = p
+	} else {
+		m.applied = nil
 	}
 	return all, first
 }
@@ -808,7 +834,6 @@ func (m *Manager) Watch(ctx context.Context, period time.Duration) {
 	defer t.Stop()
 	defer m.stopDHCP()
 	var gen uint64
-	var last *Plan
 	for {
 		select {
 		case <-ctx.Done():
@@ -823,14 +848,8 @@ func (m *Manager) Watch(ctx context.Context, period time.Duration) {
 		m.relock()
 		m.replugVIFPorts(ctx)
 		m.syncDHCP()
-		p := m.Plan()
-		if last != nil && reflect.DeepEqual(p, last) {
-			continue
-		}
-		if err := m.Apply(ctx); err != nil {
+		if err := m.applyChanged(ctx); err != nil {
 			m.log.Warn("network: applying the database's networks", "err", err)
-			continue
 		}
-		last = p
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"toolstackd/internal/api"
 	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/db"
+	"toolstackd/internal/schema"
 	"toolstackd/internal/xerr"
 )
 
@@ -219,6 +220,47 @@ func TestEnsureVIFAndRelease(t *testing.T) {
 	}
 	wantCalls(t, e.rec.Calls())
 	if err := e.m.Release(context.Background(), vif); err != nil {
+		t.Fatal(err)
+	}
+	wantCalls(t, e.rec.Calls(), "delete "+br)
+}
+
+// A VIF released while the database still shows its VM running (the
+// shutdown releases the VIF before it writes the VM halted) leaves the
+// bridge, which the database still asks for; once the database says
+// halted, the next pass of Watch removes it, whatever plan Watch itself
+// applied last (before the fix, Watch compared with its own last plan,
+// from before the VM started, found no difference and left the bridge
+// for ever: TestHostNetworking on a loaded machine).
+func TestWatchAfterAReleaseFromAnOlderSnapshot(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	n := e.network("private")
+	br := e.bridgeOf(n)
+	if err := e.m.applyChanged(ctx); err != nil { // Watch's pass before the VM starts
+		t.Fatal(err)
+	}
+	vm, vif := e.vmWithVIF(n, dm.VMPowerStateRunning, true)
+	if _, err := e.m.EnsureVIF(ctx, vif); err != nil {
+		t.Fatal(err)
+	}
+	e.rec.Reset()
+	if err := e.m.Release(ctx, vif); err != nil {
+		t.Fatal(err)
+	}
+	wantCalls(t, e.rec.Calls()) // the database still shows the VIF attached
+	if _, err := e.d.Update(func(tx *db.Tx) error {
+		if err := tx.Set(dm.VIF.CurrentlyAttached, vif, false); err != nil {
+			return err
+		}
+		if err := tx.Set(dm.VM.ResidentOn, vm, schema.NullRef); err != nil {
+			return err
+		}
+		return tx.Set(dm.VM.PowerState, vm, string(dm.VMPowerStateHalted))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.m.applyChanged(ctx); err != nil { // Watch's next pass
 		t.Fatal(err)
 	}
 	wantCalls(t, e.rec.Calls(), "delete "+br)
