@@ -532,6 +532,8 @@ func TestLogBackoff(t *testing.T) {
 	f.failed = nil
 	f.mu.Unlock()
 	waitFor(t, 10*time.Second, "recovery", l.Healthy)
+	// The recovery's alert is sent after the log is healthy again.
+	waitFor(t, 10*time.Second, "the recovery's alert", func() bool { return len(al.list()) >= 2 })
 	if a := al.list(); len(a) != 2 || a[0].Healthy || !errors.Is(a[0].Err, syscall.EIO) || !a[1].Healthy {
 		t.Fatalf("alerts %+v", a)
 	}

@@ -112,10 +112,25 @@ func startHashiCluster(ctx context.Context, kind string, dirs []string) (*hashiC
 	return c, nil
 }
 
+// leaderNow is the node that leads now, or nil: on a loaded machine a
+// starved heartbeat can move leadership during a measurement.
+func (c *hashiCluster) leaderNow() *raft.Raft {
+	for _, r := range c.rafts {
+		if r.State() == raft.Leader {
+			return r
+		}
+	}
+	return nil
+}
+
 // Write applies a put whose command is size bytes on the leader and
 // waits for its FSM to apply it.
 func (c *hashiCluster) Write(_ context.Context, key string, size int) error {
-	f := c.leader.Apply(rafttest.EncodePut(key, filler[:max(size-len(key)-1, 1)]), 10*time.Second)
+	l := c.leaderNow()
+	if l == nil {
+		return raft.ErrNotLeader
+	}
+	f := l.Apply(rafttest.EncodePut(key, filler[:max(size-len(key)-1, 1)]), 10*time.Second)
 	if err := f.Error(); err != nil {
 		return err
 	}
@@ -128,6 +143,13 @@ func (c *hashiCluster) Write(_ context.Context, key string, size int) error {
 // converged waits until every FSM applied what the leader's did and
 // checks the histories are the same.
 func (c *hashiCluster) converged(ctx context.Context) error {
+	for c.leader = c.leaderNow(); c.leader == nil; c.leader = c.leaderNow() {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("no hashicorp leader: %w", ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 	if err := c.leader.Barrier(10 * time.Second).Error(); err != nil {
 		return err
 	}
