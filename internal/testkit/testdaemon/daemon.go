@@ -210,10 +210,20 @@ func BuildCommand(t testing.TB, name, envVar string) string {
 	return r.path
 }
 
-// SourceRoot is the root of the checkout this package was compiled from.
+// SourceRoot is the root of the checkout this package was compiled from:
+// the nearest directory above this file that holds go.mod (so that the
+// package can move within the tree).
 func SourceRoot() string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
+	dir := filepath.Dir(file)
+	for d := dir; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return d
+		}
+		if filepath.Dir(d) == d {
+			return filepath.Join(dir, "..", "..", "..") // internal/testkit/testdaemon
+		}
+	}
 }
 
 // makeBuildDir makes this process's build directory, after removing those
