@@ -46,8 +46,12 @@ func startQemuNBD(t *testing.T, size int64, readOnly bool) (URI, string) {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 	})
-	for range 200 {
-		if _, err := os.Stat(sock); err == nil {
+	// Ready when it accepts: the socket's file exists from bind(2),
+	// before listen(2), and a connection in between is refused.
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if c, err := net.Dial("unix", sock); err == nil {
+			_ = c.Close()
 			return URI{Network: "unix", Socket: sock, Export: "vdi"}, img
 		}
 		time.Sleep(10 * time.Millisecond)

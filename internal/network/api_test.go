@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	dm "toolstackd/internal/datamodel"
 	"toolstackd/internal/xerr"
@@ -191,6 +192,16 @@ func TestReconfigureIPv6(t *testing.T) {
 	e.fails(xerr.InvalidIPAddressSpecified, "PIF.reconfigure_ipv6", eth1, "DHCP", "", "", "8.8.8.8")
 	e.ok("PIF.plug", eth1)
 	e.ok("PIF.reconfigure_ip", eth1, "Static", "10.0.0.1", "255.255.255.0", "", "10.0.0.53")
+	// The DHCPv6 client (started as the database asks) applies its lease
+	// on its own goroutine: wait for it, so that it does not land among
+	// the calls checked below.
+	deadline := time.Now().Add(30 * time.Second)
+	for p := e.pif(eth1); len(p.IPV6) != 1 || p.IPV6[0] != "2001:db8::7/128"; p = e.pif(eth1) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the DHCPv6 lease was not applied: %+v", p)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	e.rec.Reset()
 	e.ok("PIF.reconfigure_ipv6", eth1, "Static", "2001:db8::1/64", "2001:db8::fffe", "2001:db8::53")
 	wantCalls(t, e.rec.Calls(), "addrs xenbr1 6 2001:db8::1/64")
