@@ -95,7 +95,7 @@ type outcome struct {
 }
 
 func TestMessageCoverage(t *testing.T) {
-	b, err := os.ReadFile(filepath.Join(testdaemon.SourceRoot(), "internal", "api", "datamodel", "datamodel.json"))
+	b, err := os.ReadFile(filepath.Join(testdaemon.SourceRoot(), "internal", "datamodel", "datamodel.json"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,7 @@ HOST = _parsed.hostname
 PORT = _parsed.port or 80
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-DATAMODEL_DIR = os.path.join(REPO, "internal", "api", "datamodel")
+DATAMODEL_DIR = os.path.join(REPO, "internal", "datamodel")
 
 XENAPI_PY = "/usr/lib/python3/dist-packages/os_xenapi/client/XenAPI.py"
 
