@@ -164,9 +164,21 @@ func argMessages(path string) (map[string]string, error) {
 // powerOp does). Each message counts once per package.
 func scan(dir string, msgs map[string]string) (found, unresolved []string) {
 	fset := token.NewFileSet()
-	pkgs, err := parser.ParseDir(fset, dir, func(fi os.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
+	names, err := filepath.Glob(filepath.Join(dir, "*.go"))
 	if err != nil {
 		return nil, []string{dir + ": " + err.Error()}
+	}
+	var files []*ast.File
+	for _, name := range names {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			unresolved = append(unresolved, name+": "+err.Error())
+			continue
+		}
+		files = append(files, f)
 	}
 	seen := map[string]bool{}
 	add := func(m string) {
@@ -175,34 +187,32 @@ func scan(dir string, msgs map[string]string) (found, unresolved []string) {
 			found = append(found, m)
 		}
 	}
-	for _, p := range pkgs {
-		for _, f := range p.Files {
-			ast.Inspect(f, func(n ast.Node) bool {
-				switch n := n.(type) {
-				case *ast.FuncType:
-					if n.Params != nil {
-						for _, field := range n.Params.List {
-							if sel, ok := field.Type.(*ast.SelectorExpr); ok {
-								add(msgs[sel.Sel.Name])
-							}
+	for _, f := range files {
+		ast.Inspect(f, func(n ast.Node) bool {
+			switch n := n.(type) {
+			case *ast.FuncType:
+				if n.Params != nil {
+					for _, field := range n.Params.List {
+						if sel, ok := field.Type.(*ast.SelectorExpr); ok {
+							add(msgs[sel.Sel.Name])
 						}
 					}
-				case *ast.CallExpr:
-					sel, ok := n.Fun.(*ast.SelectorExpr)
-					if !ok || sel.Sel.Name != "Handle" || len(n.Args) != 2 {
-						return true
-					}
-					lit, ok := n.Args[0].(*ast.BasicLit)
-					if !ok || lit.Kind != token.STRING {
-						return true // some other Handle (an http mux's, a slog handler's)
-					}
-					if s, err := strconv.Unquote(lit.Value); err == nil && strings.Contains(s, ".") && !strings.HasPrefix(s, "/") {
-						add(s)
-					}
 				}
-				return true
-			})
-		}
+			case *ast.CallExpr:
+				sel, ok := n.Fun.(*ast.SelectorExpr)
+				if !ok || sel.Sel.Name != "Handle" || len(n.Args) != 2 {
+					return true
+				}
+				lit, ok := n.Args[0].(*ast.BasicLit)
+				if !ok || lit.Kind != token.STRING {
+					return true // some other Handle (an http mux's, a slog handler's)
+				}
+				if s, err := strconv.Unquote(lit.Value); err == nil && strings.Contains(s, ".") && !strings.HasPrefix(s, "/") {
+					add(s)
+				}
+			}
+			return true
+		})
 	}
 	return found, unresolved
 }
