@@ -49,5 +49,6 @@
 // with no context or deadline, drops events until Events is called and
 // stalls replies behind an unread event, reads replies with a 64 KiB
 // line limit, and passes a descriptor only when QEMU advertises the oob
-// capability. docs/architecture.md has the measurements.
+// capability. docs/performance.md ("A QMP round trip") has the
+// measurement.
 package qmp
