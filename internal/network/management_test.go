@@ -101,7 +101,7 @@ func TestManagementReconfigureMoves(t *testing.T) {
 	if err := e.m.Apply(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	for _, b := range e.m.Plan().Bridges {
+	for _, b := range e.m.plan().Bridges {
 		for _, port := range b.Ports {
 			if port == "eth0" {
 				t.Fatalf("eth0 planned into %s", b.Name)

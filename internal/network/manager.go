@@ -120,15 +120,12 @@ func (m *Manager) applyChanged(ctx context.Context) error {
 	if m.applied != nil && reflect.DeepEqual(p, m.applied) {
 		return nil
 	}
-	_, err := m.reconcile(ctx, p, nil, true)
-	for _, e := range p.Errors {
-		m.log.Warn("network: PIF left out", "pif", e.PIF, "err", e.Err)
-	}
-	return err
+	return m.applyPlanLocked(ctx, p)
 }
 
-// Plan is the kernel state the database asks of this host now.
-func (m *Manager) Plan() *Plan {
+// plan is the kernel state the database asks of this host now (the
+// tests read it; Watch compares with m.applied under the lock).
+func (m *Manager) plan() *Plan {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return Compute(m.db.Snapshot(), m.cfg.HostRef, m.extras())
@@ -147,7 +144,12 @@ func (m *Manager) Apply(ctx context.Context) error {
 }
 
 func (m *Manager) applyLocked(ctx context.Context) error {
-	p := Compute(m.db.Snapshot(), m.cfg.HostRef, m.extras())
+	return m.applyPlanLocked(ctx, Compute(m.db.Snapshot(), m.cfg.HostRef, m.extras()))
+}
+
+// applyPlanLocked reconciles the kernel with p, part by part, and warns
+// of the PIFs p leaves out.
+func (m *Manager) applyPlanLocked(ctx context.Context, p *Plan) error {
 	_, err := m.reconcile(ctx, p, nil, true)
 	for _, e := range p.Errors {
 		m.log.Warn("network: PIF left out", "pif", e.PIF, "err", e.Err)

@@ -25,7 +25,7 @@ func TestStartupLeavesManagementNIC(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantCalls(t, e.rec.Calls())
-	if p := e.m.Plan(); len(p.Bridges) != 0 {
+	if p := e.m.plan(); len(p.Bridges) != 0 {
 		t.Fatalf("bridges planned: %+v", p.Bridges)
 	}
 }

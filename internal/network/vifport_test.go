@@ -131,7 +131,7 @@ func TestVIFPorts(t *testing.T) {
 	if _, err := e.m.EnsureVIF(ctx, vif); err == nil {
 		t.Fatal("EnsureVIF succeeded with a failing switch")
 	}
-	if held := e.m.Plan(); len(held.Bridges) != 0 {
+	if held := e.m.plan(); len(held.Bridges) != 0 {
 		t.Fatalf("bridges still wanted after a failed EnsureVIF: %+v", held.Bridges)
 	}
 }
